@@ -1,0 +1,64 @@
+//! Crescent's shared wire vocabulary.
+//!
+//! Owns the protobuf messages and gRPC service stubs (`MasterService`,
+//! `ClusterService`, `RaftService`), the mapping of Mooncake-style error codes,
+//! and the parsing of human sizes (`16gb`) and durations (`10s`) that every
+//! binary accepts. It must not contain behaviour: no I/O, no state, no policy.
+
+pub mod units;
+
+/// Generated protobuf types and tonic stubs (package `crescent`).
+pub mod pb {
+    tonic::include_proto!("crescent");
+}
+
+pub use pb::ErrorCode;
+
+/// Largest key accepted anywhere unless a master is configured otherwise.
+pub const DEFAULT_MAX_KEY_LEN: usize = 4096;
+/// Largest gRPC message a master or client decodes (also bounds batch sizes).
+pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest number of items in one batch request.
+pub const MAX_BATCH_ITEMS: usize = 16 * 1024;
+
+impl pb::Status {
+    pub fn ok() -> Self {
+        Self::default()
+    }
+
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code: code as i32,
+            message: message.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn not_leader(leader_id: Option<u64>, leader_addr: Option<String>) -> Self {
+        let message = match (&leader_id, &leader_addr) {
+            (Some(id), Some(addr)) => format!("not the leader; leader is node {id} at {addr}"),
+            _ => "not the leader; leader unknown".to_string(),
+        };
+        Self {
+            code: ErrorCode::NotLeader as i32,
+            message,
+            leader_id: leader_id.unwrap_or(0),
+            leader_addr: leader_addr.unwrap_or_default(),
+        }
+    }
+
+    /// The code, with unknown values (from a newer peer) read as an internal
+    /// error rather than prost's default of OK.
+    pub fn error_code(&self) -> ErrorCode {
+        ErrorCode::try_from(self.code).unwrap_or(ErrorCode::InternalError)
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.code == ErrorCode::Ok as i32
+    }
+}
+
+/// Mooncake's spelling of an error code (`OBJECT_NOT_FOUND`).
+pub fn error_code_name(code: ErrorCode) -> &'static str {
+    code.as_str_name()
+}

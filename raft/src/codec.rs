@@ -1,0 +1,21 @@
+//! One bincode configuration for everything Crescent persists or sends between
+//! masters, with a size limit so a corrupt or hostile length cannot make us
+//! allocate without bound.
+
+use bincode::Options;
+use serde::{de::DeserializeOwned, Serialize};
+
+/// Largest encoded value accepted (a snapshot of a very large cluster fits).
+pub const MAX_ENCODED_BYTES: u64 = 4 << 30;
+
+fn options() -> impl Options {
+    bincode::DefaultOptions::new().with_limit(MAX_ENCODED_BYTES)
+}
+
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, bincode::Error> {
+    options().serialize(value)
+}
+
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
+    options().deserialize(bytes)
+}

@@ -1,0 +1,66 @@
+//! Eviction policy: which objects to drop when the pool runs full. Pure.
+//!
+//! Follows Mooncake: evict about `ratio` of the objects, oldest access first;
+//! the first pass skips soft-pinned objects, a second pass may take them if
+//! the first did not find enough. Never evicted: objects under a read lease,
+//! hard-pinned objects and unfinished puts. Access times and leases are the
+//! leader's memory, passed in as a function so this stays deterministic.
+
+use crate::state::MetaState;
+
+/// What the leader knows about one key that the replicated state does not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessInfo {
+    pub leased: bool,
+    /// Last read (ms since epoch), if this leader saw one.
+    pub last_access_ms: Option<u64>,
+}
+
+/// True when usage has reached the high watermark or a put recently failed for space.
+pub fn should_evict(state: &MetaState, high_watermark: f64, alloc_failure_seen: bool) -> bool {
+    state.total_capacity() > 0 && (alloc_failure_seen || state.usage_ratio() >= high_watermark)
+}
+
+/// Keys to evict, oldest access first. `ratio` of all objects, at least one when any is evictable.
+pub fn select_victims<F>(state: &MetaState, now_ms: u64, ratio: f64, access: F) -> Vec<String>
+where
+    F: Fn(&str) -> AccessInfo,
+{
+    let target = ((state.objects.len() as f64) * ratio.clamp(0.0, 1.0)).ceil() as usize;
+    let target = target.max(1);
+    let mut unpinned: Vec<(u64, &str)> = Vec::new();
+    let mut soft_pinned: Vec<(u64, &str)> = Vec::new();
+    for (key, obj) in &state.objects {
+        if !obj.is_complete() || obj.hard_pin {
+            continue;
+        }
+        let info = access(key);
+        if info.leased {
+            continue;
+        }
+        let age_key = info.last_access_ms.unwrap_or(obj.created_ms).max(obj.created_ms);
+        if obj.soft_pinned_at(now_ms) {
+            soft_pinned.push((age_key, key));
+        } else {
+            unpinned.push((age_key, key));
+        }
+    }
+    let mut victims = oldest(unpinned, target);
+    if victims.len() < target {
+        let more = oldest(soft_pinned, target - victims.len());
+        victims.extend(more);
+    }
+    victims
+}
+
+/// The `n` entries with the smallest age key, oldest first; ties broken by key for determinism.
+fn oldest(mut items: Vec<(u64, &str)>, n: usize) -> Vec<String> {
+    if items.len() > n && n > 0 {
+        items.select_nth_unstable(n - 1);
+        items.truncate(n);
+    } else if n == 0 {
+        items.clear();
+    }
+    items.sort_unstable();
+    items.into_iter().map(|(_, k)| k.to_string()).collect()
+}

@@ -1,0 +1,259 @@
+//! Raft transport over tonic: a client per peer on one reused HTTP/2 channel,
+//! and the server side that hands requests to the local Raft node.
+//!
+//! Payloads are openraft's own types, bincode-encoded (see `raft.proto`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crescent_proto::pb::raft_service_client::RaftServiceClient;
+use crescent_proto::pb::raft_service_server::RaftService;
+use crescent_proto::pb::RaftPayload;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::{de::DeserializeOwned, Serialize};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{codec, NodeId, Raft, TypeConfig};
+
+/// Largest Raft message accepted on the wire (bounded by `max_payload_entries`
+/// and the snapshot chunk size in practice).
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// When each peer last answered an RPC: reported as "last contact" by ListMembers.
+#[derive(Default)]
+pub struct ContactBook {
+    last: Mutex<HashMap<NodeId, Instant>>,
+}
+
+impl ContactBook {
+    fn touch(&self, id: NodeId) {
+        self.last
+            .lock()
+            .expect("contact lock poisoned")
+            .insert(id, Instant::now());
+    }
+
+    /// Time since `id` last answered, if it ever did.
+    pub fn since(&self, id: NodeId) -> Option<Duration> {
+        self.last
+            .lock()
+            .expect("contact lock poisoned")
+            .get(&id)
+            .map(|t| t.elapsed())
+    }
+}
+
+/// Creates per-peer clients; channels are cached per address and reused.
+#[derive(Clone)]
+pub struct GrpcNetworkFactory {
+    self_id: NodeId,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    pub contacts: Arc<ContactBook>,
+}
+
+impl GrpcNetworkFactory {
+    pub fn new(self_id: NodeId) -> Self {
+        Self {
+            self_id,
+            channels: Default::default(),
+            contacts: Default::default(),
+        }
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().expect("channel lock poisoned");
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+pub struct GrpcNetwork {
+    target: NodeId,
+    client: Result<RaftServiceClient<Channel>, String>,
+    contacts: Arc<ContactBook>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
+    type Network = GrpcNetwork;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GrpcNetwork {
+        let client = if target == self.self_id {
+            // A node must never replicate to itself; treat it as unreachable.
+            Err(format!("refusing to connect node {target} to itself"))
+        } else {
+            self.channel(&node.addr).map(|c| {
+                RaftServiceClient::new(c)
+                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            })
+        };
+        GrpcNetwork {
+            target,
+            client,
+            contacts: self.contacts.clone(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct TransportError(String);
+
+impl GrpcNetwork {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        method: Method,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+        Result<Resp, E>: DeserializeOwned,
+    {
+        let client = match &self.client {
+            Ok(c) => c.clone(),
+            Err(e) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&TransportError(
+                    e.clone(),
+                ))))
+            }
+        };
+        let mut client = client;
+        let data = codec::encode(req)
+            .map_err(|e| RPCError::Network(NetworkError::new(&TransportError(e.to_string()))))?;
+        let mut request = tonic::Request::new(RaftPayload { data });
+        request.set_timeout(option.hard_ttl());
+        let resp = match method {
+            Method::Append => client.append_entries(request).await,
+            Method::Vote => client.vote(request).await,
+            Method::Snapshot => client.install_snapshot(request).await,
+        };
+        let payload = match resp {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                let err = TransportError(format!("{}: {}", status.code(), status.message()));
+                return Err(match status.code() {
+                    tonic::Code::Unavailable | tonic::Code::Unknown => {
+                        RPCError::Unreachable(Unreachable::new(&err))
+                    }
+                    _ => RPCError::Network(NetworkError::new(&err)),
+                });
+            }
+        };
+        self.contacts.touch(self.target);
+        let result: Result<Resp, E> = codec::decode(&payload.data)
+            .map_err(|e| RPCError::Network(NetworkError::new(&TransportError(e.to_string()))))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+enum Method {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl RaftNetwork<TypeConfig> for GrpcNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call::<_, _, RaftError<NodeId>>(Method::Append, &rpc, &option)
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call::<_, _, RaftError<NodeId, InstallSnapshotError>>(Method::Snapshot, &rpc, &option)
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call::<_, _, RaftError<NodeId>>(Method::Vote, &rpc, &option)
+            .await
+    }
+}
+
+/// Server side of `RaftService`: decodes, hands to the local node, encodes the result.
+pub struct RaftGrpcServer {
+    raft: Raft,
+}
+
+impl RaftGrpcServer {
+    pub fn new(raft: Raft) -> Self {
+        Self { raft }
+    }
+}
+
+fn decode_req<T: DeserializeOwned>(req: tonic::Request<RaftPayload>) -> Result<T, tonic::Status> {
+    codec::decode(&req.into_inner().data)
+        .map_err(|e| tonic::Status::invalid_argument(format!("undecodable raft message: {e}")))
+}
+
+fn encode_resp<T: Serialize>(value: &T) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+    codec::encode(value)
+        .map(|data| tonic::Response::new(RaftPayload { data }))
+        .map_err(|e| tonic::Status::internal(format!("cannot encode raft response: {e}")))
+}
+
+#[tonic::async_trait]
+impl RaftService for RaftGrpcServer {
+    async fn append_entries(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        let req: AppendEntriesRequest<TypeConfig> = decode_req(request)?;
+        let result = self.raft.append_entries(req).await;
+        encode_resp(&result)
+    }
+
+    async fn vote(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        let req: VoteRequest<NodeId> = decode_req(request)?;
+        let result = self.raft.vote(req).await;
+        encode_resp(&result)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        let req: InstallSnapshotRequest<TypeConfig> = decode_req(request)?;
+        let result = self.raft.install_snapshot(req).await;
+        encode_resp(&result)
+    }
+}

@@ -1,0 +1,797 @@
+//! The replicated metadata state machine: pure and deterministic.
+//!
+//! [`MetaState::apply`] reads no clock and draws no randomness: the leader
+//! stamps every [`Command`] with its wall-clock time and a random seed, and
+//! every master applies the same commands to the same state with the same
+//! result. Leader-only knowledge (read leases, heartbeats, access times) is
+//! deliberately absent: it lives in the master's memory and reaches this state
+//! only as explicit commands (`Evict`, `UnmountClient`, `ReclaimStalePuts`).
+
+use std::collections::BTreeMap;
+
+use crescent_proto::ErrorCode;
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::Allocator;
+
+pub type SegmentId = u64;
+
+/// Results kept per client for deduplicating retried writes.
+pub const DEDUP_RESULTS_PER_CLIENT: usize = 64;
+/// A client that sent no write for this long loses its dedup table.
+pub const DEDUP_CLIENT_TTL_MS: u64 = 60 * 60 * 1000;
+const DEDUP_GC_INTERVAL_MS: u64 = 60 * 1000;
+
+/// One Raft log entry's application payload.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// Leader wall clock (ms since the Unix epoch) when it proposed this entry.
+    pub now_ms: u64,
+    /// Leader-drawn randomness (replica placement).
+    pub seed: u64,
+    /// Set for client requests: a retry with the same origin is applied once.
+    pub origin: Option<Origin>,
+    pub op: Op,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub client_id: String,
+    pub seq: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct ReplicateConfig {
+    pub replica_num: u32,
+    pub soft_pin: bool,
+    pub hard_pin: bool,
+    pub preferred_segments: Vec<String>,
+}
+
+/// The leader's put timeouts, carried in the entry so every master applies the same rules
+/// even if their flags differ.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PutPolicy {
+    /// A PutStart without PutEnd for this long may be taken over by another PutStart.
+    pub discard_after_ms: u64,
+    /// ... and its space is freed this long after it started.
+    pub release_after_ms: u64,
+    pub soft_pin_ttl_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct SegmentSpec {
+    pub name: String,
+    pub endpoint: String,
+    pub capacity: u64,
+    pub hostname: String,
+    pub shm_path: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    PutStart {
+        items: Vec<(String, u64)>,
+        config: ReplicateConfig,
+        policy: PutPolicy,
+    },
+    PutEnd {
+        items: Vec<(String, u32)>,
+    },
+    PutRevoke {
+        keys: Vec<String>,
+    },
+    Remove {
+        keys: Vec<String>,
+        force: bool,
+    },
+    /// Chosen by the leader's eviction policy; applied only to objects still evictable.
+    Evict {
+        keys: Vec<String>,
+    },
+    MountSegment {
+        spec: SegmentSpec,
+        owner: String,
+    },
+    UnmountSegment {
+        segment_id: SegmentId,
+    },
+    /// The leader saw no heartbeat from this client for client-ttl.
+    UnmountClient {
+        client_id: String,
+    },
+    /// Frees space of abandoned puts whose release deadline has passed.
+    ReclaimStalePuts,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    #[error("object {0:?} not found")]
+    ObjectNotFound(String),
+    #[error("object {0:?} already exists")]
+    ObjectAlreadyExists(String),
+    #[error("object {0:?} has a read lease; remove it with force")]
+    ObjectHasLease(String),
+    #[error("object {0:?} is hard-pinned; remove it with force")]
+    ObjectPinned(String),
+    #[error("no segment has {0} free bytes")]
+    NoAvailableHandle(u64),
+    #[error("object {0:?} is still being written")]
+    ReplicaNotReady(String),
+    #[error("object {0:?} is being written by another client")]
+    InvalidWrite(String),
+    #[error("segment {0} not found")]
+    SegmentNotFound(SegmentId),
+    #[error("segment {0:?} is mounted by another client")]
+    SegmentAlreadyExists(String),
+    #[error("{0}")]
+    InvalidParams(String),
+}
+
+impl MetaError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            MetaError::ObjectNotFound(_) => ErrorCode::ObjectNotFound,
+            MetaError::ObjectAlreadyExists(_) => ErrorCode::ObjectAlreadyExists,
+            MetaError::ObjectHasLease(_) => ErrorCode::ObjectHasLease,
+            MetaError::ObjectPinned(_) => ErrorCode::ObjectPinned,
+            MetaError::NoAvailableHandle(_) => ErrorCode::NoAvailableHandle,
+            MetaError::ReplicaNotReady(_) => ErrorCode::ReplicaIsNotReady,
+            MetaError::InvalidWrite(_) => ErrorCode::InvalidWrite,
+            MetaError::SegmentNotFound(_) => ErrorCode::SegmentNotFound,
+            MetaError::SegmentAlreadyExists(_) => ErrorCode::SegmentAlreadyExists,
+            MetaError::InvalidParams(_) => ErrorCode::InvalidParams,
+        }
+    }
+}
+
+/// Where one replica lives, resolved with its segment's transport details.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaView {
+    pub segment_id: SegmentId,
+    pub segment_name: String,
+    pub endpoint: String,
+    pub hostname: String,
+    pub shm_path: String,
+    pub offset: u64,
+    pub len: u64,
+    pub complete: bool,
+}
+
+/// What applying a command produced; stored in the dedup table and returned to a retry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    PutStart(Vec<Result<Vec<ReplicaView>, MetaError>>),
+    Items(Vec<Result<(), MetaError>>),
+    Mounted(Result<SegmentId, MetaError>),
+    Done(Result<(), MetaError>),
+    Count(u64),
+    /// The whole command was refused (e.g. a retry older than the dedup window).
+    Rejected(MetaError),
+    /// Blank and membership entries.
+    Empty,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    pub segment_id: SegmentId,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum PutPhase {
+    /// PutStart done, bytes being written. After `discard_at_ms` another writer may take
+    /// the key over; at `release_at_ms` the space is reclaimed.
+    Processing {
+        started_ms: u64,
+        discard_at_ms: u64,
+        release_at_ms: u64,
+    },
+    Complete {
+        completed_ms: u64,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub size: u64,
+    pub replicas: Vec<Replica>,
+    pub phase: PutPhase,
+    pub checksum: u32,
+    /// 0 when not soft-pinned.
+    pub soft_pin_until_ms: u64,
+    pub hard_pin: bool,
+    pub created_ms: u64,
+    /// Client that started the put.
+    pub writer: String,
+}
+
+impl Object {
+    pub fn is_complete(&self) -> bool {
+        matches!(self.phase, PutPhase::Complete { .. })
+    }
+
+    pub fn soft_pinned_at(&self, now_ms: u64) -> bool {
+        self.soft_pin_until_ms > now_ms
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub id: SegmentId,
+    pub spec: SegmentSpec,
+    pub owner: String,
+    pub mounted_ms: u64,
+}
+
+/// Space that must not be reused before `release_at_ms` (a writer may still be
+/// writing into it).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PendingRelease {
+    pub replica: Replica,
+    pub release_at_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct ClientRequests {
+    pub last_seen_ms: u64,
+    /// Sequence numbers below this were dropped from `results`.
+    pub trimmed_below: u64,
+    pub results: BTreeMap<u64, Response>,
+}
+
+/// All replicated metadata.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct MetaState {
+    /// Monotonic max of the leader timestamps applied so far.
+    pub clock_ms: u64,
+    pub objects: BTreeMap<String, Object>,
+    pub segments: BTreeMap<SegmentId, Segment>,
+    pub next_segment_id: SegmentId,
+    pub pending_release: Vec<PendingRelease>,
+    pub dedup: BTreeMap<String, ClientRequests>,
+    next_dedup_gc_ms: u64,
+    /// PutStarts that found no space; the leader evicts when this grows.
+    pub alloc_failures: u64,
+    pub evicted_total: u64,
+    /// Derived from `objects` and `pending_release`; rebuilt after a snapshot install.
+    #[serde(skip)]
+    allocators: BTreeMap<SegmentId, Allocator>,
+}
+
+/// A read of one object for GetReplicaList.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectView {
+    pub size: u64,
+    pub checksum: u32,
+    pub replicas: Vec<ReplicaView>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("snapshot is inconsistent: {0}")]
+pub struct CorruptState(String);
+
+impl MetaState {
+    pub fn new() -> Self {
+        Self {
+            next_segment_id: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Rebuilds the allocators from the replicas; needed after deserializing.
+    pub fn rebuild_allocators(&mut self) -> Result<(), CorruptState> {
+        self.allocators = self
+            .segments
+            .values()
+            .map(|s| (s.id, Allocator::new(s.spec.capacity)))
+            .collect();
+        let held = self
+            .objects
+            .values()
+            .flat_map(|o| o.replicas.iter())
+            .chain(self.pending_release.iter().map(|p| &p.replica));
+        for r in held {
+            let alloc = self
+                .allocators
+                .get_mut(&r.segment_id)
+                .ok_or_else(|| CorruptState(format!("replica on unknown segment {}", r.segment_id)))?;
+            if !alloc.reserve(r.offset, r.len) {
+                return Err(CorruptState(format!(
+                    "overlapping replica at segment {} offset {}",
+                    r.segment_id, r.offset
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn allocator(&self, id: SegmentId) -> Option<&Allocator> {
+        self.allocators.get(&id)
+    }
+
+    pub fn total_capacity(&self) -> u64 {
+        self.allocators.values().map(|a| a.capacity()).sum()
+    }
+
+    pub fn total_allocated(&self) -> u64 {
+        self.allocators.values().map(|a| a.allocated()).sum()
+    }
+
+    /// Share of capacity in use, 0.0 with no segments.
+    pub fn usage_ratio(&self) -> f64 {
+        let cap = self.total_capacity();
+        if cap == 0 {
+            0.0
+        } else {
+            self.total_allocated() as f64 / cap as f64
+        }
+    }
+
+    pub fn segment_by_name(&self, name: &str) -> Option<&Segment> {
+        self.segments.values().find(|s| s.spec.name == name)
+    }
+
+    /// Complete replicas of a readable object.
+    pub fn lookup(&self, key: &str) -> Result<ObjectView, MetaError> {
+        let obj = self
+            .objects
+            .get(key)
+            .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
+        if !obj.is_complete() {
+            return Err(MetaError::ReplicaNotReady(key.to_string()));
+        }
+        Ok(ObjectView {
+            size: obj.size,
+            checksum: obj.checksum,
+            replicas: obj
+                .replicas
+                .iter()
+                .map(|r| self.view(r, true))
+                .collect(),
+        })
+    }
+
+    /// True when the key names a complete (readable) object.
+    pub fn exists(&self, key: &str) -> bool {
+        self.objects.get(key).is_some_and(|o| o.is_complete())
+    }
+
+    fn view(&self, r: &Replica, complete: bool) -> ReplicaView {
+        let seg = self.segments.get(&r.segment_id);
+        ReplicaView {
+            segment_id: r.segment_id,
+            segment_name: seg.map(|s| s.spec.name.clone()).unwrap_or_default(),
+            endpoint: seg.map(|s| s.spec.endpoint.clone()).unwrap_or_default(),
+            hostname: seg.map(|s| s.spec.hostname.clone()).unwrap_or_default(),
+            shm_path: seg.map(|s| s.spec.shm_path.clone()).unwrap_or_default(),
+            offset: r.offset,
+            len: r.len,
+            complete,
+        }
+    }
+
+    /// Applies one command. Deterministic: same state + same command = same result.
+    pub fn apply(&mut self, cmd: &Command) -> Response {
+        self.clock_ms = self.clock_ms.max(cmd.now_ms);
+        let now = self.clock_ms;
+
+        if let Some(origin) = &cmd.origin {
+            if let Some(prev) = self.dedup.get(&origin.client_id) {
+                if let Some(resp) = prev.results.get(&origin.seq) {
+                    return resp.clone();
+                }
+                if origin.seq < prev.trimmed_below {
+                    return Response::Rejected(MetaError::InvalidParams(format!(
+                        "request {} of client {} is older than the deduplication window; not applied",
+                        origin.seq, origin.client_id
+                    )));
+                }
+            }
+        }
+
+        let writer = cmd.origin.as_ref().map(|o| o.client_id.as_str());
+        let resp = match &cmd.op {
+            Op::PutStart {
+                items,
+                config,
+                policy,
+            } => self.put_start(now, cmd.seed, writer, items, config, policy),
+            Op::PutEnd { items } => Response::Items(
+                items
+                    .iter()
+                    .map(|(k, crc)| self.put_end(now, writer, k, *crc))
+                    .collect(),
+            ),
+            Op::PutRevoke { keys } => {
+                Response::Items(keys.iter().map(|k| self.put_revoke(writer, k)).collect())
+            }
+            Op::Remove { keys, force } => {
+                Response::Items(keys.iter().map(|k| self.remove(now, k, *force)).collect())
+            }
+            Op::Evict { keys } => Response::Count(self.evict(keys)),
+            Op::MountSegment { spec, owner } => Response::Mounted(self.mount(now, spec, owner)),
+            Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
+            Op::UnmountClient { client_id } => {
+                let ids: Vec<SegmentId> = self
+                    .segments
+                    .values()
+                    .filter(|s| &s.owner == client_id)
+                    .map(|s| s.id)
+                    .collect();
+                for id in &ids {
+                    let _ = self.unmount(*id);
+                }
+                Response::Count(ids.len() as u64)
+            }
+            Op::ReclaimStalePuts => Response::Count(self.reclaim(now)),
+        };
+
+        if let Some(origin) = &cmd.origin {
+            let entry = self.dedup.entry(origin.client_id.clone()).or_default();
+            entry.last_seen_ms = now;
+            entry.results.insert(origin.seq, resp.clone());
+            while entry.results.len() > DEDUP_RESULTS_PER_CLIENT {
+                if let Some((seq, _)) = entry.results.pop_first() {
+                    entry.trimmed_below = entry.trimmed_below.max(seq + 1);
+                }
+            }
+        }
+        if now >= self.next_dedup_gc_ms {
+            let horizon = now.saturating_sub(DEDUP_CLIENT_TTL_MS);
+            self.dedup.retain(|_, c| c.last_seen_ms >= horizon);
+            self.next_dedup_gc_ms = now + DEDUP_GC_INTERVAL_MS;
+        }
+        resp
+    }
+
+    fn put_start(
+        &mut self,
+        now: u64,
+        seed: u64,
+        writer: Option<&str>,
+        items: &[(String, u64)],
+        config: &ReplicateConfig,
+        policy: &PutPolicy,
+    ) -> Response {
+        if config.replica_num == 0 {
+            return Response::Rejected(MetaError::InvalidParams(
+                "replica_num must be at least 1".into(),
+            ));
+        }
+        if config.replica_num as usize > self.segments.len() {
+            return Response::Rejected(MetaError::InvalidParams(format!(
+                "replica_num {} exceeds the {} mounted segments",
+                config.replica_num,
+                self.segments.len()
+            )));
+        }
+        let results = items
+            .iter()
+            .enumerate()
+            .map(|(i, (key, size))| {
+                self.put_start_one(
+                    now,
+                    seed.wrapping_add(i as u64),
+                    writer,
+                    key,
+                    *size,
+                    config,
+                    policy,
+                )
+            })
+            .collect();
+        Response::PutStart(results)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put_start_one(
+        &mut self,
+        now: u64,
+        seed: u64,
+        writer: Option<&str>,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        policy: &PutPolicy,
+    ) -> Result<Vec<ReplicaView>, MetaError> {
+        if size == 0 {
+            return Err(MetaError::InvalidParams(format!(
+                "object {key:?} has size 0"
+            )));
+        }
+        if let Some(existing) = self.objects.get(key) {
+            match existing.phase {
+                PutPhase::Complete { .. } => {
+                    return Err(MetaError::ObjectAlreadyExists(key.to_string()))
+                }
+                PutPhase::Processing {
+                    discard_at_ms,
+                    release_at_ms,
+                    ..
+                } => {
+                    if now < discard_at_ms {
+                        return Err(MetaError::ObjectAlreadyExists(key.to_string()));
+                    }
+                    // Zombie put: take the key over, but keep its space out of
+                    // reach until the old writer can no longer be writing.
+                    let old = self.objects.remove(key).expect("checked above");
+                    for replica in old.replicas {
+                        self.pending_release.push(PendingRelease {
+                            replica,
+                            release_at_ms: release_at_ms.max(now),
+                        });
+                    }
+                }
+            }
+        }
+
+        let order = self.placement_order(seed, &config.preferred_segments);
+        let mut replicas = Vec::with_capacity(config.replica_num as usize);
+        for sid in order {
+            if replicas.len() == config.replica_num as usize {
+                break;
+            }
+            if let Some(alloc) = self.allocators.get_mut(&sid) {
+                if let Some(offset) = alloc.allocate(size) {
+                    replicas.push(Replica {
+                        segment_id: sid,
+                        offset,
+                        len: size,
+                    });
+                }
+            }
+        }
+        if replicas.is_empty() {
+            self.alloc_failures += 1;
+            return Err(MetaError::NoAvailableHandle(size));
+        }
+        let views = replicas.iter().map(|r| self.view(r, false)).collect();
+        self.objects.insert(
+            key.to_string(),
+            Object {
+                size,
+                replicas,
+                phase: PutPhase::Processing {
+                    started_ms: now,
+                    discard_at_ms: now.saturating_add(policy.discard_after_ms),
+                    release_at_ms: now.saturating_add(policy.release_after_ms),
+                },
+                checksum: 0,
+                soft_pin_until_ms: if config.soft_pin {
+                    now.saturating_add(policy.soft_pin_ttl_ms)
+                } else {
+                    0
+                },
+                hard_pin: config.hard_pin,
+                created_ms: now,
+                writer: writer.unwrap_or_default().to_string(),
+            },
+        );
+        Ok(views)
+    }
+
+    /// Preferred segments (by name, in the given order) first, then the rest
+    /// rotated by the seed so load spreads over segments.
+    fn placement_order(&self, seed: u64, preferred: &[String]) -> Vec<SegmentId> {
+        let mut order: Vec<SegmentId> = Vec::with_capacity(self.segments.len());
+        for name in preferred {
+            if let Some(s) = self.segment_by_name(name) {
+                if !order.contains(&s.id) {
+                    order.push(s.id);
+                }
+            }
+        }
+        let rest: Vec<SegmentId> = self
+            .segments
+            .keys()
+            .copied()
+            .filter(|id| !order.contains(id))
+            .collect();
+        if !rest.is_empty() {
+            let start = (seed % rest.len() as u64) as usize;
+            order.extend(rest[start..].iter().chain(rest[..start].iter()));
+        }
+        order
+    }
+
+    fn put_end(
+        &mut self,
+        now: u64,
+        writer: Option<&str>,
+        key: &str,
+        checksum: u32,
+    ) -> Result<(), MetaError> {
+        let obj = self
+            .objects
+            .get_mut(key)
+            .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
+        if let Some(w) = writer {
+            if obj.writer != w {
+                return Err(MetaError::InvalidWrite(key.to_string()));
+            }
+        }
+        match obj.phase {
+            // A retried PutEnd outside the dedup window: already done.
+            PutPhase::Complete { .. } => Ok(()),
+            PutPhase::Processing { .. } => {
+                obj.phase = PutPhase::Complete { completed_ms: now };
+                obj.checksum = checksum;
+                Ok(())
+            }
+        }
+    }
+
+    fn put_revoke(&mut self, writer: Option<&str>, key: &str) -> Result<(), MetaError> {
+        let obj = self
+            .objects
+            .get(key)
+            .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
+        if let Some(w) = writer {
+            if obj.writer != w {
+                return Err(MetaError::InvalidWrite(key.to_string()));
+            }
+        }
+        if obj.is_complete() {
+            return Err(MetaError::InvalidWrite(format!(
+                "{key} is complete; revoke applies only to an unfinished put"
+            )));
+        }
+        let obj = self.objects.remove(key).expect("checked above");
+        // The writer itself gave up, so nobody writes into this space any more.
+        self.free_replicas(&obj.replicas);
+        Ok(())
+    }
+
+    fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<(), MetaError> {
+        let obj = self
+            .objects
+            .get(key)
+            .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
+        if !force {
+            if !obj.is_complete() {
+                return Err(MetaError::ReplicaNotReady(key.to_string()));
+            }
+            if obj.hard_pin {
+                return Err(MetaError::ObjectPinned(key.to_string()));
+            }
+        }
+        let obj = self.objects.remove(key).expect("checked above");
+        self.retire(now, obj);
+        Ok(())
+    }
+
+    /// Frees a removed object's space, or parks it while its writer may still write.
+    fn retire(&mut self, now: u64, obj: Object) {
+        match obj.phase {
+            PutPhase::Complete { .. } => self.free_replicas(&obj.replicas),
+            PutPhase::Processing { release_at_ms, .. } => {
+                for replica in obj.replicas {
+                    self.pending_release.push(PendingRelease {
+                        replica,
+                        release_at_ms: release_at_ms.max(now),
+                    });
+                }
+            }
+        }
+    }
+
+    fn evict(&mut self, keys: &[String]) -> u64 {
+        let mut evicted = 0;
+        for key in keys {
+            let evictable = self
+                .objects
+                .get(key)
+                .is_some_and(|o| o.is_complete() && !o.hard_pin);
+            if evictable {
+                let obj = self.objects.remove(key).expect("checked above");
+                self.free_replicas(&obj.replicas);
+                evicted += 1;
+            }
+        }
+        self.evicted_total += evicted;
+        evicted
+    }
+
+    fn mount(&mut self, now: u64, spec: &SegmentSpec, owner: &str) -> Result<SegmentId, MetaError> {
+        if spec.name.is_empty() {
+            return Err(MetaError::InvalidParams("segment name is empty".into()));
+        }
+        if spec.capacity < crate::alloc::ALIGNMENT {
+            return Err(MetaError::InvalidParams(format!(
+                "segment capacity {} is below the minimum of {} bytes",
+                spec.capacity,
+                crate::alloc::ALIGNMENT
+            )));
+        }
+        if let Some(existing) = self.segment_by_name(&spec.name) {
+            if existing.owner != owner {
+                return Err(MetaError::SegmentAlreadyExists(spec.name.clone()));
+            }
+            if existing.spec.capacity != spec.capacity {
+                return Err(MetaError::InvalidParams(format!(
+                    "segment {:?} is mounted with capacity {}; unmount it before changing it",
+                    spec.name, existing.spec.capacity
+                )));
+            }
+            let id = existing.id;
+            // Re-mount by the same owner: refresh its transport details.
+            if let Some(seg) = self.segments.get_mut(&id) {
+                seg.spec = spec.clone();
+            }
+            return Ok(id);
+        }
+        let id = self.next_segment_id.max(1);
+        self.next_segment_id = id + 1;
+        self.segments.insert(
+            id,
+            Segment {
+                id,
+                spec: spec.clone(),
+                owner: owner.to_string(),
+                mounted_ms: now,
+            },
+        );
+        self.allocators.insert(id, Allocator::new(spec.capacity));
+        Ok(id)
+    }
+
+    fn unmount(&mut self, segment_id: SegmentId) -> Result<(), MetaError> {
+        if self.segments.remove(&segment_id).is_none() {
+            return Err(MetaError::SegmentNotFound(segment_id));
+        }
+        self.allocators.remove(&segment_id);
+        self.pending_release
+            .retain(|p| p.replica.segment_id != segment_id);
+        // Objects lose their replicas there; those left with none vanish (an
+        // unfinished put then fails at PutEnd with OBJECT_NOT_FOUND).
+        self.objects.retain(|_, obj| {
+            obj.replicas.retain(|r| r.segment_id != segment_id);
+            !obj.replicas.is_empty()
+        });
+        Ok(())
+    }
+
+    fn reclaim(&mut self, now: u64) -> u64 {
+        let mut reclaimed = 0;
+        let stale: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| matches!(o.phase, PutPhase::Processing { release_at_ms, .. } if release_at_ms <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in stale {
+            if let Some(obj) = self.objects.remove(&key) {
+                self.free_replicas(&obj.replicas);
+                reclaimed += 1;
+            }
+        }
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_release)
+            .into_iter()
+            .partition(|p| p.release_at_ms <= now);
+        self.pending_release = keep;
+        for p in due {
+            self.free_replicas(std::slice::from_ref(&p.replica));
+            reclaimed += 1;
+        }
+        reclaimed
+    }
+
+    fn free_replicas(&mut self, replicas: &[Replica]) {
+        for r in replicas {
+            if let Some(alloc) = self.allocators.get_mut(&r.segment_id) {
+                let freed = alloc.free(r.offset, r.len);
+                debug_assert!(freed, "freeing a range that is not allocated");
+            }
+        }
+    }
+
+    /// True when the earliest unfinished put or parked range is due for reclaim.
+    pub fn has_reclaimable(&self, now_ms: u64) -> bool {
+        self.pending_release.iter().any(|p| p.release_at_ms <= now_ms)
+            || self.objects.values().any(
+                |o| matches!(o.phase, PutPhase::Processing { release_at_ms, .. } if release_at_ms <= now_ms),
+            )
+    }
+}

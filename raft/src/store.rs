@@ -1,0 +1,557 @@
+//! Durable Raft storage in the node's data dir, on redb.
+//!
+//! * Log: every entry is kept in memory (until purged) and written through one
+//!   writer thread that groups concurrent appends into one redb transaction and
+//!   fsyncs it before telling openraft the entries are flushed. openraft only
+//!   counts an entry towards a commit quorum after that callback, so an
+//!   acknowledged write is on disk on a majority.
+//! * Vote, committed log id and last purged id: small records in the same file,
+//!   written by the same thread (so they are ordered with the log).
+//! * State machine: held in memory ([`SharedState`]) and made durable by
+//!   snapshots stored in the same file; on restart the snapshot is loaded and
+//!   openraft re-applies the committed log after it.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership, Vote,
+};
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::codec;
+use crate::state::{MetaState, Response};
+use crate::{NodeId, TypeConfig};
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const KEY_VOTE: &str = "vote";
+const KEY_COMMITTED: &str = "committed";
+const KEY_PURGED: &str = "last_purged";
+const KEY_SNAPSHOT: &str = "snapshot";
+
+/// Most writer requests folded into one transaction.
+const MAX_GROUP: usize = 256;
+
+type SResult<T> = Result<T, StorageError<NodeId>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot create data dir {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot open raft store {path}: {source}")]
+    Database {
+        path: String,
+        source: Box<redb::Error>,
+    },
+    #[error("raft store {path} is corrupt: {reason}")]
+    Corrupt { path: String, reason: String },
+}
+
+enum WriteReq {
+    Append(Vec<(u64, Vec<u8>)>, LogFlushed<TypeConfig>),
+    TruncateFrom(u64, oneshot::Sender<Result<(), String>>),
+    PurgeUpTo(u64, Vec<u8>),
+    PutMeta(&'static str, Vec<u8>, Option<oneshot::Sender<Result<(), String>>>),
+}
+
+struct LogMem {
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    last_purged: Option<LogId<NodeId>>,
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+}
+
+/// The writer thread's inbox. When the last store holding it is dropped, the
+/// thread is stopped and joined, so the file can be reopened at once.
+struct Writer {
+    tx: Option<mpsc::Sender<WriteReq>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    fn send(&self, req: WriteReq) -> Result<(), String> {
+        self.tx
+            .as_ref()
+            .ok_or_else(|| "raft store writer stopped".to_string())?
+            .send(req)
+            .map_err(|_| "raft store writer stopped".to_string())
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Raft log storage. Clones share the same log.
+#[derive(Clone)]
+pub struct LogStore {
+    mem: Arc<Mutex<LogMem>>,
+    writer: Arc<Writer>,
+}
+
+/// The state machine data shared between openraft (which applies) and the
+/// master (which reads under the read lock).
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SmData {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub last_membership: StoredMembership<NodeId, openraft::BasicNode>,
+    pub state: MetaState,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, openraft::BasicNode>,
+    data: Vec<u8>,
+}
+
+pub struct SharedState {
+    pub sm: RwLock<SmData>,
+}
+
+/// Raft state machine storage: in memory, durable through snapshots.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    pub shared: Arc<SharedState>,
+    current: Arc<Mutex<Option<StoredSnapshot>>>,
+    writer: Arc<Writer>,
+    snapshot_seq: Arc<std::sync::atomic::AtomicU64>,
+}
+
+fn io_err<E: std::fmt::Display>(e: E) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+/// Opens (or creates) `<dir>/raft.redb` and returns the log and state machine stores.
+pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
+    std::fs::create_dir_all(dir).map_err(|source| OpenError::DataDir {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let path = dir.join("raft.redb");
+    let path_s = path.display().to_string();
+    let db_err = |e: redb::Error| OpenError::Database {
+        path: path_s.clone(),
+        source: Box::new(e),
+    };
+    let corrupt = |reason: String| OpenError::Corrupt {
+        path: path_s.clone(),
+        reason,
+    };
+    let db = Database::create(&path).map_err(|e| db_err(e.into()))?;
+    {
+        let txn = db.begin_write().map_err(|e| db_err(e.into()))?;
+        txn.open_table(LOG).map_err(|e| db_err(e.into()))?;
+        txn.open_table(META).map_err(|e| db_err(e.into()))?;
+        txn.commit().map_err(|e| db_err(e.into()))?;
+    }
+
+    let mut entries = BTreeMap::new();
+    let mut metas: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    {
+        let txn = db.begin_read().map_err(|e| db_err(e.into()))?;
+        let log = txn.open_table(LOG).map_err(|e| db_err(e.into()))?;
+        for item in log.iter().map_err(|e| db_err(e.into()))? {
+            let (k, v) = item.map_err(|e| db_err(e.into()))?;
+            let entry: Entry<TypeConfig> =
+                codec::decode(v.value()).map_err(|e| corrupt(format!("log {}: {e}", k.value())))?;
+            entries.insert(k.value(), entry);
+        }
+        let meta = txn.open_table(META).map_err(|e| db_err(e.into()))?;
+        for item in meta.iter().map_err(|e| db_err(e.into()))? {
+            let (k, v) = item.map_err(|e| db_err(e.into()))?;
+            metas.insert(k.value().to_string(), v.value().to_vec());
+        }
+    }
+    let decode_meta = |key: &str| -> Result<Option<Vec<u8>>, OpenError> { Ok(metas.get(key).cloned()) };
+    let vote = decode_meta(KEY_VOTE)?
+        .map(|b| codec::decode(&b))
+        .transpose()
+        .map_err(|e| corrupt(format!("vote: {e}")))?;
+    let committed: Option<LogId<NodeId>> = decode_meta(KEY_COMMITTED)?
+        .map(|b| codec::decode::<Option<LogId<NodeId>>>(&b))
+        .transpose()
+        .map_err(|e| corrupt(format!("committed: {e}")))?
+        .flatten();
+    let last_purged: Option<LogId<NodeId>> = decode_meta(KEY_PURGED)?
+        .map(|b| codec::decode(&b))
+        .transpose()
+        .map_err(|e| corrupt(format!("last purged: {e}")))?;
+    let snapshot: Option<StoredSnapshot> = decode_meta(KEY_SNAPSHOT)?
+        .map(|b| codec::decode(&b))
+        .transpose()
+        .map_err(|e| corrupt(format!("snapshot: {e}")))?;
+    if let Some(p) = last_purged {
+        entries.retain(|idx, _| *idx > p.index);
+    }
+
+    let mut sm = SmData::default();
+    sm.state = MetaState::new();
+    if let Some(snap) = &snapshot {
+        sm = decode_sm(&snap.data).map_err(|e| corrupt(format!("snapshot data: {e}")))?;
+    }
+
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("raft-log-writer".into())
+        .spawn(move || writer_loop(db, rx))
+        .map_err(|source| OpenError::DataDir {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    let writer = Arc::new(Writer {
+        tx: Some(tx),
+        handle: Some(handle),
+    });
+
+    let log = LogStore {
+        mem: Arc::new(Mutex::new(LogMem {
+            entries,
+            last_purged,
+            vote,
+            committed,
+        })),
+        writer: writer.clone(),
+    };
+    let sm_store = StateMachineStore {
+        shared: Arc::new(SharedState {
+            sm: RwLock::new(sm),
+        }),
+        current: Arc::new(Mutex::new(snapshot)),
+        writer,
+        snapshot_seq: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    };
+    Ok((log, sm_store))
+}
+
+fn decode_sm(data: &[u8]) -> Result<SmData, String> {
+    let mut sm: SmData = codec::decode(data).map_err(|e| e.to_string())?;
+    sm.state.rebuild_allocators().map_err(|e| e.to_string())?;
+    Ok(sm)
+}
+
+/// The single writer: folds queued requests into one transaction, commits
+/// (fsync), then reports. Runs until every sender is dropped.
+fn writer_loop(db: Database, rx: mpsc::Receiver<WriteReq>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(req) => batch.push(req),
+                Err(_) => break,
+            }
+        }
+        let result = write_batch(&db, &batch).map_err(|e| e.to_string());
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "raft store write failed");
+        }
+        for req in batch {
+            match req {
+                WriteReq::Append(_, cb) => cb.log_io_completed(result.clone().map_err(io_err)),
+                WriteReq::TruncateFrom(_, ack) => {
+                    let _ = ack.send(result.clone());
+                }
+                WriteReq::PutMeta(_, _, Some(ack)) => {
+                    let _ = ack.send(result.clone());
+                }
+                WriteReq::PutMeta(_, _, None) | WriteReq::PurgeUpTo(..) => {}
+            }
+        }
+    }
+}
+
+fn write_batch(db: &Database, batch: &[WriteReq]) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut log = txn.open_table(LOG)?;
+        let mut meta = txn.open_table(META)?;
+        for req in batch {
+            match req {
+                WriteReq::Append(entries, _) => {
+                    for (idx, bytes) in entries {
+                        log.insert(*idx, bytes.as_slice())?;
+                    }
+                }
+                WriteReq::TruncateFrom(from, _) => {
+                    log.retain_in(*from.., |_, _| false)?;
+                }
+                WriteReq::PurgeUpTo(upto, purged) => {
+                    meta.insert(KEY_PURGED, purged.as_slice())?;
+                    log.retain_in(..=*upto, |_, _| false)?;
+                }
+                WriteReq::PutMeta(key, value, _) => {
+                    meta.insert(*key, value.as_slice())?;
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+fn write_failed(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write(&io_err(e)).into()
+}
+
+impl LogStore {
+    async fn put_meta_sync(&self, key: &'static str, value: Vec<u8>) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.writer
+            .send(WriteReq::PutMeta(key, value, Some(tx)))?;
+        rx.await.map_err(|_| "raft store writer stopped".to_string())?
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> SResult<Vec<Entry<TypeConfig>>> {
+        let mem = self.mem.lock().expect("log lock poisoned");
+        let start = match range.start_bound() {
+            Bound::Included(x) => Bound::Included(*x),
+            Bound::Excluded(x) => Bound::Excluded(*x),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(x) => Bound::Included(*x),
+            Bound::Excluded(x) => Bound::Excluded(*x),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        Ok(mem
+            .entries
+            .range((start, end))
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> SResult<LogState<TypeConfig>> {
+        let mem = self.mem.lock().expect("log lock poisoned");
+        let last = mem.entries.values().next_back().map(|e| e.log_id);
+        Ok(LogState {
+            last_purged_log_id: mem.last_purged,
+            last_log_id: last.or(mem.last_purged),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> SResult<()> {
+        let bytes = codec::encode(vote).map_err(write_failed)?;
+        self.put_meta_sync(KEY_VOTE, bytes)
+            .await
+            .map_err(|e| StorageIOError::write_vote(&io_err(e)))?;
+        self.mem.lock().expect("log lock poisoned").vote = Some(*vote);
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> SResult<Option<Vote<NodeId>>> {
+        Ok(self.mem.lock().expect("log lock poisoned").vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> SResult<()> {
+        let bytes = codec::encode(&committed).map_err(write_failed)?;
+        self.mem.lock().expect("log lock poisoned").committed = committed;
+        // Not waited for: losing it only means re-applying less on restart.
+        self.writer
+            .send(WriteReq::PutMeta(KEY_COMMITTED, bytes, None))
+            .map_err(write_failed)?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> SResult<Option<LogId<NodeId>>> {
+        Ok(self.mem.lock().expect("log lock poisoned").committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> SResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut encoded = Vec::new();
+        {
+            let mut mem = self.mem.lock().expect("log lock poisoned");
+            for entry in entries {
+                let bytes = codec::encode(&entry).map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
+                encoded.push((entry.log_id.index, bytes));
+                mem.entries.insert(entry.log_id.index, entry);
+            }
+        }
+        // Readers see the entries at once; openraft counts them as persisted
+        // only when the writer calls back after fsync.
+        self.writer
+            .send(WriteReq::Append(encoded, callback))
+            .map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> SResult<()> {
+        self.mem
+            .lock()
+            .expect("log lock poisoned")
+            .entries
+            .retain(|idx, _| *idx < log_id.index);
+        let (tx, rx) = oneshot::channel();
+        self.writer
+            .send(WriteReq::TruncateFrom(log_id.index, tx))
+            .map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
+        rx.await
+            .map_err(|e| StorageIOError::write_logs(&io_err(e)))?
+            .map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> SResult<()> {
+        let bytes = codec::encode(&log_id).map_err(write_failed)?;
+        {
+            let mut mem = self.mem.lock().expect("log lock poisoned");
+            mem.entries.retain(|idx, _| *idx > log_id.index);
+            mem.last_purged = Some(log_id);
+        }
+        self.writer
+            .send(WriteReq::PurgeUpTo(log_id.index, bytes))
+            .map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
+        Ok(())
+    }
+}
+
+impl StateMachineStore {
+    async fn persist_snapshot(&self, snap: &StoredSnapshot) -> SResult<()> {
+        let bytes = codec::encode(snap)
+            .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?;
+        let (tx, rx) = oneshot::channel();
+        self.writer
+            .send(WriteReq::PutMeta(KEY_SNAPSHOT, bytes, Some(tx)))
+            .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?;
+        rx.await
+            .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?
+            .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?;
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> SResult<Snapshot<TypeConfig>> {
+        let (data, last_applied, membership) = {
+            let sm = self.shared.sm.read().expect("state lock poisoned");
+            let data = codec::encode(&*sm).map_err(|e| StorageIOError::read_state_machine(&io_err(e)))?;
+            (data, sm.last_applied, sm.last_membership.clone())
+        };
+        let seq = self
+            .snapshot_seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
+            None => format!("--{seq}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        };
+        self.persist_snapshot(&stored).await?;
+        *self.current.lock().expect("snapshot lock poisoned") = Some(stored);
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> SResult<(
+        Option<LogId<NodeId>>,
+        StoredMembership<NodeId, openraft::BasicNode>,
+    )> {
+        let sm = self.shared.sm.read().expect("state lock poisoned");
+        Ok((sm.last_applied, sm.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> SResult<Vec<Response>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut sm = self.shared.sm.write().expect("state lock poisoned");
+        let mut out = Vec::new();
+        for entry in entries {
+            sm.last_applied = Some(entry.log_id);
+            let resp = match entry.payload {
+                EntryPayload::Blank => Response::Empty,
+                EntryPayload::Normal(cmd) => sm.state.apply(&cmd),
+                EntryPayload::Membership(m) => {
+                    sm.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                    Response::Empty
+                }
+            };
+            out.push(resp);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> SResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> SResult<()> {
+        let data = snapshot.into_inner();
+        let mut new_sm = decode_sm(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &io_err(e)))?;
+        new_sm.last_applied = meta.last_log_id;
+        new_sm.last_membership = meta.last_membership.clone();
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.persist_snapshot(&stored).await?;
+        *self.shared.sm.write().expect("state lock poisoned") = new_sm;
+        *self.current.lock().expect("snapshot lock poisoned") = Some(stored);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> SResult<Option<Snapshot<TypeConfig>>> {
+        let current = self.current.lock().expect("snapshot lock poisoned");
+        Ok(current.as_ref().map(|s| Snapshot {
+            meta: s.meta.clone(),
+            snapshot: Box::new(Cursor::new(s.data.clone())),
+        }))
+    }
+}

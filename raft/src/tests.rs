@@ -1,0 +1,467 @@
+//! Unit tests of the state machine, eviction policy and storage.
+
+use crate::eviction::{select_victims, should_evict, AccessInfo};
+use crate::state::*;
+
+const MB: u64 = 1 << 20;
+
+fn policy() -> PutPolicy {
+    PutPolicy {
+        discard_after_ms: 30_000,
+        release_after_ms: 600_000,
+        soft_pin_ttl_ms: 1_800_000,
+    }
+}
+
+fn cmd(now_ms: u64, client: &str, seq: u64, op: Op) -> Command {
+    Command {
+        now_ms,
+        seed: seq.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        origin: Some(Origin {
+            client_id: client.into(),
+            seq,
+        }),
+        op,
+    }
+}
+
+fn mount(state: &mut MetaState, now: u64, name: &str, owner: &str, cap: u64) -> SegmentId {
+    let c = Command {
+        now_ms: now,
+        seed: 0,
+        origin: None,
+        op: Op::MountSegment {
+            spec: SegmentSpec {
+                name: name.into(),
+                endpoint: format!("{name}:1"),
+                capacity: cap,
+                ..Default::default()
+            },
+            owner: owner.into(),
+        },
+    };
+    match state.apply(&c) {
+        Response::Mounted(Ok(id)) => id,
+        other => panic!("mount failed: {other:?}"),
+    }
+}
+
+fn put(state: &mut MetaState, now: u64, client: &str, seq: u64, key: &str, size: u64, replicas: u32) -> Response {
+    state.apply(&cmd(
+        now,
+        client,
+        seq,
+        Op::PutStart {
+            items: vec![(key.into(), size)],
+            config: ReplicateConfig {
+                replica_num: replicas,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    ))
+}
+
+fn put_end(state: &mut MetaState, now: u64, client: &str, seq: u64, key: &str) -> Response {
+    state.apply(&cmd(now, client, seq, Op::PutEnd { items: vec![(key.into(), 7)] }))
+}
+
+fn first_item(resp: &Response) -> Result<(), MetaError> {
+    match resp {
+        Response::Items(v) => v[0].clone(),
+        Response::PutStart(v) => v[0].clone().map(|_| ()),
+        Response::Rejected(e) => Err(e.clone()),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// A pseudo-random workload of every op kind, for replay tests.
+fn workload(n: usize) -> Vec<Command> {
+    let mut out = Vec::new();
+    let mut x = 0x1234_5678u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        out.push(Command {
+            now_ms: i as u64,
+            seed: 0,
+            origin: None,
+            op: Op::MountSegment {
+                spec: SegmentSpec {
+                    name: (*name).into(),
+                    endpoint: "e".into(),
+                    capacity: 64 * MB,
+                    ..Default::default()
+                },
+                owner: format!("owner-{name}"),
+            },
+        });
+    }
+    for i in 0..n {
+        let now = 1_000 + i as u64 * 50;
+        let key = format!("k{}", rnd() % 200);
+        let client = format!("c{}", rnd() % 4);
+        let op = match rnd() % 10 {
+            0..=3 => Op::PutStart {
+                items: vec![(key, 1 + rnd() % (2 * MB))],
+                config: ReplicateConfig {
+                    replica_num: 1 + (rnd() % 3) as u32,
+                    soft_pin: rnd() % 5 == 0,
+                    hard_pin: rnd() % 11 == 0,
+                    preferred_segments: vec![],
+                },
+                policy: policy(),
+            },
+            4..=6 => Op::PutEnd {
+                items: vec![(key, rnd() as u32)],
+            },
+            7 => Op::Remove {
+                keys: vec![key],
+                force: rnd() % 2 == 0,
+            },
+            8 => Op::Evict { keys: vec![key] },
+            _ => Op::PutRevoke { keys: vec![key] },
+        };
+        out.push(cmd(now, &client, i as u64, op));
+        if i % 97 == 0 {
+            out.push(Command {
+                now_ms: now + 700_000,
+                seed: 0,
+                origin: None,
+                op: Op::ReclaimStalePuts,
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn deterministic_replay_gives_identical_state() {
+    let cmds = workload(3000);
+    let mut a = MetaState::new();
+    let mut b = MetaState::new();
+    let ra: Vec<Response> = cmds.iter().map(|c| a.apply(c)).collect();
+    let rb: Vec<Response> = cmds.iter().map(|c| b.apply(c)).collect();
+    assert_eq!(ra, rb);
+    assert_eq!(a, b);
+    assert!(!a.objects.is_empty());
+}
+
+#[test]
+fn snapshot_roundtrip_rebuilds_identical_state() {
+    let cmds = workload(2000);
+    let (first, second) = cmds.split_at(1200);
+    let mut a = MetaState::new();
+    for c in first {
+        a.apply(c);
+    }
+    let bytes = crate::codec::encode(&a).unwrap();
+    let mut b: MetaState = crate::codec::decode(&bytes).unwrap();
+    b.rebuild_allocators().unwrap();
+    assert_eq!(a, b, "decoded snapshot differs");
+    for c in second {
+        assert_eq!(a.apply(c), b.apply(c));
+    }
+    assert_eq!(a, b);
+}
+
+#[test]
+fn two_phase_put_and_lookup() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    assert!(matches!(s.lookup("k"), Err(MetaError::ObjectNotFound(_))));
+    first_item(&put(&mut s, 10, "c", 1, "k", 4096, 1)).unwrap();
+    assert!(matches!(s.lookup("k"), Err(MetaError::ReplicaNotReady(_))));
+    assert!(!s.exists("k"));
+    first_item(&put_end(&mut s, 11, "c", 2, "k")).unwrap();
+    let view = s.lookup("k").unwrap();
+    assert_eq!(view.size, 4096);
+    assert_eq!(view.checksum, 7);
+    assert_eq!(view.replicas.len(), 1);
+    assert!(s.exists("k"));
+    // A second put of the same key.
+    assert_eq!(
+        first_item(&put(&mut s, 12, "d", 1, "k", 4096, 1)),
+        Err(MetaError::ObjectAlreadyExists("k".into()))
+    );
+}
+
+#[test]
+fn replicas_land_on_distinct_segments_best_effort() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "s1", "o1", 8 * MB);
+    mount(&mut s, 1, "s2", "o2", 8 * MB);
+    mount(&mut s, 1, "s3", "o3", MB);
+    match put(&mut s, 2, "c", 1, "big", 4 * MB, 3) {
+        Response::PutStart(v) => {
+            let reps = v[0].clone().unwrap();
+            // s3 is too small: best effort gives two, on distinct segments.
+            assert_eq!(reps.len(), 2);
+            assert_ne!(reps[0].segment_id, reps[1].segment_id);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        put(&mut s, 2, "c", 2, "x", 1, 4),
+        Response::Rejected(MetaError::InvalidParams(_))
+    ));
+    assert!(matches!(
+        put(&mut s, 2, "c", 3, "x", 1, 0),
+        Response::Rejected(MetaError::InvalidParams(_))
+    ));
+    assert_eq!(
+        first_item(&put(&mut s, 2, "c", 4, "huge", 100 * MB, 1)),
+        Err(MetaError::NoAvailableHandle(100 * MB))
+    );
+    assert_eq!(s.alloc_failures, 1);
+}
+
+#[test]
+fn retried_request_is_applied_once() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    let first = put(&mut s, 10, "c", 1, "k", 100, 1);
+    let allocated = s.total_allocated();
+    let retry = put(&mut s, 20, "c", 1, "k", 100, 1);
+    assert_eq!(first, retry, "a retry returns the original answer");
+    assert_eq!(s.total_allocated(), allocated, "and allocates nothing more");
+    // Push the request out of the dedup window: it is refused, not re-applied.
+    for seq in 2..(DEDUP_RESULTS_PER_CLIENT as u64 + 5) {
+        s.apply(&cmd(30, "c", seq, Op::PutRevoke { keys: vec!["nope".into()] }));
+    }
+    assert!(matches!(
+        put(&mut s, 40, "c", 1, "k2", 100, 1),
+        Response::Rejected(MetaError::InvalidParams(_))
+    ));
+    assert!(!s.objects.contains_key("k2"));
+}
+
+#[test]
+fn remove_rules() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    put(&mut s, 10, "c", 1, "inflight", 100, 1);
+    let rm = |s: &mut MetaState, seq, key: &str, force| {
+        first_item(&s.apply(&cmd(11, "admin", seq, Op::Remove { keys: vec![key.into()], force })))
+    };
+    assert_eq!(rm(&mut s, 1, "inflight", false), Err(MetaError::ReplicaNotReady("inflight".into())));
+    assert_eq!(rm(&mut s, 2, "missing", false), Err(MetaError::ObjectNotFound("missing".into())));
+    // Hard pin.
+    s.apply(&cmd(
+        12,
+        "c",
+        2,
+        Op::PutStart {
+            items: vec![("pinned".into(), 100)],
+            config: ReplicateConfig { replica_num: 1, hard_pin: true, ..Default::default() },
+            policy: policy(),
+        },
+    ));
+    put_end(&mut s, 13, "c", 3, "pinned");
+    assert_eq!(rm(&mut s, 3, "pinned", false), Err(MetaError::ObjectPinned("pinned".into())));
+    assert_eq!(rm(&mut s, 4, "pinned", true), Ok(()));
+    // Forced remove of an unfinished put parks its space until release.
+    let before = s.total_allocated();
+    assert_eq!(rm(&mut s, 5, "inflight", true), Ok(()));
+    assert_eq!(s.total_allocated(), before, "space still held for the writer");
+    s.apply(&Command { now_ms: 10 + 600_000, seed: 0, origin: None, op: Op::ReclaimStalePuts });
+    assert_eq!(s.total_allocated(), 0);
+}
+
+#[test]
+fn put_end_and_revoke_check_the_writer() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    put(&mut s, 10, "alice", 1, "k", 100, 1);
+    assert_eq!(first_item(&put_end(&mut s, 11, "bob", 1, "k")), Err(MetaError::InvalidWrite("k".into())));
+    assert_eq!(
+        first_item(&s.apply(&cmd(11, "bob", 2, Op::PutRevoke { keys: vec!["k".into()] }))),
+        Err(MetaError::InvalidWrite("k".into()))
+    );
+    assert_eq!(first_item(&s.apply(&cmd(12, "alice", 2, Op::PutRevoke { keys: vec!["k".into()] }))), Ok(()));
+    assert_eq!(s.total_allocated(), 0);
+    assert!(s.objects.is_empty());
+}
+
+#[test]
+fn zombie_put_is_taken_over_and_reclaimed() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    put(&mut s, 1_000, "dead", 1, "k", MB, 1);
+    // Within the discard timeout: the key is still taken.
+    assert_eq!(
+        first_item(&put(&mut s, 20_000, "live", 1, "k", MB, 1)),
+        Err(MetaError::ObjectAlreadyExists("k".into()))
+    );
+    // After it: taken over, and the zombie's space stays parked.
+    first_item(&put(&mut s, 31_001, "live", 2, "k", MB, 1)).unwrap();
+    assert_eq!(s.total_allocated(), 2 * MB);
+    assert_eq!(s.pending_release.len(), 1);
+    // The zombie's late PutEnd must not complete the new writer's object.
+    assert_eq!(first_item(&put_end(&mut s, 32_000, "dead", 2, "k")), Err(MetaError::InvalidWrite("k".into())));
+    first_item(&put_end(&mut s, 32_000, "live", 3, "k")).unwrap();
+    // Reclaim before the release deadline changes nothing; after it frees the zombie's space.
+    s.apply(&Command { now_ms: 500_000, seed: 0, origin: None, op: Op::ReclaimStalePuts });
+    assert_eq!(s.total_allocated(), 2 * MB);
+    s.apply(&Command { now_ms: 601_000, seed: 0, origin: None, op: Op::ReclaimStalePuts });
+    assert_eq!(s.total_allocated(), MB);
+    assert!(s.exists("k"));
+}
+
+#[test]
+fn unmounting_drops_replicas_and_orphans() {
+    let mut s = MetaState::new();
+    let a = mount(&mut s, 1, "a", "store-a", 64 * MB);
+    mount(&mut s, 1, "b", "store-b", 64 * MB);
+    put(&mut s, 10, "c", 1, "two", 100, 2);
+    put_end(&mut s, 10, "c", 2, "two");
+    s.apply(&cmd(10, "c", 3, Op::PutStart {
+        items: vec![("only-a".into(), 100)],
+        config: ReplicateConfig { replica_num: 1, preferred_segments: vec!["a".into()], ..Default::default() },
+        policy: policy(),
+    }));
+    put_end(&mut s, 10, "c", 4, "only-a");
+    assert_eq!(s.lookup("only-a").unwrap().replicas[0].segment_id, a);
+    let r = s.apply(&Command { now_ms: 20, seed: 0, origin: None, op: Op::UnmountClient { client_id: "store-a".into() } });
+    assert_eq!(r, Response::Count(1));
+    assert_eq!(s.lookup("two").unwrap().replicas.len(), 1);
+    assert!(matches!(s.lookup("only-a"), Err(MetaError::ObjectNotFound(_))));
+    let r = s.apply(&Command { now_ms: 20, seed: 0, origin: None, op: Op::UnmountSegment { segment_id: a } });
+    assert_eq!(r, Response::Done(Err(MetaError::SegmentNotFound(a))));
+}
+
+#[test]
+fn mount_is_idempotent_per_owner() {
+    let mut s = MetaState::new();
+    let id = mount(&mut s, 1, "seg", "store", 64 * MB);
+    assert_eq!(mount(&mut s, 2, "seg", "store", 64 * MB), id);
+    let other = s.apply(&Command {
+        now_ms: 3,
+        seed: 0,
+        origin: None,
+        op: Op::MountSegment {
+            spec: SegmentSpec { name: "seg".into(), capacity: 64 * MB, ..Default::default() },
+            owner: "intruder".into(),
+        },
+    });
+    assert_eq!(other, Response::Mounted(Err(MetaError::SegmentAlreadyExists("seg".into()))));
+}
+
+fn filled_state() -> MetaState {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 100 * MB);
+    for i in 0..10u64 {
+        let key = format!("k{i}");
+        let soft = i == 0;
+        let hard = i == 1;
+        s.apply(&cmd(100 + i, "c", 2 * i, Op::PutStart {
+            items: vec![(key.clone(), 9 * MB)],
+            config: ReplicateConfig { replica_num: 1, soft_pin: soft, hard_pin: hard, ..Default::default() },
+            policy: policy(),
+        }));
+        if i != 9 {
+            put_end(&mut s, 100 + i, "c", 2 * i + 1, &key);
+        }
+    }
+    s
+}
+
+#[test]
+fn eviction_policy_order_and_exclusions() {
+    let s = filled_state();
+    assert!(should_evict(&s, 0.9, false));
+    assert!(!should_evict(&s, 0.95, false));
+    assert!(should_evict(&s, 0.95, true));
+    // 10 % of 10 objects = 1: the oldest unpinned, unleased, complete one.
+    let v = select_victims(&s, 1_000, 0.1, |_| AccessInfo::default());
+    assert_eq!(v, vec!["k2"]);
+    // A lease or a recent access protects it.
+    let v = select_victims(&s, 1_000, 0.1, |k| AccessInfo { leased: k == "k2", last_access_ms: None });
+    assert_eq!(v, vec!["k3"]);
+    let v = select_victims(&s, 1_000, 0.2, |k| AccessInfo {
+        leased: false,
+        last_access_ms: if k == "k2" { Some(999) } else { None },
+    });
+    assert_eq!(v, vec!["k3", "k4"]);
+    // Asking for everything: never the hard-pinned or unfinished, soft-pinned last.
+    let v = select_victims(&s, 1_000, 1.0, |_| AccessInfo::default());
+    assert_eq!(v.len(), 8);
+    assert!(!v.contains(&"k1".to_string()) && !v.contains(&"k9".to_string()));
+    assert_eq!(v.last().unwrap(), "k0");
+    // Once the soft pin expired, k0 is just the oldest.
+    let v = select_victims(&s, 100 + 1_800_001, 0.1, |_| AccessInfo::default());
+    assert_eq!(v, vec!["k0"]);
+}
+
+#[test]
+fn evict_applies_only_to_evictable_objects() {
+    let mut s = filled_state();
+    let before = s.objects.len();
+    let r = s.apply(&Command {
+        now_ms: 2_000,
+        seed: 0,
+        origin: None,
+        op: Op::Evict { keys: vec!["k1".into(), "k9".into(), "k5".into(), "nope".into()] },
+    });
+    assert_eq!(r, Response::Count(1));
+    assert_eq!(s.objects.len(), before - 1);
+    assert_eq!(s.evicted_total, 1);
+}
+
+mod storage_suite {
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::StorageError;
+    use tempfile::TempDir;
+
+    use crate::store::{LogStore, StateMachineStore};
+    use crate::{NodeId, TypeConfig};
+
+    struct RedbBuilder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuilder {
+        async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+            let dir = TempDir::new().expect("temp dir");
+            let (log, sm) = crate::store::open(dir.path()).expect("open store");
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[test]
+    fn openraft_storage_conformance() -> Result<(), StorageError<NodeId>> {
+        Suite::test_all(RedbBuilder)?;
+        Ok(())
+    }
+}
+
+mod durability {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+    use openraft::{CommittedLeaderId, LogId, RaftLogReader, Vote};
+
+    use crate::store;
+
+    #[tokio::test]
+    async fn vote_and_committed_survive_reopen() {
+        let dir = tempfile::TempDir::new().unwrap();
+        {
+            let (mut log, _sm) = store::open(dir.path()).unwrap();
+            log.save_vote(&Vote::new(3, 2)).await.unwrap();
+            log.save_committed(Some(LogId::new(CommittedLeaderId::new(3, 2), 0)))
+                .await
+                .unwrap();
+            // save_committed is write-behind: a later synchronous write orders after it.
+            log.save_vote(&Vote::new(4, 2)).await.unwrap();
+        }
+        let (mut log, mut sm) = store::open(dir.path()).unwrap();
+        assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(4, 2)));
+        assert_eq!(
+            log.read_committed().await.unwrap(),
+            Some(LogId::new(CommittedLeaderId::new(3, 2), 0))
+        );
+        assert!(log.try_get_log_entries(0..10).await.unwrap().is_empty());
+        assert_eq!(sm.applied_state().await.unwrap().0, None);
+    }
+}
