@@ -1,0 +1,323 @@
+//! `crescentctl bench meta`: metadata throughput and latency against real masters.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use crescent_client::local::LocalCluster;
+use crescent_client::MasterClient;
+use crescent_proto::pb;
+use crescent_proto::units::parse_size;
+use serde_json::json;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// PutStart+PutEnd and GetReplicaList throughput/latency. Without --masters it
+    /// starts a 1-node and a 3-node local cluster (persisted, fsynced log) and
+    /// compares them in one run.
+    Meta(MetaArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MetaArgs {
+    /// Masters to benchmark (host:port list). Default: spawn local 1- and 3-node clusters.
+    #[arg(long)]
+    masters: Option<String>,
+    /// Batch sizes to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,128")]
+    batch: Vec<usize>,
+    /// Objects per batched run.
+    #[arg(long, default_value_t = 50_000)]
+    objects: usize,
+    /// Objects for the unbatched (batch 1) latency run.
+    #[arg(long, default_value_t = 3_000)]
+    single_objects: usize,
+    /// Concurrent requests in flight for batched runs (batch 1 runs one at a time,
+    /// so its latency is not queueing).
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Object size recorded in the metadata.
+    #[arg(long, default_value = "4kb", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
+    value_size: u64,
+}
+
+pub async fn run(cmd: BenchCmd, _master: &str, json_out: bool) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Meta(args) => meta(args, json_out).await,
+    }
+}
+
+struct Row {
+    cluster: String,
+    batch: usize,
+    concurrency: usize,
+    op: &'static str,
+    objects: usize,
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+}
+
+async fn meta(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(args.batch.iter().all(|b| *b > 0), "--batch sizes must be positive");
+    anyhow::ensure!(args.concurrency > 0 && args.objects > 0, "--objects and --concurrency must be positive");
+    let mut rows = Vec::new();
+    let mut clusters: Vec<(String, String, Option<LocalCluster>)> = Vec::new();
+    match &args.masters {
+        Some(m) => clusters.push(("given".into(), m.clone(), None)),
+        None => {
+            for n in [1usize, 3] {
+                let c = LocalCluster::start(n, &[])?;
+                c.wait_for_leader(Duration::from_secs(20)).await?;
+                clusters.push((format!("{n}-node"), c.masters_arg(), Some(c)));
+            }
+        }
+    }
+    for (name, masters, _keep) in &clusters {
+        eprintln!("benchmarking {name} cluster at {masters} ...");
+        rows.extend(bench_cluster(name, masters, &args).await?);
+    }
+    print_rows(&rows, &args, json_out);
+    Ok(())
+}
+
+async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Result<Vec<Row>> {
+    let client = Arc::new(MasterClient::new(masters)?);
+    client.get_leader().await?;
+    let run_id = crescent_client::master::new_client_id();
+    let max_objects = args.objects.max(args.single_objects);
+    let capacity = (max_objects as u64 * args.value_size * 4).max(1 << 30);
+    let segment_id = client
+        .mount_segment(pb::SegmentSpec {
+            name: format!("bench-{run_id}"),
+            endpoint: "127.0.0.1:1".into(),
+            capacity,
+            hostname: "bench".into(),
+            shm_path: String::new(),
+        })
+        .await?;
+    // Keep the segment alive: the leader unmounts segments of silent clients.
+    let hb_client = client.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            let _ = hb_client.heartbeat(vec![segment_id]).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let mut rows = Vec::new();
+    for &batch in &args.batch {
+        let (objects, concurrency) = if batch == 1 {
+            (args.single_objects, 1)
+        } else {
+            (args.objects, args.concurrency)
+        };
+        let prefix = format!("bench/{run_id}/{batch}/");
+        let batches = objects.div_ceil(batch);
+        let put = run_phase(&client, &prefix, objects, batch, batches, concurrency, args.value_size, Phase::Put).await;
+        rows.push(to_row(name, batch, concurrency, "put", objects, put));
+        let get = run_phase(&client, &prefix, objects, batch, batches, concurrency, args.value_size, Phase::Get).await;
+        rows.push(to_row(name, batch, concurrency, "get_replica_list", objects, get));
+        client.remove_by_regex(&format!("^{}", regex_escape(&prefix)), true).await?;
+    }
+    heartbeat.abort();
+    client.unmount_segment(segment_id).await?;
+    Ok(rows)
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_ascii_alphanumeric() || c == '/' || c == '-' || c == '_' {
+                vec![c]
+            } else {
+                vec!['\\', c]
+            }
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Put,
+    Get,
+}
+
+struct PhaseResult {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    errors: usize,
+}
+
+fn to_row(cluster: &str, batch: usize, concurrency: usize, op: &'static str, objects: usize, r: PhaseResult) -> Row {
+    let mut lat = r.latencies;
+    lat.sort_unstable();
+    Row {
+        cluster: cluster.to_string(),
+        batch,
+        concurrency,
+        op,
+        objects,
+        per_sec: objects as f64 / r.elapsed.as_secs_f64(),
+        p50_ms: percentile(&lat, 0.50),
+        p99_ms: percentile(&lat, 0.99),
+        errors: r.errors,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_phase(
+    client: &Arc<MasterClient>,
+    prefix: &str,
+    objects: usize,
+    batch: usize,
+    batches: usize,
+    concurrency: usize,
+    size: u64,
+    phase: Phase,
+) -> PhaseResult {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let next = next.clone();
+        let prefix = prefix.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0usize;
+            loop {
+                let b = next.fetch_add(1, Ordering::Relaxed);
+                if b >= batches {
+                    break;
+                }
+                let keys: Vec<String> = (b * batch..((b + 1) * batch).min(objects))
+                    .map(|i| format!("{prefix}{i}"))
+                    .collect();
+                let t = Instant::now();
+                match phase {
+                    Phase::Put => {
+                        let items = keys
+                            .iter()
+                            .map(|k| pb::PutStartItem { key: k.clone(), size })
+                            .collect();
+                        let cfg = pb::ReplicateConfig {
+                            replica_num: 1,
+                            ..Default::default()
+                        };
+                        match client.batch_put_start(items, cfg).await {
+                            Ok(res) => {
+                                errors += res.iter().filter(|r| !r.status.as_ref().is_none_or(|s| s.is_ok())).count();
+                                let ends = keys
+                                    .iter()
+                                    .map(|k| pb::PutEndItem { key: k.clone(), checksum: 0 })
+                                    .collect();
+                                match client.batch_put_end(ends).await {
+                                    Ok(st) => errors += st.iter().filter(|s| !s.is_ok()).count(),
+                                    Err(_) => errors += keys.len(),
+                                }
+                            }
+                            Err(_) => errors += keys.len(),
+                        }
+                    }
+                    Phase::Get => match client.batch_get_replica_list(keys.clone()).await {
+                        Ok(res) => {
+                            errors += res
+                                .iter()
+                                .filter(|r| !r.status.as_ref().is_none_or(|s| s.is_ok()) || r.replicas.is_empty())
+                                .count()
+                        }
+                        Err(_) => errors += keys.len(),
+                    },
+                }
+                lat.push(t.elapsed());
+            }
+            (lat, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        if let Ok((l, e)) = t.await {
+            latencies.extend(l);
+            errors += e;
+        }
+    }
+    PhaseResult {
+        elapsed: start.elapsed(),
+        latencies,
+        errors,
+    }
+}
+
+fn print_rows(rows: &[Row], args: &MetaArgs, json_out: bool) {
+    const MOONCAKE_PUTS: f64 = 30_000.0;
+    const MOONCAKE_GETS: f64 = 128_000.0;
+    if json_out {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({"cluster": r.cluster, "batch": r.batch, "concurrency": r.concurrency, "op": r.op,
+                       "objects": r.objects, "objects_per_sec": r.per_sec.round(), "p50_ms": r.p50_ms,
+                       "p99_ms": r.p99_ms, "errors": r.errors})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"value_size": args.value_size, "results": v,
+                "reference": {"mooncake_batched_puts_per_sec": MOONCAKE_PUTS, "mooncake_batched_gets_per_sec": MOONCAKE_GETS}}))
+            .unwrap_or_default()
+        );
+        return;
+    }
+    println!(
+        "{:<8} {:>5} {:>5} {:<17} {:>8} {:>12} {:>9} {:>9} {:>6}",
+        "CLUSTER", "BATCH", "CONC", "OP", "OBJECTS", "OBJECTS/S", "P50 MS", "P99 MS", "ERRORS"
+    );
+    for r in rows {
+        println!(
+            "{:<8} {:>5} {:>5} {:<17} {:>8} {:>12.0} {:>9.3} {:>9.3} {:>6}",
+            r.cluster, r.batch, r.concurrency, r.op, r.objects, r.per_sec, r.p50_ms, r.p99_ms, r.errors
+        );
+    }
+    println!();
+    println!(
+        "latency is per request: one PutStart+PutEnd pair (put) or one GetReplicaList (get) of BATCH objects; value size {} B",
+        args.value_size
+    );
+    println!("reference: Mooncake reports ~30,000 objects/s batched puts and ~128,000 objects/s batched gets for a single, unreplicated master");
+    for r in rows.iter().filter(|r| r.batch > 1) {
+        let (reference, target) = if r.op == "put" {
+            (MOONCAKE_PUTS, 60_000.0)
+        } else {
+            (MOONCAKE_GETS, 250_000.0)
+        };
+        println!(
+            "  {:<8} batch-{} {:<17} {:>10.0}/s = {:.2}x Mooncake; target {:.0}/s {}",
+            r.cluster,
+            r.batch,
+            r.op,
+            r.per_sec,
+            r.per_sec / reference,
+            target,
+            if r.per_sec >= target { "MET" } else { "NOT MET" }
+        );
+    }
+    for r in rows.iter().filter(|r| r.batch == 1 && r.op == "put") {
+        println!(
+            "  {:<8} single put p99 {:.2} ms; target 5 ms {}",
+            r.cluster,
+            r.p99_ms,
+            if r.p99_ms <= 5.0 { "MET" } else { "NOT MET" }
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! Local master processes for benchmarks, demos and tests: free loopback
+//! ports, a temp dir per cluster, SIGKILL and restart.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::master::MasterClient;
+
+/// Finds one of our binaries: `$CRESCENT_<NAME>_BIN`, next to the running
+/// executable (or its parent, for test binaries in `target/*/deps`), else PATH.
+pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let env = format!("CRESCENT_{}_BIN", name.trim_start_matches("crescent-").replace('-', "_").to_uppercase());
+    if let Ok(p) = std::env::var(&env) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(Path::to_path_buf);
+        for _ in 0..2 {
+            if let Some(d) = &dir {
+                let candidate = d.join(name);
+                if candidate.is_file() {
+                    return Ok(candidate);
+                }
+                dir = d.parent().map(Path::to_path_buf);
+            }
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for p in std::env::split_paths(&paths) {
+            let c = p.join(name);
+            if c.is_file() {
+                return Ok(c);
+            }
+        }
+    }
+    anyhow::bail!("cannot find the {name} binary (build it with `cargo build --release`, or set {env})")
+}
+
+/// A free loopback port (bound then released; fine on a quiet test machine).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub struct MasterProcess {
+    pub id: u64,
+    pub addr: String,
+    pub http: String,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl MasterProcess {
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+/// N master processes on loopback sharing one `--peers` list.
+pub struct LocalCluster {
+    pub masters: Vec<MasterProcess>,
+    binary: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+    pub root: PathBuf,
+}
+
+impl LocalCluster {
+    /// Starts `n` masters (ids 1..=n) in a fresh temp dir. `extra` is appended
+    /// to every master's flags.
+    pub fn start(n: usize, extra: &[String]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("crescent-cluster-").tempdir()?;
+        let root = dir.path().to_path_buf();
+        let mut c = Self::start_in(&root, n, extra)?;
+        c._dir = Some(dir);
+        Ok(c)
+    }
+
+    /// Like [`start`](Self::start) in a directory that is kept afterwards.
+    pub fn start_in(root: &Path, n: usize, extra: &[String]) -> anyhow::Result<Self> {
+        let binary = find_binary("crescent-master")?;
+        let mut ports = Vec::new();
+        for _ in 0..n {
+            ports.push((free_port()?, free_port()?));
+        }
+        let peers = if n > 1 {
+            ports
+                .iter()
+                .enumerate()
+                .map(|(i, (p, _))| format!("{}=127.0.0.1:{p}", i + 1))
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            String::new()
+        };
+        let mut masters = Vec::new();
+        for (i, (port, http)) in ports.into_iter().enumerate() {
+            let id = (i + 1) as u64;
+            let data_dir = root.join(format!("master-{id}"));
+            std::fs::create_dir_all(&data_dir)?;
+            let mut args = vec![
+                "--node-id".into(),
+                id.to_string(),
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--http".into(),
+                format!("127.0.0.1:{http}"),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+                "--peers".into(),
+                peers.clone(),
+            ];
+            args.extend(extra.iter().cloned());
+            masters.push(MasterProcess {
+                id,
+                addr: format!("127.0.0.1:{port}"),
+                http: format!("127.0.0.1:{http}"),
+                log_path: root.join(format!("master-{id}.log")),
+                data_dir,
+                args,
+                child: None,
+            });
+        }
+        let mut cluster = Self {
+            masters,
+            binary,
+            _dir: None,
+            root: root.to_path_buf(),
+        };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, idx: usize) -> anyhow::Result<()> {
+        let m = &mut self.masters[idx];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log_path)?;
+        let child = Command::new(&self.binary)
+            .args(&m.args)
+            .env("CRESCENT_LOG_FORMAT", "text")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", self.binary.display()))?;
+        m.child = Some(child);
+        Ok(())
+    }
+
+    /// Comma list of every master's address.
+    pub fn masters_arg(&self) -> String {
+        self.masters
+            .iter()
+            .map(|m| m.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn by_id(&mut self, id: u64) -> Option<&mut MasterProcess> {
+        self.masters.iter_mut().find(|m| m.id == id)
+    }
+
+    /// SIGKILL one master and reap it.
+    pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        let m = self
+            .by_id(id)
+            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
+        if let Some(mut c) = m.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts a killed master again with the same id, address and data dir.
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        let idx = self
+            .masters
+            .iter()
+            .position(|m| m.id == id)
+            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
+        if self.masters[idx].is_running() {
+            return Ok(());
+        }
+        self.spawn(idx)
+    }
+
+    /// Waits until some master names a leader that itself says it leads.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<(u64, String, u64)> {
+        let client = MasterClient::new(&self.masters_arg())?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            for m in &self.masters {
+                let r = client
+                    .call_node(&m.addr, |ch| async move {
+                        MasterClient::cluster(ch)
+                            .get_status(crescent_proto::pb::GetStatusRequest {})
+                            .await
+                    })
+                    .await;
+                if let Ok(s) = r {
+                    if s.role == crescent_proto::pb::Role::Leader as i32 {
+                        return Ok((s.id, s.addr, s.term));
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self
+                    .masters
+                    .iter()
+                    .map(|m| format!("{}", m.log_path.display()))
+                    .collect();
+                anyhow::bail!("no leader within {timeout:?}; logs: {}", logs.join(", "));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The last lines of a master's log, for failure messages.
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let Some(m) = self.masters.iter().find(|m| m.id == id) else {
+            return String::new();
+        };
+        let text = std::fs::read_to_string(&m.log_path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for m in &mut self.masters {
+            if let Some(mut c) = m.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,612 @@
+//! Leader-following gRPC client for `MasterService` and `ClusterService`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crescent_proto::pb::{self, cluster_service_client::ClusterServiceClient, master_service_client::MasterServiceClient};
+use crescent_proto::ErrorCode;
+use rand::Rng;
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ClientError {
+    /// The master answered with an error code (Mooncake's names).
+    #[error("{}: {message}", code.as_str_name())]
+    Status { code: ErrorCode, message: String },
+    /// No master answered usefully before the deadline.
+    #[error("no master reachable: {0}")]
+    Unavailable(String),
+    #[error("invalid master address {0:?}: expected host:port or a comma-separated list")]
+    BadAddress(String),
+}
+
+impl ClientError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ClientError::Status { code, .. } => *code,
+            ClientError::Unavailable(_) => ErrorCode::RpcFail,
+            ClientError::BadAddress(_) => ErrorCode::InvalidParams,
+        }
+    }
+
+    pub fn from_status(s: &pb::Status) -> Self {
+        ClientError::Status {
+            code: s.error_code(),
+            message: s.message.clone(),
+        }
+    }
+}
+
+/// How long and how often to retry.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Overall deadline of one call, across retries.
+    pub deadline: Duration,
+    /// Timeout of one attempt.
+    pub attempt_timeout: Duration,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(15),
+            attempt_timeout: Duration::from_secs(6),
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(400),
+        }
+    }
+}
+
+/// Responses that carry a `Status`.
+pub trait HasStatus {
+    fn status(&self) -> Option<&pb::Status>;
+}
+
+macro_rules! has_status {
+    ($($t:ty),* $(,)?) => {$(
+        impl HasStatus for $t {
+            fn status(&self) -> Option<&pb::Status> { self.status.as_ref() }
+        }
+    )*};
+}
+
+has_status!(
+    pb::PutStartResponse,
+    pb::BatchPutStartResponse,
+    pb::StatusResponse,
+    pb::BatchStatusResponse,
+    pb::GetReplicaListResponse,
+    pb::BatchGetReplicaListResponse,
+    pb::ExistResponse,
+    pb::BatchExistResponse,
+    pb::CountResponse,
+    pb::MountSegmentResponse,
+    pb::HeartbeatResponse,
+    pb::GetLeaderResponse,
+    pb::ListMembersResponse,
+    pb::GetStatusResponse,
+    pb::TransferLeaderResponse,
+);
+
+/// Splits `host:port,host:port` into addresses.
+pub fn parse_master_list(spec: &str) -> Result<Vec<String>, ClientError> {
+    let addrs: Vec<String> = spec
+        .split(',')
+        .map(|s| s.trim().trim_start_matches("http://").to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if addrs.is_empty()
+        || addrs.iter().any(|a| {
+            !a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        })
+    {
+        return Err(ClientError::BadAddress(spec.to_string()));
+    }
+    Ok(addrs)
+}
+
+pub fn new_client_id() -> String {
+    let r: u128 = rand::rng().random();
+    format!("{r:032x}")
+}
+
+/// A client of the master set that follows the leader by itself.
+pub struct MasterClient {
+    seeds: Vec<String>,
+    next_seed: AtomicUsize,
+    leader: Mutex<Option<String>>,
+    channels: Mutex<HashMap<String, Channel>>,
+    client_id: String,
+    seq: AtomicU64,
+    pub policy: RetryPolicy,
+}
+
+/// Outcome classes of one attempt.
+enum Attempt<R> {
+    Done(R),
+    Redirect(Option<String>),
+    Retry(String),
+}
+
+impl MasterClient {
+    /// `masters`: `host:port` or a comma list of them.
+    pub fn new(masters: &str) -> Result<Self, ClientError> {
+        Ok(Self::with_seeds(parse_master_list(masters)?))
+    }
+
+    pub fn with_seeds(seeds: Vec<String>) -> Self {
+        // Start from a random seed so many clients spread their first contact.
+        let start = rand::rng().random_range(0..seeds.len().max(1));
+        Self {
+            seeds,
+            next_seed: AtomicUsize::new(start),
+            leader: Mutex::new(None),
+            channels: Mutex::new(HashMap::new()),
+            client_id: new_client_id(),
+            seq: AtomicU64::new(1),
+            policy: RetryPolicy::default(),
+        }
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    pub fn seeds(&self) -> &[String] {
+        &self.seeds
+    }
+
+    /// The leader address this client currently believes in.
+    pub fn cached_leader(&self) -> Option<String> {
+        self.leader.lock().expect("lock poisoned").clone()
+    }
+
+    /// A fresh header for one logical write; reuse it across retries of that write.
+    pub fn header(&self) -> pb::RequestHeader {
+        pb::RequestHeader {
+            client_id: self.client_id.clone(),
+            request_seq: self.seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    pub fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
+        let mut channels = self.channels.lock().expect("lock poisoned");
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let ch = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|_| ClientError::BadAddress(addr.to_string()))?
+            .connect_timeout(Duration::from_millis(300))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    fn pick_target(&self) -> String {
+        if let Some(l) = self.leader.lock().expect("lock poisoned").clone() {
+            return l;
+        }
+        let i = self.next_seed.fetch_add(1, Ordering::Relaxed);
+        self.seeds[i % self.seeds.len()].clone()
+    }
+
+    fn forget_leader(&self, addr: &str) {
+        let mut l = self.leader.lock().expect("lock poisoned");
+        if l.as_deref() == Some(addr) {
+            *l = None;
+        }
+    }
+
+    /// Calls the leader with `f`, following redirects and retrying transport
+    /// failures, UNAVAILABLE and RPC_TIMEOUT until the deadline. `f` is called
+    /// once per attempt and must rebuild the same request (same header).
+    pub async fn call_leader<R, F, Fut>(&self, f: F) -> Result<R, ClientError>
+    where
+        R: HasStatus,
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.policy.deadline;
+        let mut backoff = self.policy.initial_backoff;
+        let mut last_error;
+        loop {
+            let target = self.pick_target();
+            let outcome = self.attempt(&target, &f).await;
+            match outcome {
+                Attempt::Done(r) => {
+                    *self.leader.lock().expect("lock poisoned") = Some(target);
+                    return Ok(r);
+                }
+                Attempt::Redirect(Some(addr)) if addr != target => {
+                    *self.leader.lock().expect("lock poisoned") = Some(addr);
+                    last_error = format!("{target} is not the leader");
+                    // A named leader is tried at once, without backoff.
+                    if Instant::now() < deadline {
+                        continue;
+                    }
+                }
+                Attempt::Redirect(_) => {
+                    self.forget_leader(&target);
+                    last_error = format!("{target} is not the leader and knows none");
+                }
+                Attempt::Retry(e) => {
+                    self.forget_leader(&target);
+                    last_error = format!("{target}: {e}");
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClientError::Unavailable(last_error));
+            }
+            let jitter = rand::rng().random_range(0.5..1.5);
+            let sleep = backoff.mul_f64(jitter).min(deadline - now);
+            tokio::time::sleep(sleep).await;
+            backoff = (backoff * 2).min(self.policy.max_backoff);
+        }
+    }
+
+    async fn attempt<R, F, Fut>(&self, target: &str, f: &F) -> Attempt<R>
+    where
+        R: HasStatus,
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let channel = match self.channel(target) {
+            Ok(c) => c,
+            Err(e) => return Attempt::Retry(e.to_string()),
+        };
+        match tokio::time::timeout(self.policy.attempt_timeout, f(channel)).await {
+            Err(_) => Attempt::Retry("attempt timed out".into()),
+            Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
+            Ok(Ok(resp)) => {
+                let resp = resp.into_inner();
+                let code = resp.status().map(|s| s.error_code()).unwrap_or(ErrorCode::Ok);
+                match code {
+                    ErrorCode::NotLeader => {
+                        let hint = resp
+                            .status()
+                            .map(|s| s.leader_addr.clone())
+                            .filter(|a| !a.is_empty());
+                        Attempt::Redirect(hint)
+                    }
+                    ErrorCode::Unavailable | ErrorCode::RpcTimeout => Attempt::Retry(
+                        resp.status().map(|s| s.message.clone()).unwrap_or_default(),
+                    ),
+                    _ => Attempt::Done(resp),
+                }
+            }
+        }
+    }
+
+    /// Calls one specific master (no leader following), e.g. for status.
+    pub async fn call_node<R, F, Fut>(&self, addr: &str, f: F) -> Result<R, ClientError>
+    where
+        F: FnOnce(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let ch = self.channel(addr)?;
+        match tokio::time::timeout(Duration::from_secs(3), f(ch)).await {
+            Err(_) => Err(ClientError::Unavailable(format!("{addr}: timed out"))),
+            Ok(Err(s)) => Err(ClientError::Unavailable(format!("{addr}: {}", s.message()))),
+            Ok(Ok(r)) => Ok(r.into_inner()),
+        }
+    }
+
+    pub fn master(ch: Channel) -> MasterServiceClient<Channel> {
+        MasterServiceClient::new(ch)
+            .max_decoding_message_size(crescent_proto::MAX_GRPC_MESSAGE_BYTES)
+            .max_encoding_message_size(crescent_proto::MAX_GRPC_MESSAGE_BYTES)
+    }
+
+    pub fn cluster(ch: Channel) -> ClusterServiceClient<Channel> {
+        ClusterServiceClient::new(ch)
+    }
+
+    /// Asks the masters who leads: the first one that knows answers.
+    pub async fn get_leader(&self) -> Result<pb::GetLeaderResponse, ClientError> {
+        let mut last = String::from("no masters configured");
+        let mut targets: Vec<String> = self.cached_leader().into_iter().collect();
+        targets.extend(self.seeds.iter().cloned());
+        let deadline = Instant::now() + self.policy.deadline;
+        loop {
+            for t in &targets {
+                match self
+                    .call_node(t, |ch| async move {
+                        Self::cluster(ch).get_leader(pb::GetLeaderRequest {}).await
+                    })
+                    .await
+                {
+                    Ok(r) if r.status.as_ref().is_none_or(|s| s.is_ok()) && r.leader_id != 0 => {
+                        return Ok(r)
+                    }
+                    Ok(r) => last = format!("{t}: {}", r.status.map(|s| s.message).unwrap_or_default()),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ClientError::Unavailable(last));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // ---- MasterService operations ----
+
+    fn check<R: HasStatus>(r: R) -> Result<R, ClientError> {
+        match r.status() {
+            Some(s) if !s.is_ok() => Err(ClientError::from_status(s)),
+            _ => Ok(r),
+        }
+    }
+
+    pub async fn mount_segment(&self, spec: pb::SegmentSpec) -> Result<u64, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::MountSegmentRequest {
+                    header: Some(header.clone()),
+                    segment: Some(spec.clone()),
+                };
+                async move { Self::master(ch).mount_segment(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.segment_id)
+    }
+
+    pub async fn unmount_segment(&self, segment_id: u64) -> Result<(), ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::UnmountSegmentRequest {
+                    header: Some(header.clone()),
+                    segment_id,
+                };
+                async move { Self::master(ch).unmount_segment(req).await }
+            })
+            .await?;
+        Self::check(r).map(|_| ())
+    }
+
+    pub async fn batch_put_start(
+        &self,
+        items: Vec<pb::PutStartItem>,
+        config: pb::ReplicateConfig,
+    ) -> Result<Vec<pb::PutStartResult>, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::BatchPutStartRequest {
+                    header: Some(header.clone()),
+                    items: items.clone(),
+                    config: Some(config.clone()),
+                };
+                async move { Self::master(ch).batch_put_start(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.results)
+    }
+
+    pub async fn batch_put_end(&self, items: Vec<pb::PutEndItem>) -> Result<Vec<pb::Status>, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::BatchPutEndRequest {
+                    header: Some(header.clone()),
+                    items: items.clone(),
+                };
+                async move { Self::master(ch).batch_put_end(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.results)
+    }
+
+    pub async fn batch_put_revoke(&self, keys: Vec<String>) -> Result<Vec<pb::Status>, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::BatchPutRevokeRequest {
+                    header: Some(header.clone()),
+                    keys: keys.clone(),
+                };
+                async move { Self::master(ch).batch_put_revoke(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.results)
+    }
+
+    pub async fn put_start(
+        &self,
+        key: &str,
+        size: u64,
+        config: pb::ReplicateConfig,
+    ) -> Result<Vec<pb::ReplicaDescriptor>, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::PutStartRequest {
+                    header: Some(header.clone()),
+                    key: key.to_string(),
+                    size,
+                    config: Some(config.clone()),
+                };
+                async move { Self::master(ch).put_start(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.replicas)
+    }
+
+    pub async fn put_end(&self, key: &str, checksum: u32) -> Result<(), ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::PutEndRequest {
+                    header: Some(header.clone()),
+                    key: key.to_string(),
+                    checksum,
+                };
+                async move { Self::master(ch).put_end(req).await }
+            })
+            .await?;
+        Self::check(r).map(|_| ())
+    }
+
+    pub async fn put_revoke(&self, key: &str) -> Result<(), ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::PutRevokeRequest {
+                    header: Some(header.clone()),
+                    key: key.to_string(),
+                };
+                async move { Self::master(ch).put_revoke(req).await }
+            })
+            .await?;
+        Self::check(r).map(|_| ())
+    }
+
+    pub async fn get_replica_list(&self, key: &str) -> Result<pb::GetReplicaListResponse, ClientError> {
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::GetReplicaListRequest { key: key.to_string() };
+                async move { Self::master(ch).get_replica_list(req).await }
+            })
+            .await?;
+        Self::check(r)
+    }
+
+    pub async fn batch_get_replica_list(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<pb::GetReplicaListResponse>, ClientError> {
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::BatchGetReplicaListRequest { keys: keys.clone() };
+                async move { Self::master(ch).batch_get_replica_list(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.results)
+    }
+
+    pub async fn exists(&self, key: &str) -> Result<bool, ClientError> {
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::ExistRequest { key: key.to_string() };
+                async move { Self::master(ch).exist(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.exists)
+    }
+
+    pub async fn batch_exists(&self, keys: Vec<String>) -> Result<Vec<pb::ExistResponse>, ClientError> {
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::BatchExistRequest { keys: keys.clone() };
+                async move { Self::master(ch).batch_exist(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.results)
+    }
+
+    pub async fn remove(&self, key: &str, force: bool) -> Result<(), ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::RemoveRequest {
+                    header: Some(header.clone()),
+                    key: key.to_string(),
+                    force,
+                };
+                async move { Self::master(ch).remove(req).await }
+            })
+            .await?;
+        Self::check(r).map(|_| ())
+    }
+
+    pub async fn batch_remove(&self, keys: Vec<String>, force: bool) -> Result<Vec<pb::Status>, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::BatchRemoveRequest {
+                    header: Some(header.clone()),
+                    keys: keys.clone(),
+                    force,
+                };
+                async move { Self::master(ch).batch_remove(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.results)
+    }
+
+    pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::RemoveByRegexRequest {
+                    header: Some(header.clone()),
+                    regex: regex.to_string(),
+                    force,
+                };
+                async move { Self::master(ch).remove_by_regex(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.count)
+    }
+
+    pub async fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::RemoveAllRequest {
+                    header: Some(header.clone()),
+                    force,
+                };
+                async move { Self::master(ch).remove_all(req).await }
+            })
+            .await?;
+        Ok(Self::check(r)?.count)
+    }
+
+    pub async fn heartbeat(&self, segment_ids: Vec<u64>) -> Result<pb::HeartbeatResult, ClientError> {
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::HeartbeatRequest {
+                    client_id: self.client_id.clone(),
+                    segment_ids: segment_ids.clone(),
+                };
+                async move { Self::master(ch).heartbeat(req).await }
+            })
+            .await?;
+        let r = Self::check(r)?;
+        Ok(pb::HeartbeatResult::try_from(r.result).unwrap_or(pb::HeartbeatResult::HeartbeatOk))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_lists() {
+        assert_eq!(parse_master_list("a:1, b:2").unwrap(), vec!["a:1", "b:2"]);
+        assert_eq!(parse_master_list("http://a:1").unwrap(), vec!["a:1"]);
+        assert!(parse_master_list("").is_err());
+        assert!(parse_master_list("a").is_err());
+        assert!(parse_master_list("a:x").is_err());
+    }
+
+    #[test]
+    fn headers_are_unique_per_write() {
+        let c = MasterClient::new("127.0.0.1:1").unwrap();
+        let a = c.header();
+        let b = c.header();
+        assert_eq!(a.client_id, b.client_id);
+        assert_ne!(a.request_seq, b.request_seq);
+    }
+}

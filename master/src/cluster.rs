@@ -1,0 +1,372 @@
+//! `ClusterService`: who leads, who the members are, each node's Raft status,
+//! and membership / leadership administration.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_proto::pb::{self, cluster_service_server::ClusterService};
+use crescent_proto::ErrorCode;
+use crescent_raft::{BasicNode, NodeId};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState};
+use tonic::{Request, Response, Status};
+
+use crate::node::MasterNode;
+
+type Rpc<T> = Result<Response<T>, Status>;
+
+pub struct ClusterApi {
+    node: Arc<MasterNode>,
+}
+
+impl ClusterApi {
+    pub fn new(node: Arc<MasterNode>) -> Self {
+        Self { node }
+    }
+
+    fn not_leader(&self) -> pb::Status {
+        let (id, addr) = self.node.leader_hint();
+        pb::Status::not_leader(id.filter(|l| *l != self.node.id), addr)
+    }
+
+    fn members(&self) -> Vec<pb::Member> {
+        let m = self.node.metrics();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let last = m.last_log_index.unwrap_or(0);
+        membership
+            .nodes()
+            .map(|(id, node)| {
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).copied().flatten())
+                    .map(|l| l.index);
+                let (matched_index, lag) = if *id == self.node.id {
+                    (last, 0)
+                } else {
+                    match matched {
+                        Some(i) => (i, last.saturating_sub(i)),
+                        None => (0, if m.replication.is_some() { last } else { 0 }),
+                    }
+                };
+                let last_contact_ms = if *id == self.node.id {
+                    0
+                } else if m.state == ServerState::Leader {
+                    self.node
+                        .contacts
+                        .since(*id)
+                        .map(|d| d.as_millis() as i64)
+                        .unwrap_or(-1)
+                } else {
+                    -1
+                };
+                pb::Member {
+                    id: *id,
+                    addr: node.addr.clone(),
+                    voter: voters.contains(id),
+                    matched_index,
+                    lag,
+                    last_contact_ms,
+                }
+            })
+            .collect()
+    }
+}
+
+fn role(state: ServerState) -> pb::Role {
+    match state {
+        ServerState::Leader => pb::Role::Leader,
+        ServerState::Follower => pb::Role::Follower,
+        ServerState::Candidate => pb::Role::Candidate,
+        ServerState::Learner => pb::Role::Learner,
+        ServerState::Shutdown => pb::Role::Shutdown,
+    }
+}
+
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> pb::Status {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            pb::Status::not_leader(f.leader_id, f.leader_node.map(|n| n.addr))
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            pb::Status::error(ErrorCode::InvalidParams, e.to_string())
+        }
+        RaftError::Fatal(e) => pb::Status::error(ErrorCode::Unavailable, e.to_string()),
+    }
+}
+
+fn status_only(s: pb::Status) -> Rpc<pb::StatusResponse> {
+    Ok(Response::new(pb::StatusResponse { status: Some(s) }))
+}
+
+#[tonic::async_trait]
+impl ClusterService for ClusterApi {
+    async fn get_leader(&self, _r: Request<pb::GetLeaderRequest>) -> Rpc<pb::GetLeaderResponse> {
+        let m = self.node.metrics();
+        let (leader, addr) = self.node.leader_hint();
+        Ok(Response::new(match leader {
+            Some(id) => pb::GetLeaderResponse {
+                status: Some(pb::Status::ok()),
+                leader_id: id,
+                leader_addr: addr.unwrap_or_default(),
+                term: m.current_term,
+            },
+            None => pb::GetLeaderResponse {
+                status: Some(pb::Status::error(
+                    ErrorCode::Unavailable,
+                    "no leader known to this node (election in progress or no quorum)",
+                )),
+                leader_id: 0,
+                leader_addr: String::new(),
+                term: m.current_term,
+            },
+        }))
+    }
+
+    async fn list_members(&self, _r: Request<pb::ListMembersRequest>) -> Rpc<pb::ListMembersResponse> {
+        let m = self.node.metrics();
+        Ok(Response::new(pb::ListMembersResponse {
+            status: Some(pb::Status::ok()),
+            members: self.members(),
+            leader_id: m.current_leader.unwrap_or(0),
+        }))
+    }
+
+    async fn get_status(&self, _r: Request<pb::GetStatusRequest>) -> Rpc<pb::GetStatusResponse> {
+        let m = self.node.metrics();
+        let (keys, segments) = {
+            let sm = self.node.shared.sm.read().expect("state lock poisoned");
+            (sm.state.objects.len() as u64, sm.state.segments.len() as u64)
+        };
+        Ok(Response::new(pb::GetStatusResponse {
+            status: Some(pb::Status::ok()),
+            id: self.node.id,
+            addr: self.node.addr.clone(),
+            role: role(m.state) as i32,
+            term: m.current_term,
+            leader_id: m.current_leader.unwrap_or(0),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            // openraft 0.9 reports the committed index only on the leader's
+            // replication view; the applied index is a safe lower bound elsewhere.
+            committed: m
+                .replication
+                .as_ref()
+                .map(|r| committed_index(r, &self.node.voters(), self.node.id, m.last_log_index))
+                .unwrap_or_else(|| m.last_applied.map(|l| l.index).unwrap_or(0)),
+            applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+            purged_index: m.purged.map(|l| l.index).unwrap_or(0),
+            members: self.members(),
+            key_count: keys,
+            segment_count: segments,
+            millis_since_quorum_ack: m.millis_since_quorum_ack.map(|v| v as i64).unwrap_or(-1),
+        }))
+    }
+
+    async fn add_member(&self, r: Request<pb::AddMemberRequest>) -> Rpc<pb::StatusResponse> {
+        let r = r.into_inner();
+        if r.id == 0 || r.addr.is_empty() {
+            return status_only(pb::Status::error(ErrorCode::InvalidParams, "id > 0 and addr are required"));
+        }
+        if !self.node.is_leader() {
+            return status_only(self.not_leader());
+        }
+        if let Some(existing) = self.node.node_addr(r.id) {
+            if existing != r.addr {
+                return status_only(pb::Status::error(
+                    ErrorCode::InvalidParams,
+                    format!("node id {} is already a member at {existing}; node ids are never reused", r.id),
+                ));
+            }
+        }
+        tracing::info!(id = r.id, addr = r.addr, "adding member as learner");
+        if let Err(e) = self
+            .node
+            .raft
+            .add_learner(r.id, BasicNode { addr: r.addr.clone() }, true)
+            .await
+        {
+            return status_only(write_error(e));
+        }
+        if !r.learner_only {
+            tracing::info!(id = r.id, "promoting learner to voter");
+            if let Err(e) = self
+                .node
+                .raft
+                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([r.id])), false)
+                .await
+            {
+                return status_only(write_error(e));
+            }
+        }
+        tracing::info!(id = r.id, voter = !r.learner_only, "membership changed");
+        status_only(pb::Status::ok())
+    }
+
+    async fn remove_member(&self, r: Request<pb::RemoveMemberRequest>) -> Rpc<pb::StatusResponse> {
+        let id = r.into_inner().id;
+        if !self.node.is_leader() {
+            return status_only(self.not_leader());
+        }
+        if self.node.node_addr(id).is_none() {
+            return status_only(pb::Status::error(ErrorCode::InvalidParams, format!("node {id} is not a member")));
+        }
+        let voters = self.node.voters();
+        let change = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return status_only(pb::Status::error(ErrorCode::InvalidParams, "cannot remove the last voter"));
+            }
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        tracing::info!(id, "removing member");
+        match self.node.raft.change_membership(change, false).await {
+            Ok(_) => {
+                tracing::info!(id, "member removed");
+                status_only(pb::Status::ok())
+            }
+            Err(e) => status_only(write_error(e)),
+        }
+    }
+
+    async fn transfer_leader(&self, r: Request<pb::TransferLeaderRequest>) -> Rpc<pb::TransferLeaderResponse> {
+        let to = r.into_inner().to;
+        let reply = |status, new_leader_id| {
+            Ok(Response::new(pb::TransferLeaderResponse {
+                status: Some(status),
+                new_leader_id,
+            }))
+        };
+        if to == self.node.id {
+            if self.node.is_leader() {
+                return reply(pb::Status::ok(), to);
+            }
+        }
+        if !self.node.is_leader() {
+            return reply(self.not_leader(), 0);
+        }
+        if !self.node.voters().contains(&to) {
+            return reply(pb::Status::error(ErrorCode::InvalidParams, format!("node {to} is not a voter")), 0);
+        }
+        match transfer(&self.node, to).await {
+            Ok(new_leader) => reply(pb::Status::ok(), new_leader),
+            Err(msg) => reply(pb::Status::error(ErrorCode::Unavailable, msg), 0),
+        }
+    }
+
+    async fn timeout_now(&self, r: Request<pb::TimeoutNowRequest>) -> Rpc<pb::StatusResponse> {
+        let r = r.into_inner();
+        let wait = Duration::from_millis(r.campaign_after_ms.min(10_000));
+        let raft = self.node.raft.clone();
+        tracing::info!(from = r.from, term = r.term, ?wait, "asked to take over leadership");
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "could not start the election");
+            }
+        });
+        status_only(pb::Status::ok())
+    }
+}
+
+/// The commit index implied by the leader's replication view: the highest
+/// index stored on a majority of voters.
+fn committed_index(
+    replication: &std::collections::BTreeMap<NodeId, Option<openraft::LogId<NodeId>>>,
+    voters: &BTreeSet<NodeId>,
+    self_id: NodeId,
+    last: Option<u64>,
+) -> u64 {
+    let mut matched: Vec<u64> = voters
+        .iter()
+        .map(|v| {
+            if *v == self_id {
+                last.unwrap_or(0)
+            } else {
+                replication.get(v).copied().flatten().map(|l| l.index).unwrap_or(0)
+            }
+        })
+        .collect();
+    if matched.is_empty() {
+        return 0;
+    }
+    matched.sort_unstable();
+    matched[(matched.len() - 1) / 2]
+}
+
+/// Hands leadership to `to`. openraft 0.9 has no built-in transfer, so: wait
+/// until `to` has the whole log, stop accepting writes and stop heartbeating so
+/// the followers' leader lease runs out, then have `to` campaign just after the
+/// lease expires, before anyone else's election timer fires.
+async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
+    let addr = node.node_addr(to).ok_or("target has no address")?;
+    let caught_up_deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let m = node.metrics();
+        let last = m.last_log_index.unwrap_or(0);
+        let matched = m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&to).copied().flatten())
+            .map(|l| l.index)
+            .unwrap_or(0);
+        if matched >= last {
+            break;
+        }
+        if Instant::now() > caught_up_deadline {
+            return Err(format!("node {to} did not catch up (matched {matched} of {last})"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lease = node.config.election_timeout_max;
+    *node.transferring_to.lock().expect("lock poisoned") = Some((to, Instant::now()));
+    node.raft.runtime_config().heartbeat(false);
+    node.raft.runtime_config().elect(false);
+    let term = node.metrics().current_term;
+    let result = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .map_err(|e| format!("cannot reach node {to}: {e}"))?;
+        let mut client = pb::cluster_service_client::ClusterServiceClient::new(channel);
+        client
+            .timeout_now(pb::TimeoutNowRequest {
+                from: node.id,
+                term,
+                campaign_after_ms: (lease + Duration::from_millis(30)).as_millis() as u64,
+            })
+            .await
+            .map_err(|e| format!("node {to} refused: {e}"))?;
+        let deadline = Instant::now() + lease * 4 + Duration::from_secs(2);
+        let mut rx = node.raft.metrics();
+        loop {
+            let leader = {
+                let m = rx.borrow();
+                (m.current_leader, m.current_term)
+            };
+            if let (Some(l), t) = leader {
+                if l != node.id && t > term {
+                    return Ok(l);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err("no new leader emerged in time; leadership stays here".to_string());
+            }
+        }
+    }
+    .await;
+    node.raft.runtime_config().heartbeat(true);
+    node.raft.runtime_config().elect(true);
+    *node.transferring_to.lock().expect("lock poisoned") = None;
+    match &result {
+        Ok(l) => tracing::info!(from = node.id, to = l, "leadership transferred"),
+        Err(e) => tracing::warn!(error = %e, "leadership transfer failed"),
+    }
+    result
+}

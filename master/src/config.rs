@@ -1,0 +1,279 @@
+//! `crescent-master` configuration: flags, `CRESCENT_*` env vars and a TOML file.
+//!
+//! Precedence: command line, then environment, then the file named by
+//! `--config` (keys are the long flag names, `lease-ttl = "10s"`), then defaults.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use crescent_proto::units::parse_duration;
+
+use crate::NodeId;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is outside 0.0..=1.0"))
+    }
+}
+
+/// Crescent master: one replica of the Raft-replicated metadata service.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "crescent-master", version, about, long_about = None)]
+pub struct MasterConfig {
+    /// TOML file with any of these options (keys are the long flag names).
+    #[arg(long, env = "CRESCENT_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// This master's Raft node id (unique, never reused, > 0).
+    #[arg(long, env = "CRESCENT_NODE_ID", default_value_t = 1)]
+    pub node_id: NodeId,
+
+    /// gRPC listen address (MasterService, ClusterService and Raft).
+    #[arg(long, env = "CRESCENT_LISTEN", default_value = "0.0.0.0:50051")]
+    pub listen: SocketAddr,
+
+    /// Address other masters and clients use to reach this one [default: --listen,
+    /// with 127.0.0.1 when listening on all interfaces].
+    #[arg(long, env = "CRESCENT_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// Directory for the Raft log, vote and snapshots.
+    #[arg(long, env = "CRESCENT_DATA_DIR", default_value = "./crescent-data")]
+    pub data_dir: PathBuf,
+
+    /// Initial voters, "1=host:port,2=host:port,3=host:port". Empty: a
+    /// single-node cluster that initializes itself.
+    #[arg(long, env = "CRESCENT_PEERS", default_value = "")]
+    pub peers: String,
+
+    /// Admin/metrics HTTP address.
+    #[arg(long, env = "CRESCENT_HTTP", default_value = "0.0.0.0:9003")]
+    pub http: SocketAddr,
+
+    /// Raft heartbeat interval.
+    #[arg(long, env = "CRESCENT_HEARTBEAT_INTERVAL", default_value = "50ms", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+
+    /// Raft election timeout, lower bound. A dead leader is replaced after
+    /// about max + a random value between min and max.
+    #[arg(long, env = "CRESCENT_ELECTION_TIMEOUT_MIN", default_value = "150ms", value_parser = duration)]
+    pub election_timeout_min: Duration,
+
+    /// Raft election timeout, upper bound (also the followers' leader lease).
+    #[arg(long, env = "CRESCENT_ELECTION_TIMEOUT_MAX", default_value = "300ms", value_parser = duration)]
+    pub election_timeout_max: Duration,
+
+    /// Read lease granted by GetReplicaList/Exist (blocks non-forced Remove and eviction).
+    #[arg(long, env = "CRESCENT_LEASE_TTL", default_value = "10s", value_parser = duration)]
+    pub lease_ttl: Duration,
+
+    /// How long a soft pin protects an object from the first eviction pass.
+    #[arg(long, env = "CRESCENT_SOFT_PIN_TTL", default_value = "30m", value_parser = duration)]
+    pub soft_pin_ttl: Duration,
+
+    /// A client silent this long has its segments unmounted.
+    #[arg(long, env = "CRESCENT_CLIENT_TTL", default_value = "10s", value_parser = duration)]
+    pub client_ttl: Duration,
+
+    /// Usage (0..1) above which the leader evicts.
+    #[arg(long, env = "CRESCENT_EVICTION_HIGH_WATERMARK", default_value_t = 0.90, value_parser = ratio)]
+    pub eviction_high_watermark: f64,
+
+    /// Share of objects evicted per round.
+    #[arg(long, env = "CRESCENT_EVICTION_RATIO", default_value_t = 0.05, value_parser = ratio)]
+    pub eviction_ratio: f64,
+
+    /// A PutStart without PutEnd for this long may be taken over by another PutStart.
+    #[arg(long, env = "CRESCENT_PUT_START_DISCARD_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub put_start_discard_timeout: Duration,
+
+    /// ... and its space is reclaimed this long after it started.
+    #[arg(long, env = "CRESCENT_PUT_START_RELEASE_TIMEOUT", default_value = "600s", value_parser = duration)]
+    pub put_start_release_timeout: Duration,
+
+    /// Longest accepted key, in bytes.
+    #[arg(long, env = "CRESCENT_MAX_KEY_LEN", default_value_t = crescent_proto::DEFAULT_MAX_KEY_LEN)]
+    pub max_key_len: usize,
+
+    /// How long a write may wait for a Raft commit before answering RPC_TIMEOUT
+    /// (the write may still commit; a retry with the same request id is safe).
+    #[arg(long, env = "CRESCENT_WRITE_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub write_timeout: Duration,
+
+    /// Take a snapshot (and purge the log before it) every this many entries.
+    #[arg(long, env = "CRESCENT_SNAPSHOT_LOGS", default_value_t = 20_000)]
+    pub snapshot_logs: u64,
+
+    /// Log format: text or json. Filter with RUST_LOG.
+    #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+impl MasterConfig {
+    /// Parses argv, first exporting the `--config` file's keys as env vars
+    /// (without overriding ones already set) so clap applies the precedence.
+    pub fn load() -> anyhow::Result<Self> {
+        let args: Vec<String> = std::env::args().collect();
+        let path = config_path_from_args(&args).or_else(|| std::env::var("CRESCENT_CONFIG").ok());
+        if let Some(path) = path {
+            for (key, value) in read_config_file(&path)? {
+                if std::env::var_os(&key).is_none() {
+                    // Single-threaded here: set before any runtime starts.
+                    std::env::set_var(&key, value);
+                }
+            }
+        }
+        let cfg = MasterConfig::parse_from(args);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.node_id > 0, "--node-id must be greater than 0");
+        anyhow::ensure!(
+            self.election_timeout_min < self.election_timeout_max,
+            "--election-timeout-min must be below --election-timeout-max"
+        );
+        anyhow::ensure!(
+            self.heartbeat_interval < self.election_timeout_min,
+            "--heartbeat-interval must be below --election-timeout-min"
+        );
+        anyhow::ensure!(self.max_key_len > 0, "--max-key-len must be positive");
+        let peers = self.initial_peers()?;
+        if !peers.is_empty() {
+            anyhow::ensure!(
+                peers.contains_key(&self.node_id),
+                "--peers does not list this node's id {}",
+                self.node_id
+            );
+        }
+        Ok(())
+    }
+
+    pub fn advertise_addr(&self) -> String {
+        match &self.advertise {
+            Some(a) if !a.is_empty() => a.clone(),
+            _ if self.listen.ip().is_unspecified() => format!("127.0.0.1:{}", self.listen.port()),
+            _ => self.listen.to_string(),
+        }
+    }
+
+    /// The voters named by `--peers`, id to address.
+    pub fn initial_peers(&self) -> anyhow::Result<BTreeMap<NodeId, String>> {
+        parse_peers(&self.peers)
+    }
+}
+
+pub fn parse_peers(spec: &str) -> anyhow::Result<BTreeMap<NodeId, String>> {
+    let mut out = BTreeMap::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("peer {part:?} is not of the form id=host:port"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("peer id {id:?} is not a number"))?;
+        anyhow::ensure!(id > 0, "peer ids must be greater than 0");
+        let addr = addr.trim();
+        anyhow::ensure!(
+            addr.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+            "peer address {addr:?} is not host:port"
+        );
+        anyhow::ensure!(out.insert(id, addr.to_string()).is_none(), "peer id {id} listed twice");
+    }
+    Ok(out)
+}
+
+fn config_path_from_args(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--config" {
+            return it.next().cloned();
+        }
+        if let Some(v) = a.strip_prefix("--config=") {
+            return Some(v.to_string());
+        }
+    }
+    None
+}
+
+/// Reads a TOML file into `CRESCENT_<KEY>` env pairs.
+pub fn read_config_file(path: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read config file {path}: {e}"))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| anyhow::anyhow!("config file {path} is not valid TOML: {e}"))?;
+    let mut out = Vec::new();
+    for (key, value) in table {
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => anyhow::bail!("config key {key:?} in {path} must be a string or number, not {}", other.type_str()),
+        };
+        let env = format!("CRESCENT_{}", key.replace('-', "_").to_ascii_uppercase());
+        out.push((env, value));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_reject() {
+        let p = parse_peers("1=a:1, 2=b:2,3=127.0.0.1:50053").unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[&3], "127.0.0.1:50053");
+        assert!(parse_peers("").unwrap().is_empty());
+        assert!(parse_peers("1=a").is_err());
+        assert!(parse_peers("x=a:1").is_err());
+        assert!(parse_peers("1=a:1,1=b:2").is_err());
+        assert!(parse_peers("0=a:1").is_err());
+    }
+
+    #[test]
+    fn flags_parse_units() {
+        let c = MasterConfig::parse_from([
+            "crescent-master",
+            "--lease-ttl",
+            "5s",
+            "--soft-pin-ttl",
+            "1h",
+            "--eviction-ratio",
+            "0.1",
+        ]);
+        assert_eq!(c.lease_ttl, Duration::from_secs(5));
+        assert_eq!(c.soft_pin_ttl, Duration::from_secs(3600));
+        assert!(MasterConfig::try_parse_from(["m", "--eviction-ratio", "2"]).is_err());
+        assert!(MasterConfig::try_parse_from(["m", "--lease-ttl", "soon"]).is_err());
+        c.validate().unwrap();
+        assert_eq!(c.advertise_addr(), "127.0.0.1:50051");
+    }
+
+    #[test]
+    fn config_file_keys_become_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, "node-id = 3\nlease_ttl = \"7s\"\n").unwrap();
+        let pairs = read_config_file(path.to_str().unwrap()).unwrap();
+        assert!(pairs.contains(&("CRESCENT_NODE_ID".into(), "3".into())));
+        assert!(pairs.contains(&("CRESCENT_LEASE_TTL".into(), "7s".into())));
+        std::fs::write(&path, "node-id = [").unwrap();
+        assert!(read_config_file(path.to_str().unwrap()).is_err());
+    }
+}

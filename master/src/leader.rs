@@ -1,0 +1,220 @@
+//! Leader-only background work: eviction, client liveness, reclaim of
+//! abandoned puts and lease expiry. Started when this node becomes leader,
+//! stopped when it stops being leader.
+//!
+//! A new leader does not know the heartbeats and read leases its predecessor
+//! granted, so it waits one lease TTL before evicting and treats every known
+//! client as alive for one client TTL before expiring any.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_raft::eviction::{select_victims, should_evict, AccessInfo};
+use crescent_raft::state::Op;
+use crescent_raft::Response;
+use openraft::ServerState;
+use tokio::task::JoinSet;
+
+use crate::node::{now_ms, MasterNode};
+
+/// Watches Raft metrics and runs the leader tasks for as long as this node leads.
+pub async fn run_leadership_watch(node: Arc<MasterNode>) {
+    let mut rx = node.raft.metrics();
+    let mut running: Option<(u64, JoinSet<()>)> = None;
+    let mut last_leader: Option<u64> = None;
+    loop {
+        let (state, term, leader) = {
+            let m = rx.borrow();
+            (m.state, m.current_term, m.current_leader)
+        };
+        if leader != last_leader {
+            tracing::info!(node_id = node.id, term, leader = ?leader, "leader changed");
+            last_leader = leader;
+        }
+        let leading = state == ServerState::Leader && leader == Some(node.id);
+        match (&running, leading) {
+            (Some((t, _)), true) if *t == term => {}
+            (_, true) => {
+                if let Some((_, mut set)) = running.take() {
+                    set.abort_all();
+                }
+                tracing::info!(node_id = node.id, term, "became leader; starting leader tasks");
+                node.on_leadership(term);
+                let mut set = JoinSet::new();
+                set.spawn(eviction_loop(node.clone()));
+                set.spawn(liveness_loop(node.clone()));
+                set.spawn(reclaim_loop(node.clone()));
+                set.spawn(lease_sweep_loop(node.clone()));
+                running = Some((term, set));
+            }
+            (Some(_), false) => {
+                tracing::info!(node_id = node.id, term, "no longer leader; stopping leader tasks");
+                if let Some((_, mut set)) = running.take() {
+                    set.abort_all();
+                }
+            }
+            (None, false) => {}
+        }
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+    if let Some((_, mut set)) = running.take() {
+        set.abort_all();
+    }
+}
+
+fn leading_for(node: &MasterNode) -> Duration {
+    node.leader_mem.lock().expect("lock poisoned").since.elapsed()
+}
+
+async fn eviction_loop(node: Arc<MasterNode>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // Leases granted by the previous leader may still be in force.
+        if leading_for(&node) < node.config.lease_ttl {
+            continue;
+        }
+        let (victims, failures) = {
+            let sm = node.shared.sm.read().expect("state lock poisoned");
+            let state = &sm.state;
+            let mut mem = node.leader_mem.lock().expect("lock poisoned");
+            let failure_seen = state.alloc_failures > mem.seen_alloc_failures;
+            if !should_evict(state, node.config.eviction_high_watermark, failure_seen) {
+                continue;
+            }
+            let now = Instant::now();
+            let now_ms = now_ms();
+            let victims = select_victims(state, now_ms, node.config.eviction_ratio, |k| AccessInfo {
+                leased: mem.is_leased(k, now) || mem.doomed.contains(k),
+                last_access_ms: mem.last_access_ms.get(k).copied(),
+            });
+            for v in &victims {
+                mem.doomed.insert(v.clone());
+            }
+            (victims, state.alloc_failures)
+        };
+        let usage_before = usage(&node);
+        let result = if victims.is_empty() {
+            Ok(Response::Count(0))
+        } else {
+            node.propose(None, Op::Evict { keys: victims.clone() }).await
+        };
+        {
+            let mut mem = node.leader_mem.lock().expect("lock poisoned");
+            for v in &victims {
+                mem.doomed.remove(v);
+                mem.last_access_ms.remove(v);
+            }
+            mem.seen_alloc_failures = failures;
+        }
+        match result {
+            Ok(Response::Count(n)) => {
+                if n > 0 || !victims.is_empty() {
+                    tracing::info!(
+                        evicted = n,
+                        chosen = victims.len(),
+                        usage_before = format!("{usage_before:.3}"),
+                        usage_after = format!("{:.3}", usage(&node)),
+                        "eviction round"
+                    );
+                }
+                if victims.is_empty() {
+                    // Nothing evictable: do not spin at 10 ms on a full pool.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+            Ok(other) => tracing::warn!(?other, "unexpected eviction result"),
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction proposal failed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+fn usage(node: &MasterNode) -> f64 {
+    node.shared
+        .sm
+        .read()
+        .expect("state lock poisoned")
+        .state
+        .usage_ratio()
+}
+
+async fn liveness_loop(node: Arc<MasterNode>) {
+    let ttl = node.config.client_ttl;
+    let period = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        let since = leading_for(&node);
+        if since < ttl {
+            continue;
+        }
+        let owners: BTreeSet<String> = {
+            let sm = node.shared.sm.read().expect("state lock poisoned");
+            sm.state.segments.values().map(|s| s.owner.clone()).collect()
+        };
+        let dead: Vec<String> = {
+            let mem = node.leader_mem.lock().expect("lock poisoned");
+            let now = Instant::now();
+            owners
+                .into_iter()
+                .filter(|o| {
+                    let last = mem.heartbeats.get(o).copied().unwrap_or(mem.since);
+                    now.duration_since(last) > ttl
+                })
+                .collect()
+        };
+        for client_id in dead {
+            match node
+                .propose(None, Op::UnmountClient { client_id: client_id.clone() })
+                .await
+            {
+                Ok(Response::Count(n)) => tracing::info!(
+                    client_id,
+                    segments = n,
+                    ttl = ?ttl,
+                    "client missed its heartbeats; segments unmounted"
+                ),
+                Ok(other) => tracing::warn!(?other, "unexpected unmount result"),
+                Err(e) => tracing::warn!(error = %e, client_id, "could not unmount silent client"),
+            }
+        }
+    }
+}
+
+async fn reclaim_loop(node: Arc<MasterNode>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let due = node
+            .shared
+            .sm
+            .read()
+            .expect("state lock poisoned")
+            .state
+            .has_reclaimable(now_ms());
+        if due {
+            match node.propose(None, Op::ReclaimStalePuts).await {
+                Ok(Response::Count(n)) => tracing::info!(reclaimed = n, "reclaimed abandoned puts"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reclaim proposal failed"),
+            }
+        }
+    }
+}
+
+async fn lease_sweep_loop(node: Arc<MasterNode>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let mut mem = node.leader_mem.lock().expect("lock poisoned");
+        mem.leases.retain(|_, exp| *exp > now);
+    }
+}

@@ -1,0 +1,20 @@
+//! The Crescent master.
+//!
+//! Owns one master replica: its Raft node (through `crescent-raft`), the gRPC
+//! `MasterService` (object and segment metadata) and `ClusterService`
+//! (leadership and membership), and the leader-only memory and background
+//! work (read leases, heartbeats, eviction, liveness, reclaim).
+//!
+//! It must not decide metadata outside Raft: every change goes through a
+//! committed log entry. It never touches object bytes (the data plane is the
+//! stores' and clients'), and it keeps no wall-clock time or randomness out of
+//! the commands it proposes.
+
+pub mod cluster;
+pub mod config;
+pub mod leader;
+pub mod node;
+pub mod server;
+pub mod service;
+
+pub use crescent_raft::NodeId;

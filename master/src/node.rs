@@ -1,0 +1,314 @@
+//! One master: its Raft node, the shared metadata state, and the leader's
+//! memory (read leases, heartbeats, access times) that is never replicated.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crescent_raft::network::{ContactBook, GrpcNetworkFactory};
+use crescent_raft::state::{Command, Op, Origin};
+use crescent_raft::store::SharedState;
+use crescent_raft::{BasicNode, NodeId, Raft, Response};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ServerState, SnapshotPolicy};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::MasterConfig;
+
+/// Why a request could not be served here.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NodeError {
+    #[error("not the leader")]
+    NotLeader {
+        leader_id: Option<NodeId>,
+        leader_addr: Option<String>,
+    },
+    #[error("timed out waiting for the Raft quorum; the write may still commit (retry with the same request id)")]
+    Timeout,
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// What the leader remembers that is not in the log. A new leader starts empty
+/// and compensates by waiting (see `LeaderMemory::grace`).
+pub struct LeaderMemory {
+    pub since: Instant,
+    pub term: u64,
+    pub heartbeats: HashMap<String, Instant>,
+    pub leases: HashMap<String, Instant>,
+    pub last_access_ms: HashMap<String, u64>,
+    /// Keys about to be removed or evicted: reads treat them as gone so no new
+    /// lease is granted on them meanwhile.
+    pub doomed: HashSet<String>,
+    pub seen_alloc_failures: u64,
+}
+
+impl LeaderMemory {
+    fn new(term: u64, seen_alloc_failures: u64) -> Self {
+        Self {
+            since: Instant::now(),
+            term,
+            heartbeats: HashMap::new(),
+            leases: HashMap::new(),
+            last_access_ms: HashMap::new(),
+            doomed: HashSet::new(),
+            seen_alloc_failures,
+        }
+    }
+
+    pub fn is_leased(&self, key: &str, now: Instant) -> bool {
+        self.leases.get(key).is_some_and(|exp| *exp > now)
+    }
+}
+
+pub struct MasterNode {
+    pub id: NodeId,
+    pub addr: String,
+    pub raft: Raft,
+    pub shared: Arc<SharedState>,
+    pub config: MasterConfig,
+    pub contacts: Arc<ContactBook>,
+    pub leader_mem: Mutex<LeaderMemory>,
+    read_barrier: mpsc::UnboundedSender<oneshot::Sender<Result<(), NodeError>>>,
+    /// Set while handing leadership over: writes are refused, naming the successor.
+    pub transferring_to: Mutex<Option<(NodeId, Instant)>>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub fn raft_config(cfg: &MasterConfig) -> anyhow::Result<openraft::Config> {
+    let c = openraft::Config {
+        cluster_name: "crescent".into(),
+        heartbeat_interval: cfg.heartbeat_interval.as_millis() as u64,
+        election_timeout_min: cfg.election_timeout_min.as_millis() as u64,
+        election_timeout_max: cfg.election_timeout_max.as_millis() as u64,
+        install_snapshot_timeout: 2_000,
+        max_payload_entries: 256,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
+        max_in_snapshot_log_to_keep: 1_000,
+        snapshot_max_chunk_size: 4 * 1024 * 1024,
+        ..Default::default()
+    };
+    Ok(c.validate()?)
+}
+
+impl MasterNode {
+    /// Opens the data dir, starts the Raft node, and bootstraps the cluster if
+    /// this node is the designated initializer of a pristine one.
+    pub async fn start(config: MasterConfig) -> anyhow::Result<Arc<Self>> {
+        let id = config.node_id;
+        let addr = config.advertise_addr();
+        let (log, sm) = crescent_raft::store::open(&config.data_dir)?;
+        let shared = sm.shared.clone();
+        let network = GrpcNetworkFactory::new(id);
+        let contacts = network.contacts.clone();
+        let raft = Raft::new(id, Arc::new(raft_config(&config)?), network, log, sm).await?;
+
+        let (tx, rx) = mpsc::unbounded_channel();
+        let node = Arc::new(Self {
+            id,
+            addr: addr.clone(),
+            raft: raft.clone(),
+            shared,
+            config: config.clone(),
+            contacts,
+            leader_mem: Mutex::new(LeaderMemory::new(0, 0)),
+            read_barrier: tx,
+            transferring_to: Mutex::new(None),
+        });
+        tokio::spawn(read_barrier_loop(raft.clone(), rx));
+
+        let peers = config.initial_peers()?;
+        let initializer = peers.keys().next().copied().unwrap_or(id);
+        if initializer == id && !raft.is_initialized().await? {
+            let members: BTreeMap<NodeId, BasicNode> = if peers.is_empty() {
+                BTreeMap::from([(id, BasicNode { addr: addr.clone() })])
+            } else {
+                peers
+                    .iter()
+                    .map(|(i, a)| (*i, BasicNode { addr: a.clone() }))
+                    .collect()
+            };
+            tracing::info!(node_id = id, members = ?members.keys().collect::<Vec<_>>(), "initializing a new Raft cluster");
+            if let Err(e) = raft.initialize(members).await {
+                // Another process may have raced us on the same data dir's
+                // cluster; an already-initialized node is fine.
+                tracing::warn!(error = %e, "initialize refused");
+            }
+        }
+        Ok(node)
+    }
+
+    pub fn metrics(&self) -> openraft::RaftMetrics<NodeId, BasicNode> {
+        // Cloned at once: never hold the borrow across an await.
+        self.raft.metrics().borrow().clone()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// The leader this node knows of, with its address.
+    pub fn leader_hint(&self) -> (Option<NodeId>, Option<String>) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let leader = m.current_leader;
+        let addr = leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.addr.clone())
+        });
+        (leader, addr)
+    }
+
+    pub fn node_addr(&self, id: NodeId) -> Option<String> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+    }
+
+    fn not_leader(&self) -> NodeError {
+        if let Some((to, _)) = *self.transferring_to.lock().expect("lock poisoned") {
+            return NodeError::NotLeader {
+                leader_id: Some(to),
+                leader_addr: self.node_addr(to),
+            };
+        }
+        let (leader_id, leader_addr) = self.leader_hint();
+        NodeError::NotLeader {
+            leader_id: leader_id.filter(|l| *l != self.id),
+            leader_addr: leader_addr.filter(|_| leader_id != Some(self.id)),
+        }
+    }
+
+    /// Proposes a command and waits for it to be committed by a quorum and applied.
+    pub async fn propose(&self, origin: Option<Origin>, op: Op) -> Result<Response, NodeError> {
+        if self.transferring_to.lock().expect("lock poisoned").is_some() {
+            return Err(self.not_leader());
+        }
+        let cmd = Command {
+            now_ms: now_ms(),
+            seed: rand::random(),
+            origin,
+            op,
+        };
+        let write = self.raft.client_write(cmd);
+        match tokio::time::timeout(self.config.write_timeout, write).await {
+            Err(_) => Err(NodeError::Timeout),
+            Ok(Ok(resp)) => Ok(resp.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(NodeError::NotLeader {
+                    leader_id: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                Err(NodeError::Unavailable(e.to_string()))
+            }
+            Ok(Err(RaftError::Fatal(e))) => Err(NodeError::Unavailable(format!(
+                "raft node stopped: {e}"
+            ))),
+        }
+    }
+
+    /// Waits until this node is the leader and has applied everything committed
+    /// before the call (a Raft read index, shared by concurrent readers).
+    pub async fn linearizable_read(&self) -> Result<(), NodeError> {
+        if !self.is_leader() || self.transferring_to.lock().expect("lock poisoned").is_some() {
+            return Err(self.not_leader());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.read_barrier
+            .send(tx)
+            .map_err(|_| NodeError::Unavailable("node is shutting down".into()))?;
+        match tokio::time::timeout(self.config.write_timeout, rx).await {
+            Err(_) => Err(NodeError::Timeout),
+            Ok(Err(_)) => Err(NodeError::Unavailable("node is shutting down".into())),
+            Ok(Ok(Err(NodeError::NotLeader { .. }))) => Err(self.not_leader()),
+            Ok(Ok(r)) => r,
+        }
+    }
+
+    /// Grants read leases and records access (leader memory).
+    pub fn grant_leases<'a>(&self, keys: impl Iterator<Item = &'a str>) {
+        let now = Instant::now();
+        let exp = now + self.config.lease_ttl;
+        let ms = now_ms();
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        for k in keys {
+            mem.leases.insert(k.to_string(), exp);
+            mem.last_access_ms.insert(k.to_string(), ms);
+        }
+    }
+
+    /// Resets leader memory when this node gains leadership in a new term.
+    pub fn on_leadership(&self, term: u64) {
+        let failures = self
+            .shared
+            .sm
+            .read()
+            .expect("state lock poisoned")
+            .state
+            .alloc_failures;
+        *self.leader_mem.lock().expect("lock poisoned") = LeaderMemory::new(term, failures);
+    }
+
+    /// Voter ids of the current membership.
+    pub fn voters(&self) -> BTreeSet<NodeId> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.membership_config.membership().voter_ids().collect()
+    }
+
+    /// Waits until some leader is known (any node), up to `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Option<NodeId> {
+        let deadline = Instant::now() + timeout;
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Some(l) = rx.borrow().current_leader {
+                return Some(l);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// Serves read-index requests in rounds: every waiter queued before a round
+/// starts is answered by that round, so N concurrent readers cost one quorum
+/// heartbeat instead of N.
+async fn read_barrier_loop(
+    raft: Raft,
+    mut rx: mpsc::UnboundedReceiver<oneshot::Sender<Result<(), NodeError>>>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut waiters = vec![first];
+        while let Ok(w) = rx.try_recv() {
+            waiters.push(w);
+        }
+        let result = match raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(_)) => Err(NodeError::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            }),
+            Err(RaftError::Fatal(e)) => Err(NodeError::Unavailable(format!("raft node stopped: {e}"))),
+        };
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Wires the gRPC services of one master onto one listener.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crescent_proto::pb::cluster_service_server::ClusterServiceServer;
+use crescent_proto::pb::master_service_server::MasterServiceServer;
+use crescent_proto::pb::raft_service_server::RaftServiceServer;
+use crescent_raft::network::{RaftGrpcServer, MAX_RAFT_MESSAGE_BYTES};
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+use crate::cluster::ClusterApi;
+use crate::node::MasterNode;
+use crate::service::MasterApi;
+
+/// Serves MasterService, ClusterService and RaftService until `shutdown` resolves.
+pub async fn serve(
+    node: Arc<MasterNode>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let max = crescent_proto::MAX_GRPC_MESSAGE_BYTES;
+    let master = MasterServiceServer::new(MasterApi::new(node.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    let cluster = ClusterServiceServer::new(ClusterApi::new(node.clone()));
+    let raft = RaftServiceServer::new(RaftGrpcServer::new(node.raft.clone()))
+        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(master)
+        .add_service(cluster)
+        .add_service(raft)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// A running master inside this process (used by `main` and by tests).
+pub struct RunningMaster {
+    pub node: Arc<MasterNode>,
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl RunningMaster {
+    /// Starts a master on an already bound listener.
+    pub async fn start(
+        config: crate::config::MasterConfig,
+        listener: TcpListener,
+    ) -> anyhow::Result<Self> {
+        let addr = listener.local_addr()?;
+        let node = MasterNode::start(config).await?;
+        let watch = tokio::spawn(crate::leader::run_leadership_watch(node.clone()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(node.clone(), listener, async {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            node,
+            addr,
+            stop: Some(tx),
+            server,
+            watch,
+        })
+    }
+
+    /// Stops serving and shuts the Raft node down (its storage is closed when this returns).
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = self.node.raft.shutdown().await;
+        self.watch.abort();
+        let _ = (&mut self.server).await;
+    }
+
+    /// Resolves when the server task ends (error or shutdown).
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        match (&mut self.server).await {
+            Ok(r) => r,
+            Err(e) => Err(e.into()),
+        }
+    }
+}

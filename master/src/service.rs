@@ -1,0 +1,772 @@
+//! `MasterService`: validates requests, turns writes into Raft commands, and
+//! serves linearizable reads with read leases from the leader.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crescent_proto::pb::{self, master_service_server::MasterService};
+use crescent_proto::ErrorCode;
+use crescent_raft::state::{
+    MetaError, Op, Origin, PutPolicy, ReplicaView, ReplicateConfig, SegmentSpec,
+};
+use crescent_raft::Response;
+use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
+
+use crate::node::{MasterNode, NodeError};
+
+type Rpc<T> = Result<TonicResponse<T>, TonicStatus>;
+
+const MAX_CLIENT_ID_LEN: usize = 256;
+const MAX_SEGMENT_NAME_LEN: usize = 256;
+const MAX_PREFERRED_SEGMENTS: usize = 64;
+const MAX_REGEX_BYTES: usize = 4096;
+
+pub struct MasterApi {
+    node: Arc<MasterNode>,
+}
+
+impl MasterApi {
+    pub fn new(node: Arc<MasterNode>) -> Self {
+        Self { node }
+    }
+}
+
+fn ok<T>(v: T) -> Rpc<T> {
+    Ok(TonicResponse::new(v))
+}
+
+pub fn node_status(e: &NodeError) -> pb::Status {
+    match e {
+        NodeError::NotLeader {
+            leader_id,
+            leader_addr,
+        } => pb::Status::not_leader(*leader_id, leader_addr.clone()),
+        NodeError::Timeout => pb::Status::error(ErrorCode::RpcTimeout, e.to_string()),
+        NodeError::Unavailable(m) => pb::Status::error(ErrorCode::Unavailable, m.clone()),
+    }
+}
+
+fn meta_status(e: &MetaError) -> pb::Status {
+    pb::Status::error(e.code(), e.to_string())
+}
+
+fn item_status(r: &Result<(), MetaError>) -> pb::Status {
+    match r {
+        Ok(()) => pb::Status::ok(),
+        Err(e) => meta_status(e),
+    }
+}
+
+fn invalid(code: ErrorCode, msg: impl Into<String>) -> pb::Status {
+    pb::Status::error(code, msg)
+}
+
+fn replica_pb(v: &ReplicaView) -> pb::ReplicaDescriptor {
+    pb::ReplicaDescriptor {
+        segment_id: v.segment_id,
+        segment_name: v.segment_name.clone(),
+        endpoint: v.endpoint.clone(),
+        offset: v.offset,
+        length: v.len,
+        status: if v.complete {
+            pb::ReplicaStatus::Complete as i32
+        } else {
+            pb::ReplicaStatus::Processing as i32
+        },
+        hostname: v.hostname.clone(),
+        shm_path: v.shm_path.clone(),
+    }
+}
+
+fn unexpected(resp: &Response) -> pb::Status {
+    pb::Status::error(
+        ErrorCode::InternalError,
+        format!("unexpected state machine response {resp:?}"),
+    )
+}
+
+impl MasterApi {
+    fn check_key(&self, key: &str) -> Result<(), pb::Status> {
+        if key.is_empty() {
+            return Err(invalid(ErrorCode::InvalidKey, "key is empty"));
+        }
+        if key.len() > self.node.config.max_key_len {
+            return Err(invalid(
+                ErrorCode::InvalidKey,
+                format!(
+                    "key of {} bytes exceeds the limit of {} bytes",
+                    key.len(),
+                    self.node.config.max_key_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_keys<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<(), pb::Status> {
+        for (i, k) in keys.enumerate() {
+            if i >= crescent_proto::MAX_BATCH_ITEMS {
+                return Err(invalid(
+                    ErrorCode::InvalidParams,
+                    format!("batch exceeds {} items", crescent_proto::MAX_BATCH_ITEMS),
+                ));
+            }
+            self.check_key(k).map_err(|mut s| {
+                s.message = format!("item {i}: {}", s.message);
+                s
+            })?;
+        }
+        Ok(())
+    }
+
+    fn origin(header: Option<pb::RequestHeader>) -> Result<Origin, pb::Status> {
+        let h = header.ok_or_else(|| {
+            invalid(
+                ErrorCode::InvalidParams,
+                "request header (client_id, request_seq) is required for writes",
+            )
+        })?;
+        if h.client_id.is_empty() || h.client_id.len() > MAX_CLIENT_ID_LEN {
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                format!("client_id must be 1..={MAX_CLIENT_ID_LEN} bytes"),
+            ));
+        }
+        Ok(Origin {
+            client_id: h.client_id,
+            seq: h.request_seq,
+        })
+    }
+
+    fn replicate_config(cfg: Option<pb::ReplicateConfig>) -> Result<ReplicateConfig, pb::Status> {
+        let c = cfg.unwrap_or(pb::ReplicateConfig {
+            replica_num: 1,
+            ..Default::default()
+        });
+        if c.replica_num == 0 {
+            return Err(invalid(ErrorCode::InvalidParams, "replica_num must be at least 1"));
+        }
+        if c.preferred_segments.len() > MAX_PREFERRED_SEGMENTS {
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                format!("at most {MAX_PREFERRED_SEGMENTS} preferred segments"),
+            ));
+        }
+        Ok(ReplicateConfig {
+            replica_num: c.replica_num,
+            soft_pin: c.soft_pin,
+            hard_pin: c.hard_pin,
+            preferred_segments: c.preferred_segments,
+        })
+    }
+
+    fn policy(&self) -> PutPolicy {
+        let c = &self.node.config;
+        PutPolicy {
+            discard_after_ms: c.put_start_discard_timeout.as_millis() as u64,
+            release_after_ms: c.put_start_release_timeout.as_millis() as u64,
+            soft_pin_ttl_ms: c.soft_pin_ttl.as_millis() as u64,
+        }
+    }
+
+    async fn put_start_items(
+        &self,
+        header: Option<pb::RequestHeader>,
+        items: Vec<(String, u64)>,
+        config: Option<pb::ReplicateConfig>,
+    ) -> Result<Vec<Result<Vec<ReplicaView>, MetaError>>, pb::Status> {
+        let origin = Self::origin(header)?;
+        if items.is_empty() {
+            return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
+        }
+        self.check_keys(items.iter().map(|(k, _)| k.as_str()))?;
+        if let Some(i) = items.iter().position(|(_, size)| *size == 0) {
+            return Err(invalid(ErrorCode::InvalidParams, format!("item {i}: size must be greater than 0")));
+        }
+        let config = Self::replicate_config(config)?;
+        let n = items.len();
+        let op = Op::PutStart {
+            items,
+            config,
+            policy: self.policy(),
+        };
+        match self.node.propose(Some(origin), op).await {
+            Ok(Response::PutStart(v)) if v.len() == n => Ok(v),
+            Ok(Response::Rejected(e)) => Err(meta_status(&e)),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(node_status(&e)),
+        }
+    }
+
+    async fn item_op(
+        &self,
+        header: Option<pb::RequestHeader>,
+        n: usize,
+        op: Op,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
+        let origin = Self::origin(header)?;
+        if n == 0 {
+            return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
+        }
+        match self.node.propose(Some(origin), op).await {
+            Ok(Response::Items(v)) if v.len() == n => Ok(v),
+            Ok(Response::Rejected(e)) => Err(meta_status(&e)),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(node_status(&e)),
+        }
+    }
+
+    /// Removes keys; without force, keys under a read lease are refused here
+    /// (leases are leader memory) and the rest are marked so no new lease is
+    /// granted on them until the removal is applied.
+    async fn remove_keys(
+        &self,
+        header: Option<pb::RequestHeader>,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
+        let origin = Self::origin(header)?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.node.is_leader() {
+            return Err(node_status(&NodeError::NotLeader {
+                leader_id: self.node.leader_hint().0.filter(|l| *l != self.node.id),
+                leader_addr: self.node.leader_hint().1,
+            }));
+        }
+        let mut results: Vec<Option<Result<(), MetaError>>> = vec![None; keys.len()];
+        let mut to_remove: Vec<(usize, String)> = Vec::with_capacity(keys.len());
+        {
+            let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
+            let now = Instant::now();
+            for (i, k) in keys.into_iter().enumerate() {
+                if !force && (mem.is_leased(&k, now) || mem.doomed.contains(&k)) {
+                    results[i] = Some(Err(MetaError::ObjectHasLease(k)));
+                } else {
+                    if !force {
+                        mem.doomed.insert(k.clone());
+                    }
+                    to_remove.push((i, k));
+                }
+            }
+        }
+        let proposed: Vec<String> = to_remove.iter().map(|(_, k)| k.clone()).collect();
+        let outcome = if proposed.is_empty() {
+            Ok(Response::Items(Vec::new()))
+        } else {
+            self.node
+                .propose(
+                    Some(origin),
+                    Op::Remove {
+                        keys: proposed.clone(),
+                        force,
+                    },
+                )
+                .await
+        };
+        {
+            let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
+            for k in &proposed {
+                if !force {
+                    mem.doomed.remove(k);
+                }
+            }
+            if let Ok(Response::Items(v)) = &outcome {
+                for (k, r) in proposed.iter().zip(v) {
+                    if r.is_ok() {
+                        mem.leases.remove(k);
+                        mem.last_access_ms.remove(k);
+                    }
+                }
+            }
+        }
+        match outcome {
+            Ok(Response::Items(v)) if v.len() == to_remove.len() => {
+                for ((i, _), r) in to_remove.into_iter().zip(v) {
+                    results[i] = Some(r);
+                }
+                Ok(results
+                    .into_iter()
+                    .map(|r| r.unwrap_or(Ok(())))
+                    .collect())
+            }
+            Ok(Response::Rejected(e)) => Err(meta_status(&e)),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(node_status(&e)),
+        }
+    }
+
+    /// Linearizable lookup of keys, granting read leases on the found ones.
+    async fn lookup(&self, keys: &[String]) -> Result<Vec<pb::GetReplicaListResponse>, pb::Status> {
+        self.check_keys(keys.iter().map(String::as_str))?;
+        self.node
+            .linearizable_read()
+            .await
+            .map_err(|e| node_status(&e))?;
+        let lease_ms = self.node.config.lease_ttl.as_millis() as u64;
+        let mut found = Vec::new();
+        let out: Vec<pb::GetReplicaListResponse> = {
+            let sm = self.node.shared.sm.read().expect("state lock poisoned");
+            let mem = self.node.leader_mem.lock().expect("lock poisoned");
+            keys.iter()
+                .map(|k| match sm.state.lookup(k) {
+                    Ok(_) if mem.doomed.contains(k) => pb::GetReplicaListResponse {
+                        status: Some(meta_status(&MetaError::ObjectNotFound(k.clone()))),
+                        ..Default::default()
+                    },
+                    Ok(view) => {
+                        found.push(k.as_str());
+                        pb::GetReplicaListResponse {
+                            status: Some(pb::Status::ok()),
+                            replicas: view.replicas.iter().map(replica_pb).collect(),
+                            size: view.size,
+                            checksum: view.checksum,
+                            lease_ttl_ms: lease_ms,
+                        }
+                    }
+                    Err(e) => pb::GetReplicaListResponse {
+                        status: Some(meta_status(&e)),
+                        ..Default::default()
+                    },
+                })
+                .collect()
+        };
+        self.node.grant_leases(found.into_iter());
+        Ok(out)
+    }
+
+    async fn exists(&self, keys: &[String]) -> Result<Vec<pb::ExistResponse>, pb::Status> {
+        let looked = self.lookup(keys).await?;
+        Ok(looked
+            .into_iter()
+            .map(|r| {
+                let st = r.status.unwrap_or_default();
+                match st.error_code() {
+                    ErrorCode::Ok => pb::ExistResponse {
+                        status: Some(pb::Status::ok()),
+                        exists: true,
+                    },
+                    // Missing or still being written: not (yet) an object.
+                    ErrorCode::ObjectNotFound | ErrorCode::ReplicaIsNotReady => pb::ExistResponse {
+                        status: Some(pb::Status::ok()),
+                        exists: false,
+                    },
+                    _ => pb::ExistResponse {
+                        status: Some(st),
+                        exists: false,
+                    },
+                }
+            })
+            .collect())
+    }
+
+    /// Keys of all objects matching `pred`, read after a read barrier.
+    async fn matching_keys(&self, pred: impl Fn(&str) -> bool) -> Result<Vec<String>, pb::Status> {
+        self.node
+            .linearizable_read()
+            .await
+            .map_err(|e| node_status(&e))?;
+        let sm = self.node.shared.sm.read().expect("state lock poisoned");
+        Ok(sm
+            .state
+            .objects
+            .keys()
+            .filter(|k| pred(k))
+            .cloned()
+            .collect())
+    }
+}
+
+fn batch_status(r: Result<Vec<Result<(), MetaError>>, pb::Status>) -> pb::BatchStatusResponse {
+    match r {
+        Ok(v) => pb::BatchStatusResponse {
+            status: Some(pb::Status::ok()),
+            results: v.iter().map(item_status).collect(),
+        },
+        Err(s) => pb::BatchStatusResponse {
+            status: Some(s),
+            results: Vec::new(),
+        },
+    }
+}
+
+fn single_status(r: Result<Vec<Result<(), MetaError>>, pb::Status>) -> pb::StatusResponse {
+    let status = match r {
+        Ok(v) => v.first().map(item_status).unwrap_or_else(pb::Status::ok),
+        Err(s) => s,
+    };
+    pb::StatusResponse {
+        status: Some(status),
+    }
+}
+
+fn count_ok(v: &[Result<(), MetaError>]) -> u64 {
+    v.iter().filter(|r| r.is_ok()).count() as u64
+}
+
+#[tonic::async_trait]
+impl MasterService for MasterApi {
+    async fn put_start(&self, request: Request<pb::PutStartRequest>) -> Rpc<pb::PutStartResponse> {
+        let r = request.into_inner();
+        let out = self
+            .put_start_items(r.header, vec![(r.key, r.size)], r.config)
+            .await;
+        ok(match out {
+            Ok(mut v) => match v.pop() {
+                Some(Ok(reps)) => pb::PutStartResponse {
+                    status: Some(pb::Status::ok()),
+                    replicas: reps.iter().map(replica_pb).collect(),
+                },
+                Some(Err(e)) => pb::PutStartResponse {
+                    status: Some(meta_status(&e)),
+                    replicas: vec![],
+                },
+                None => pb::PutStartResponse {
+                    status: Some(invalid(ErrorCode::InternalError, "empty result")),
+                    replicas: vec![],
+                },
+            },
+            Err(s) => pb::PutStartResponse {
+                status: Some(s),
+                replicas: vec![],
+            },
+        })
+    }
+
+    async fn batch_put_start(
+        &self,
+        request: Request<pb::BatchPutStartRequest>,
+    ) -> Rpc<pb::BatchPutStartResponse> {
+        let r = request.into_inner();
+        let items = r.items.into_iter().map(|i| (i.key, i.size)).collect();
+        ok(match self.put_start_items(r.header, items, r.config).await {
+            Ok(v) => pb::BatchPutStartResponse {
+                status: Some(pb::Status::ok()),
+                results: v
+                    .into_iter()
+                    .map(|x| match x {
+                        Ok(reps) => pb::PutStartResult {
+                            status: Some(pb::Status::ok()),
+                            replicas: reps.iter().map(replica_pb).collect(),
+                        },
+                        Err(e) => pb::PutStartResult {
+                            status: Some(meta_status(&e)),
+                            replicas: vec![],
+                        },
+                    })
+                    .collect(),
+            },
+            Err(s) => pb::BatchPutStartResponse {
+                status: Some(s),
+                results: vec![],
+            },
+        })
+    }
+
+    async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::StatusResponse> {
+        let r = request.into_inner();
+        if let Err(s) = self.check_key(&r.key) {
+            return ok(pb::StatusResponse { status: Some(s) });
+        }
+        let op = Op::PutEnd {
+            items: vec![(r.key, r.checksum)],
+        };
+        ok(single_status(self.item_op(r.header, 1, op).await))
+    }
+
+    async fn batch_put_end(
+        &self,
+        request: Request<pb::BatchPutEndRequest>,
+    ) -> Rpc<pb::BatchStatusResponse> {
+        let r = request.into_inner();
+        if let Err(s) = self.check_keys(r.items.iter().map(|i| i.key.as_str())) {
+            return ok(batch_status(Err(s)));
+        }
+        let n = r.items.len();
+        let op = Op::PutEnd {
+            items: r.items.into_iter().map(|i| (i.key, i.checksum)).collect(),
+        };
+        ok(batch_status(self.item_op(r.header, n, op).await))
+    }
+
+    async fn put_revoke(&self, request: Request<pb::PutRevokeRequest>) -> Rpc<pb::StatusResponse> {
+        let r = request.into_inner();
+        if let Err(s) = self.check_key(&r.key) {
+            return ok(pb::StatusResponse { status: Some(s) });
+        }
+        let op = Op::PutRevoke { keys: vec![r.key] };
+        ok(single_status(self.item_op(r.header, 1, op).await))
+    }
+
+    async fn batch_put_revoke(
+        &self,
+        request: Request<pb::BatchPutRevokeRequest>,
+    ) -> Rpc<pb::BatchStatusResponse> {
+        let r = request.into_inner();
+        if let Err(s) = self.check_keys(r.keys.iter().map(String::as_str)) {
+            return ok(batch_status(Err(s)));
+        }
+        let n = r.keys.len();
+        ok(batch_status(
+            self.item_op(r.header, n, Op::PutRevoke { keys: r.keys }).await,
+        ))
+    }
+
+    async fn get_replica_list(
+        &self,
+        request: Request<pb::GetReplicaListRequest>,
+    ) -> Rpc<pb::GetReplicaListResponse> {
+        let r = request.into_inner();
+        ok(match self.lookup(std::slice::from_ref(&r.key)).await {
+            Ok(mut v) => v.pop().unwrap_or_default(),
+            Err(s) => pb::GetReplicaListResponse {
+                status: Some(s),
+                ..Default::default()
+            },
+        })
+    }
+
+    async fn batch_get_replica_list(
+        &self,
+        request: Request<pb::BatchGetReplicaListRequest>,
+    ) -> Rpc<pb::BatchGetReplicaListResponse> {
+        let r = request.into_inner();
+        ok(match self.lookup(&r.keys).await {
+            Ok(results) => pb::BatchGetReplicaListResponse {
+                status: Some(pb::Status::ok()),
+                results,
+            },
+            Err(s) => pb::BatchGetReplicaListResponse {
+                status: Some(s),
+                results: vec![],
+            },
+        })
+    }
+
+    async fn exist(&self, request: Request<pb::ExistRequest>) -> Rpc<pb::ExistResponse> {
+        let r = request.into_inner();
+        ok(match self.exists(std::slice::from_ref(&r.key)).await {
+            Ok(mut v) => v.pop().unwrap_or_default(),
+            Err(s) => pb::ExistResponse {
+                status: Some(s),
+                exists: false,
+            },
+        })
+    }
+
+    async fn batch_exist(&self, request: Request<pb::BatchExistRequest>) -> Rpc<pb::BatchExistResponse> {
+        let r = request.into_inner();
+        ok(match self.exists(&r.keys).await {
+            Ok(results) => pb::BatchExistResponse {
+                status: Some(pb::Status::ok()),
+                results,
+            },
+            Err(s) => pb::BatchExistResponse {
+                status: Some(s),
+                results: vec![],
+            },
+        })
+    }
+
+    async fn remove(&self, request: Request<pb::RemoveRequest>) -> Rpc<pb::StatusResponse> {
+        let r = request.into_inner();
+        if let Err(s) = self.check_key(&r.key) {
+            return ok(pb::StatusResponse { status: Some(s) });
+        }
+        ok(single_status(
+            self.remove_keys(r.header, vec![r.key], r.force).await,
+        ))
+    }
+
+    async fn batch_remove(&self, request: Request<pb::BatchRemoveRequest>) -> Rpc<pb::BatchStatusResponse> {
+        let r = request.into_inner();
+        if let Err(s) = self.check_keys(r.keys.iter().map(String::as_str)) {
+            return ok(batch_status(Err(s)));
+        }
+        if r.keys.is_empty() {
+            return ok(batch_status(Err(invalid(ErrorCode::InvalidParams, "empty batch"))));
+        }
+        ok(batch_status(self.remove_keys(r.header, r.keys, r.force).await))
+    }
+
+    async fn remove_by_regex(&self, request: Request<pb::RemoveByRegexRequest>) -> Rpc<pb::CountResponse> {
+        let r = request.into_inner();
+        if r.regex.len() > MAX_REGEX_BYTES {
+            return ok(pb::CountResponse {
+                status: Some(invalid(ErrorCode::InvalidParams, format!("regex longer than {MAX_REGEX_BYTES} bytes"))),
+                count: 0,
+            });
+        }
+        let re = match regex::RegexBuilder::new(&r.regex).size_limit(1 << 20).build() {
+            Ok(re) => re,
+            Err(e) => {
+                return ok(pb::CountResponse {
+                    status: Some(invalid(ErrorCode::InvalidParams, format!("invalid regex: {e}"))),
+                    count: 0,
+                })
+            }
+        };
+        if let Err(s) = Self::origin(r.header.clone()) {
+            return ok(pb::CountResponse { status: Some(s), count: 0 });
+        }
+        let keys = match self.matching_keys(|k| re.is_match(k)).await {
+            Ok(k) => k,
+            Err(s) => return ok(pb::CountResponse { status: Some(s), count: 0 }),
+        };
+        ok(match self.remove_keys(r.header, keys, r.force).await {
+            Ok(v) => pb::CountResponse {
+                status: Some(pb::Status::ok()),
+                count: count_ok(&v),
+            },
+            Err(s) => pb::CountResponse { status: Some(s), count: 0 },
+        })
+    }
+
+    async fn remove_all(&self, request: Request<pb::RemoveAllRequest>) -> Rpc<pb::CountResponse> {
+        let r = request.into_inner();
+        if let Err(s) = Self::origin(r.header.clone()) {
+            return ok(pb::CountResponse { status: Some(s), count: 0 });
+        }
+        let keys = match self.matching_keys(|_| true).await {
+            Ok(k) => k,
+            Err(s) => return ok(pb::CountResponse { status: Some(s), count: 0 }),
+        };
+        ok(match self.remove_keys(r.header, keys, r.force).await {
+            Ok(v) => pb::CountResponse {
+                status: Some(pb::Status::ok()),
+                count: count_ok(&v),
+            },
+            Err(s) => pb::CountResponse { status: Some(s), count: 0 },
+        })
+    }
+
+    async fn mount_segment(&self, request: Request<pb::MountSegmentRequest>) -> Rpc<pb::MountSegmentResponse> {
+        let r = request.into_inner();
+        let fail = |s| ok(pb::MountSegmentResponse { status: Some(s), segment_id: 0 });
+        let origin = match Self::origin(r.header) {
+            Ok(o) => o,
+            Err(s) => return fail(s),
+        };
+        let Some(seg) = r.segment else {
+            return fail(invalid(ErrorCode::InvalidParams, "segment is required"));
+        };
+        if seg.name.is_empty() || seg.name.len() > MAX_SEGMENT_NAME_LEN {
+            return fail(invalid(ErrorCode::InvalidParams, format!("segment name must be 1..={MAX_SEGMENT_NAME_LEN} bytes")));
+        }
+        if seg.capacity == 0 {
+            return fail(invalid(ErrorCode::InvalidParams, "segment capacity must be greater than 0"));
+        }
+        if seg.endpoint.len() > 1024 || seg.hostname.len() > 1024 || seg.shm_path.len() > 4096 {
+            return fail(invalid(ErrorCode::InvalidParams, "segment endpoint, hostname or shm path too long"));
+        }
+        let owner = origin.client_id.clone();
+        let op = Op::MountSegment {
+            spec: SegmentSpec {
+                name: seg.name.clone(),
+                endpoint: seg.endpoint,
+                capacity: seg.capacity,
+                hostname: seg.hostname,
+                shm_path: seg.shm_path,
+            },
+            owner: owner.clone(),
+        };
+        match self.node.propose(Some(origin), op).await {
+            Ok(Response::Mounted(Ok(id))) => {
+                // A fresh mount counts as a heartbeat.
+                self.node
+                    .leader_mem
+                    .lock()
+                    .expect("lock poisoned")
+                    .heartbeats
+                    .insert(owner.clone(), Instant::now());
+                tracing::info!(segment_id = id, name = seg.name, owner, capacity = seg.capacity, "segment mounted");
+                ok(pb::MountSegmentResponse {
+                    status: Some(pb::Status::ok()),
+                    segment_id: id,
+                })
+            }
+            Ok(Response::Mounted(Err(e))) | Ok(Response::Rejected(e)) => fail(meta_status(&e)),
+            Ok(other) => fail(unexpected(&other)),
+            Err(e) => fail(node_status(&e)),
+        }
+    }
+
+    async fn unmount_segment(&self, request: Request<pb::UnmountSegmentRequest>) -> Rpc<pb::StatusResponse> {
+        let r = request.into_inner();
+        let fail = |s| ok(pb::StatusResponse { status: Some(s) });
+        let origin = match Self::origin(r.header) {
+            Ok(o) => o,
+            Err(s) => return fail(s),
+        };
+        let owner = {
+            let sm = self.node.shared.sm.read().expect("state lock poisoned");
+            sm.state.segments.get(&r.segment_id).map(|s| s.owner.clone())
+        };
+        match owner {
+            None => return fail(meta_status(&MetaError::SegmentNotFound(r.segment_id))),
+            Some(o) if o != origin.client_id => {
+                return fail(invalid(
+                    ErrorCode::InvalidParams,
+                    format!("segment {} is owned by client {o}", r.segment_id),
+                ))
+            }
+            Some(_) => {}
+        }
+        match self
+            .node
+            .propose(Some(origin), Op::UnmountSegment { segment_id: r.segment_id })
+            .await
+        {
+            Ok(Response::Done(res)) => {
+                if res.is_ok() {
+                    tracing::info!(segment_id = r.segment_id, "segment unmounted");
+                }
+                fail(item_status(&res))
+            }
+            Ok(Response::Rejected(e)) => fail(meta_status(&e)),
+            Ok(other) => fail(unexpected(&other)),
+            Err(e) => fail(node_status(&e)),
+        }
+    }
+
+    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatResponse> {
+        let r = request.into_inner();
+        if r.client_id.is_empty() || r.client_id.len() > MAX_CLIENT_ID_LEN {
+            return ok(pb::HeartbeatResponse {
+                status: Some(invalid(ErrorCode::InvalidParams, format!("client_id must be 1..={MAX_CLIENT_ID_LEN} bytes"))),
+                result: 0,
+            });
+        }
+        if !self.node.is_leader() {
+            let (id, addr) = self.node.leader_hint();
+            return ok(pb::HeartbeatResponse {
+                status: Some(pb::Status::not_leader(id.filter(|l| *l != self.node.id), addr)),
+                result: 0,
+            });
+        }
+        self.node
+            .leader_mem
+            .lock()
+            .expect("lock poisoned")
+            .heartbeats
+            .insert(r.client_id.clone(), Instant::now());
+        let need_remount = {
+            let sm = self.node.shared.sm.read().expect("state lock poisoned");
+            r.segment_ids.iter().any(|id| {
+                sm.state
+                    .segments
+                    .get(id)
+                    .is_none_or(|s| s.owner != r.client_id)
+            })
+        };
+        ok(pb::HeartbeatResponse {
+            status: Some(pb::Status::ok()),
+            result: if need_remount {
+                pb::HeartbeatResult::NeedRemount as i32
+            } else {
+                pb::HeartbeatResult::HeartbeatOk as i32
+            },
+        })
+    }
+}
