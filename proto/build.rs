@@ -1,5 +1,9 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/master.proto", "proto/cluster.proto", "proto/raft.proto"];
+    let protos = [
+        "proto/master.proto",
+        "proto/cluster.proto",
+        "proto/raft.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

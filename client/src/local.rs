@@ -11,7 +11,12 @@ use crate::master::MasterClient;
 /// Finds one of our binaries: `$CRESCENT_<NAME>_BIN`, next to the running
 /// executable (or its parent, for test binaries in `target/*/deps`), else PATH.
 pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
-    let env = format!("CRESCENT_{}_BIN", name.trim_start_matches("crescent-").replace('-', "_").to_uppercase());
+    let env = format!(
+        "CRESCENT_{}_BIN",
+        name.trim_start_matches("crescent-")
+            .replace('-', "_")
+            .to_uppercase()
+    );
     if let Ok(p) = std::env::var(&env) {
         return Ok(PathBuf::from(p));
     }
@@ -35,7 +40,9 @@ pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
             }
         }
     }
-    anyhow::bail!("cannot find the {name} binary (build it with `cargo build --release`, or set {env})")
+    anyhow::bail!(
+        "cannot find the {name} binary (build it with `cargo build --release`, or set {env})"
+    )
 }
 
 /// A free loopback port (bound then released; fine on a quiet test machine).
@@ -78,7 +85,9 @@ impl LocalCluster {
     /// Starts `n` masters (ids 1..=n) in a fresh temp dir. `extra` is appended
     /// to every master's flags.
     pub fn start(n: usize, extra: &[String]) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("crescent-cluster-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-cluster-")
+            .tempdir()?;
         let root = dir.path().to_path_buf();
         let mut c = Self::start_in(&root, n, extra)?;
         c._dir = Some(dir);

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crescent_proto::pb::{self, cluster_service_client::ClusterServiceClient, master_service_client::MasterServiceClient};
+use crescent_proto::pb::{
+    self, cluster_service_client::ClusterServiceClient, master_service_client::MasterServiceClient,
+};
 use crescent_proto::ErrorCode;
 use rand::Rng;
 use tonic::transport::{Channel, Endpoint};
@@ -267,7 +269,10 @@ impl MasterClient {
             Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
             Ok(Ok(resp)) => {
                 let resp = resp.into_inner();
-                let code = resp.status().map(|s| s.error_code()).unwrap_or(ErrorCode::Ok);
+                let code = resp
+                    .status()
+                    .map(|s| s.error_code())
+                    .unwrap_or(ErrorCode::Ok);
                 match code {
                     ErrorCode::NotLeader => {
                         let hint = resp
@@ -276,9 +281,9 @@ impl MasterClient {
                             .filter(|a| !a.is_empty());
                         Attempt::Redirect(hint)
                     }
-                    ErrorCode::Unavailable | ErrorCode::RpcTimeout => Attempt::Retry(
-                        resp.status().map(|s| s.message.clone()).unwrap_or_default(),
-                    ),
+                    ErrorCode::Unavailable | ErrorCode::RpcTimeout => {
+                        Attempt::Retry(resp.status().map(|s| s.message.clone()).unwrap_or_default())
+                    }
                     _ => Attempt::Done(resp),
                 }
             }
@@ -326,7 +331,9 @@ impl MasterClient {
                     Ok(r) if r.status.as_ref().is_none_or(|s| s.is_ok()) && r.leader_id != 0 => {
                         return Ok(r)
                     }
-                    Ok(r) => last = format!("{t}: {}", r.status.map(|s| s.message).unwrap_or_default()),
+                    Ok(r) => {
+                        last = format!("{t}: {}", r.status.map(|s| s.message).unwrap_or_default())
+                    }
                     Err(e) => last = e.to_string(),
                 }
             }
@@ -393,7 +400,10 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn batch_put_end(&self, items: Vec<pb::PutEndItem>) -> Result<Vec<pb::Status>, ClientError> {
+    pub async fn batch_put_end(
+        &self,
+        items: Vec<pb::PutEndItem>,
+    ) -> Result<Vec<pb::Status>, ClientError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -407,7 +417,10 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn batch_put_revoke(&self, keys: Vec<String>) -> Result<Vec<pb::Status>, ClientError> {
+    pub async fn batch_put_revoke(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<pb::Status>, ClientError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -471,10 +484,15 @@ impl MasterClient {
         Self::check(r).map(|_| ())
     }
 
-    pub async fn get_replica_list(&self, key: &str) -> Result<pb::GetReplicaListResponse, ClientError> {
+    pub async fn get_replica_list(
+        &self,
+        key: &str,
+    ) -> Result<pb::GetReplicaListResponse, ClientError> {
         let r = self
             .call_leader(|ch| {
-                let req = pb::GetReplicaListRequest { key: key.to_string() };
+                let req = pb::GetReplicaListRequest {
+                    key: key.to_string(),
+                };
                 async move { Self::master(ch).get_replica_list(req).await }
             })
             .await?;
@@ -497,14 +515,19 @@ impl MasterClient {
     pub async fn exists(&self, key: &str) -> Result<bool, ClientError> {
         let r = self
             .call_leader(|ch| {
-                let req = pb::ExistRequest { key: key.to_string() };
+                let req = pb::ExistRequest {
+                    key: key.to_string(),
+                };
                 async move { Self::master(ch).exist(req).await }
             })
             .await?;
         Ok(Self::check(r)?.exists)
     }
 
-    pub async fn batch_exists(&self, keys: Vec<String>) -> Result<Vec<pb::ExistResponse>, ClientError> {
+    pub async fn batch_exists(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<pb::ExistResponse>, ClientError> {
         let r = self
             .call_leader(|ch| {
                 let req = pb::BatchExistRequest { keys: keys.clone() };
@@ -529,7 +552,11 @@ impl MasterClient {
         Self::check(r).map(|_| ())
     }
 
-    pub async fn batch_remove(&self, keys: Vec<String>, force: bool) -> Result<Vec<pb::Status>, ClientError> {
+    pub async fn batch_remove(
+        &self,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<Vec<pb::Status>, ClientError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -573,7 +600,10 @@ impl MasterClient {
         Ok(Self::check(r)?.count)
     }
 
-    pub async fn heartbeat(&self, segment_ids: Vec<u64>) -> Result<pb::HeartbeatResult, ClientError> {
+    pub async fn heartbeat(
+        &self,
+        segment_ids: Vec<u64>,
+    ) -> Result<pb::HeartbeatResult, ClientError> {
         let r = self
             .call_leader(|ch| {
                 let req = pb::HeartbeatRequest {

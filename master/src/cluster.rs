@@ -125,7 +125,10 @@ impl ClusterService for ClusterApi {
         }))
     }
 
-    async fn list_members(&self, _r: Request<pb::ListMembersRequest>) -> Rpc<pb::ListMembersResponse> {
+    async fn list_members(
+        &self,
+        _r: Request<pb::ListMembersRequest>,
+    ) -> Rpc<pb::ListMembersResponse> {
         let m = self.node.metrics();
         Ok(Response::new(pb::ListMembersResponse {
             status: Some(pb::Status::ok()),
@@ -138,7 +141,10 @@ impl ClusterService for ClusterApi {
         let m = self.node.metrics();
         let (keys, segments) = {
             let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            (sm.state.objects.len() as u64, sm.state.segments.len() as u64)
+            (
+                sm.state.objects.len() as u64,
+                sm.state.segments.len() as u64,
+            )
         };
         Ok(Response::new(pb::GetStatusResponse {
             status: Some(pb::Status::ok()),
@@ -168,7 +174,10 @@ impl ClusterService for ClusterApi {
     async fn add_member(&self, r: Request<pb::AddMemberRequest>) -> Rpc<pb::StatusResponse> {
         let r = r.into_inner();
         if r.id == 0 || r.addr.is_empty() {
-            return status_only(pb::Status::error(ErrorCode::InvalidParams, "id > 0 and addr are required"));
+            return status_only(pb::Status::error(
+                ErrorCode::InvalidParams,
+                "id > 0 and addr are required",
+            ));
         }
         if !self.node.is_leader() {
             return status_only(self.not_leader());
@@ -177,7 +186,10 @@ impl ClusterService for ClusterApi {
             if existing != r.addr {
                 return status_only(pb::Status::error(
                     ErrorCode::InvalidParams,
-                    format!("node id {} is already a member at {existing}; node ids are never reused", r.id),
+                    format!(
+                        "node id {} is already a member at {existing}; node ids are never reused",
+                        r.id
+                    ),
                 ));
             }
         }
@@ -185,7 +197,13 @@ impl ClusterService for ClusterApi {
         if let Err(e) = self
             .node
             .raft
-            .add_learner(r.id, BasicNode { addr: r.addr.clone() }, true)
+            .add_learner(
+                r.id,
+                BasicNode {
+                    addr: r.addr.clone(),
+                },
+                true,
+            )
             .await
         {
             return status_only(write_error(e));
@@ -211,12 +229,18 @@ impl ClusterService for ClusterApi {
             return status_only(self.not_leader());
         }
         if self.node.node_addr(id).is_none() {
-            return status_only(pb::Status::error(ErrorCode::InvalidParams, format!("node {id} is not a member")));
+            return status_only(pb::Status::error(
+                ErrorCode::InvalidParams,
+                format!("node {id} is not a member"),
+            ));
         }
         let voters = self.node.voters();
         let change = if voters.contains(&id) {
             if voters.len() == 1 {
-                return status_only(pb::Status::error(ErrorCode::InvalidParams, "cannot remove the last voter"));
+                return status_only(pb::Status::error(
+                    ErrorCode::InvalidParams,
+                    "cannot remove the last voter",
+                ));
             }
             ChangeMembers::RemoveVoters(BTreeSet::from([id]))
         } else {
@@ -232,7 +256,10 @@ impl ClusterService for ClusterApi {
         }
     }
 
-    async fn transfer_leader(&self, r: Request<pb::TransferLeaderRequest>) -> Rpc<pb::TransferLeaderResponse> {
+    async fn transfer_leader(
+        &self,
+        r: Request<pb::TransferLeaderRequest>,
+    ) -> Rpc<pb::TransferLeaderResponse> {
         let to = r.into_inner().to;
         let reply = |status, new_leader_id| {
             Ok(Response::new(pb::TransferLeaderResponse {
@@ -240,16 +267,20 @@ impl ClusterService for ClusterApi {
                 new_leader_id,
             }))
         };
-        if to == self.node.id {
-            if self.node.is_leader() {
-                return reply(pb::Status::ok(), to);
-            }
+        if to == self.node.id && self.node.is_leader() {
+            return reply(pb::Status::ok(), to);
         }
         if !self.node.is_leader() {
             return reply(self.not_leader(), 0);
         }
         if !self.node.voters().contains(&to) {
-            return reply(pb::Status::error(ErrorCode::InvalidParams, format!("node {to} is not a voter")), 0);
+            return reply(
+                pb::Status::error(
+                    ErrorCode::InvalidParams,
+                    format!("node {to} is not a voter"),
+                ),
+                0,
+            );
         }
         match transfer(&self.node, to).await {
             Ok(new_leader) => reply(pb::Status::ok(), new_leader),
@@ -261,7 +292,12 @@ impl ClusterService for ClusterApi {
         let r = r.into_inner();
         let wait = Duration::from_millis(r.campaign_after_ms.min(10_000));
         let raft = self.node.raft.clone();
-        tracing::info!(from = r.from, term = r.term, ?wait, "asked to take over leadership");
+        tracing::info!(
+            from = r.from,
+            term = r.term,
+            ?wait,
+            "asked to take over leadership"
+        );
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
             if let Err(e) = raft.trigger().elect().await {
@@ -286,7 +322,12 @@ fn committed_index(
             if *v == self_id {
                 last.unwrap_or(0)
             } else {
-                replication.get(v).copied().flatten().map(|l| l.index).unwrap_or(0)
+                replication
+                    .get(v)
+                    .copied()
+                    .flatten()
+                    .map(|l| l.index)
+                    .unwrap_or(0)
             }
         })
         .collect();
@@ -317,7 +358,9 @@ async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
             break;
         }
         if Instant::now() > caught_up_deadline {
-            return Err(format!("node {to} did not catch up (matched {matched} of {last})"));
+            return Err(format!(
+                "node {to} did not catch up (matched {matched} of {last})"
+            ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -187,10 +187,14 @@ pub fn parse_peers(spec: &str) -> anyhow::Result<BTreeMap<NodeId, String>> {
         anyhow::ensure!(id > 0, "peer ids must be greater than 0");
         let addr = addr.trim();
         anyhow::ensure!(
-            addr.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+            addr.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
             "peer address {addr:?} is not host:port"
         );
-        anyhow::ensure!(out.insert(id, addr.to_string()).is_none(), "peer id {id} listed twice");
+        anyhow::ensure!(
+            out.insert(id, addr.to_string()).is_none(),
+            "peer id {id} listed twice"
+        );
     }
     Ok(out)
 }
@@ -222,7 +226,10 @@ pub fn read_config_file(path: &str) -> anyhow::Result<Vec<(String, String)>> {
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::Float(f) => f.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
-            other => anyhow::bail!("config key {key:?} in {path} must be a string or number, not {}", other.type_str()),
+            other => anyhow::bail!(
+                "config key {key:?} in {path} must be a string or number, not {}",
+                other.type_str()
+            ),
         };
         let env = format!("CRESCENT_{}", key.replace('-', "_").to_ascii_uppercase());
         out.push((env, value));

@@ -39,7 +39,11 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 if let Some((_, mut set)) = running.take() {
                     set.abort_all();
                 }
-                tracing::info!(node_id = node.id, term, "became leader; starting leader tasks");
+                tracing::info!(
+                    node_id = node.id,
+                    term,
+                    "became leader; starting leader tasks"
+                );
                 node.on_leadership(term);
                 let mut set = JoinSet::new();
                 set.spawn(eviction_loop(node.clone()));
@@ -49,7 +53,11 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 running = Some((term, set));
             }
             (Some(_), false) => {
-                tracing::info!(node_id = node.id, term, "no longer leader; stopping leader tasks");
+                tracing::info!(
+                    node_id = node.id,
+                    term,
+                    "no longer leader; stopping leader tasks"
+                );
                 if let Some((_, mut set)) = running.take() {
                     set.abort_all();
                 }
@@ -66,7 +74,11 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
 }
 
 fn leading_for(node: &MasterNode) -> Duration {
-    node.leader_mem.lock().expect("lock poisoned").since.elapsed()
+    node.leader_mem
+        .lock()
+        .expect("lock poisoned")
+        .since
+        .elapsed()
 }
 
 async fn eviction_loop(node: Arc<MasterNode>) {
@@ -88,10 +100,11 @@ async fn eviction_loop(node: Arc<MasterNode>) {
             }
             let now = Instant::now();
             let now_ms = now_ms();
-            let victims = select_victims(state, now_ms, node.config.eviction_ratio, |k| AccessInfo {
-                leased: mem.is_leased(k, now) || mem.doomed.contains(k),
-                last_access_ms: mem.last_access_ms.get(k).copied(),
-            });
+            let victims =
+                select_victims(state, now_ms, node.config.eviction_ratio, |k| AccessInfo {
+                    leased: mem.is_leased(k, now) || mem.doomed.contains(k),
+                    last_access_ms: mem.last_access_ms.get(k).copied(),
+                });
             for v in &victims {
                 mem.doomed.insert(v.clone());
             }
@@ -101,7 +114,13 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {
-            node.propose(None, Op::Evict { keys: victims.clone() }).await
+            node.propose(
+                None,
+                Op::Evict {
+                    keys: victims.clone(),
+                },
+            )
+            .await
         };
         {
             let mut mem = node.leader_mem.lock().expect("lock poisoned");
@@ -157,7 +176,11 @@ async fn liveness_loop(node: Arc<MasterNode>) {
         }
         let owners: BTreeSet<String> = {
             let sm = node.shared.sm.read().expect("state lock poisoned");
-            sm.state.segments.values().map(|s| s.owner.clone()).collect()
+            sm.state
+                .segments
+                .values()
+                .map(|s| s.owner.clone())
+                .collect()
         };
         let dead: Vec<String> = {
             let mem = node.leader_mem.lock().expect("lock poisoned");
@@ -172,7 +195,12 @@ async fn liveness_loop(node: Arc<MasterNode>) {
         };
         for client_id in dead {
             match node
-                .propose(None, Op::UnmountClient { client_id: client_id.clone() })
+                .propose(
+                    None,
+                    Op::UnmountClient {
+                        client_id: client_id.clone(),
+                    },
+                )
                 .await
             {
                 Ok(Response::Count(n)) => tracing::info!(

@@ -194,7 +194,12 @@ impl MasterNode {
 
     /// Proposes a command and waits for it to be committed by a quorum and applied.
     pub async fn propose(&self, origin: Option<Origin>, op: Op) -> Result<Response, NodeError> {
-        if self.transferring_to.lock().expect("lock poisoned").is_some() {
+        if self
+            .transferring_to
+            .lock()
+            .expect("lock poisoned")
+            .is_some()
+        {
             return Err(self.not_leader());
         }
         let cmd = Command {
@@ -216,16 +221,22 @@ impl MasterNode {
             Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
                 Err(NodeError::Unavailable(e.to_string()))
             }
-            Ok(Err(RaftError::Fatal(e))) => Err(NodeError::Unavailable(format!(
-                "raft node stopped: {e}"
-            ))),
+            Ok(Err(RaftError::Fatal(e))) => {
+                Err(NodeError::Unavailable(format!("raft node stopped: {e}")))
+            }
         }
     }
 
     /// Waits until this node is the leader and has applied everything committed
     /// before the call (a Raft read index, shared by concurrent readers).
     pub async fn linearizable_read(&self) -> Result<(), NodeError> {
-        if !self.is_leader() || self.transferring_to.lock().expect("lock poisoned").is_some() {
+        if !self.is_leader()
+            || self
+                .transferring_to
+                .lock()
+                .expect("lock poisoned")
+                .is_some()
+        {
             return Err(self.not_leader());
         }
         let (tx, rx) = oneshot::channel();
@@ -305,7 +316,9 @@ async fn read_barrier_loop(
                 leader_id: None,
                 leader_addr: None,
             }),
-            Err(RaftError::Fatal(e)) => Err(NodeError::Unavailable(format!("raft node stopped: {e}"))),
+            Err(RaftError::Fatal(e)) => {
+                Err(NodeError::Unavailable(format!("raft node stopped: {e}")))
+            }
         };
         for w in waiters {
             let _ = w.send(result.clone());

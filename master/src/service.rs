@@ -7,7 +7,7 @@ use std::time::Instant;
 use crescent_proto::pb::{self, master_service_server::MasterService};
 use crescent_proto::ErrorCode;
 use crescent_raft::state::{
-    MetaError, Op, Origin, PutPolicy, ReplicaView, ReplicateConfig, SegmentSpec,
+    MetaError, MetaState, Op, Origin, PutPolicy, Replica, ReplicateConfig, SegmentSpec,
 };
 use crescent_raft::Response;
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
@@ -61,20 +61,23 @@ fn invalid(code: ErrorCode, msg: impl Into<String>) -> pb::Status {
     pb::Status::error(code, msg)
 }
 
-fn replica_pb(v: &ReplicaView) -> pb::ReplicaDescriptor {
+/// A replica with its segment's transport details (empty if the segment was
+/// unmounted meanwhile: the reader then fails over to another replica).
+fn replica_pb(state: &MetaState, r: &Replica, complete: bool) -> pb::ReplicaDescriptor {
+    let seg = state.segments.get(&r.segment_id);
     pb::ReplicaDescriptor {
-        segment_id: v.segment_id,
-        segment_name: v.segment_name.clone(),
-        endpoint: v.endpoint.clone(),
-        offset: v.offset,
-        length: v.len,
-        status: if v.complete {
+        segment_id: r.segment_id,
+        segment_name: seg.map(|s| s.spec.name.clone()).unwrap_or_default(),
+        endpoint: seg.map(|s| s.spec.endpoint.clone()).unwrap_or_default(),
+        offset: r.offset,
+        length: r.len,
+        status: if complete {
             pb::ReplicaStatus::Complete as i32
         } else {
             pb::ReplicaStatus::Processing as i32
         },
-        hostname: v.hostname.clone(),
-        shm_path: v.shm_path.clone(),
+        hostname: seg.map(|s| s.spec.hostname.clone()).unwrap_or_default(),
+        shm_path: seg.map(|s| s.spec.shm_path.clone()).unwrap_or_default(),
     }
 }
 
@@ -144,7 +147,10 @@ impl MasterApi {
             ..Default::default()
         });
         if c.replica_num == 0 {
-            return Err(invalid(ErrorCode::InvalidParams, "replica_num must be at least 1"));
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                "replica_num must be at least 1",
+            ));
         }
         if c.preferred_segments.len() > MAX_PREFERRED_SEGMENTS {
             return Err(invalid(
@@ -174,14 +180,17 @@ impl MasterApi {
         header: Option<pb::RequestHeader>,
         items: Vec<(String, u64)>,
         config: Option<pb::ReplicateConfig>,
-    ) -> Result<Vec<Result<Vec<ReplicaView>, MetaError>>, pb::Status> {
+    ) -> Result<Vec<Result<Vec<pb::ReplicaDescriptor>, MetaError>>, pb::Status> {
         let origin = Self::origin(header)?;
         if items.is_empty() {
             return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
         }
         self.check_keys(items.iter().map(|(k, _)| k.as_str()))?;
         if let Some(i) = items.iter().position(|(_, size)| *size == 0) {
-            return Err(invalid(ErrorCode::InvalidParams, format!("item {i}: size must be greater than 0")));
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                format!("item {i}: size must be greater than 0"),
+            ));
         }
         let config = Self::replicate_config(config)?;
         let n = items.len();
@@ -191,7 +200,18 @@ impl MasterApi {
             policy: self.policy(),
         };
         match self.node.propose(Some(origin), op).await {
-            Ok(Response::PutStart(v)) if v.len() == n => Ok(v),
+            Ok(Response::PutStart(v)) if v.len() == n => {
+                let sm = self.node.shared.sm.read().expect("state lock poisoned");
+                Ok(v.into_iter()
+                    .map(|r| {
+                        r.map(|reps| {
+                            reps.iter()
+                                .map(|x| replica_pb(&sm.state, x, false))
+                                .collect()
+                        })
+                    })
+                    .collect())
+            }
             Ok(Response::Rejected(e)) => Err(meta_status(&e)),
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(node_status(&e)),
@@ -286,10 +306,7 @@ impl MasterApi {
                 for ((i, _), r) in to_remove.into_iter().zip(v) {
                     results[i] = Some(r);
                 }
-                Ok(results
-                    .into_iter()
-                    .map(|r| r.unwrap_or(Ok(())))
-                    .collect())
+                Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
             }
             Ok(Response::Rejected(e)) => Err(meta_status(&e)),
             Ok(other) => Err(unexpected(&other)),
@@ -319,7 +336,11 @@ impl MasterApi {
                         found.push(k.as_str());
                         pb::GetReplicaListResponse {
                             status: Some(pb::Status::ok()),
-                            replicas: view.replicas.iter().map(replica_pb).collect(),
+                            replicas: view
+                                .replicas
+                                .iter()
+                                .map(|r| replica_pb(&sm.state, r, true))
+                                .collect(),
                             size: view.size,
                             checksum: view.checksum,
                             lease_ttl_ms: lease_ms,
@@ -416,7 +437,7 @@ impl MasterService for MasterApi {
             Ok(mut v) => match v.pop() {
                 Some(Ok(reps)) => pb::PutStartResponse {
                     status: Some(pb::Status::ok()),
-                    replicas: reps.iter().map(replica_pb).collect(),
+                    replicas: reps,
                 },
                 Some(Err(e)) => pb::PutStartResponse {
                     status: Some(meta_status(&e)),
@@ -440,28 +461,30 @@ impl MasterService for MasterApi {
     ) -> Rpc<pb::BatchPutStartResponse> {
         let r = request.into_inner();
         let items = r.items.into_iter().map(|i| (i.key, i.size)).collect();
-        ok(match self.put_start_items(r.header, items, r.config).await {
-            Ok(v) => pb::BatchPutStartResponse {
-                status: Some(pb::Status::ok()),
-                results: v
-                    .into_iter()
-                    .map(|x| match x {
-                        Ok(reps) => pb::PutStartResult {
-                            status: Some(pb::Status::ok()),
-                            replicas: reps.iter().map(replica_pb).collect(),
-                        },
-                        Err(e) => pb::PutStartResult {
-                            status: Some(meta_status(&e)),
-                            replicas: vec![],
-                        },
-                    })
-                    .collect(),
+        ok(
+            match self.put_start_items(r.header, items, r.config).await {
+                Ok(v) => pb::BatchPutStartResponse {
+                    status: Some(pb::Status::ok()),
+                    results: v
+                        .into_iter()
+                        .map(|x| match x {
+                            Ok(reps) => pb::PutStartResult {
+                                status: Some(pb::Status::ok()),
+                                replicas: reps,
+                            },
+                            Err(e) => pb::PutStartResult {
+                                status: Some(meta_status(&e)),
+                                replicas: vec![],
+                            },
+                        })
+                        .collect(),
+                },
+                Err(s) => pb::BatchPutStartResponse {
+                    status: Some(s),
+                    results: vec![],
+                },
             },
-            Err(s) => pb::BatchPutStartResponse {
-                status: Some(s),
-                results: vec![],
-            },
-        })
+        )
     }
 
     async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::StatusResponse> {
@@ -509,7 +532,8 @@ impl MasterService for MasterApi {
         }
         let n = r.keys.len();
         ok(batch_status(
-            self.item_op(r.header, n, Op::PutRevoke { keys: r.keys }).await,
+            self.item_op(r.header, n, Op::PutRevoke { keys: r.keys })
+                .await,
         ))
     }
 
@@ -555,7 +579,10 @@ impl MasterService for MasterApi {
         })
     }
 
-    async fn batch_exist(&self, request: Request<pb::BatchExistRequest>) -> Rpc<pb::BatchExistResponse> {
+    async fn batch_exist(
+        &self,
+        request: Request<pb::BatchExistRequest>,
+    ) -> Rpc<pb::BatchExistResponse> {
         let r = request.into_inner();
         ok(match self.exists(&r.keys).await {
             Ok(results) => pb::BatchExistResponse {
@@ -579,71 +606,121 @@ impl MasterService for MasterApi {
         ))
     }
 
-    async fn batch_remove(&self, request: Request<pb::BatchRemoveRequest>) -> Rpc<pb::BatchStatusResponse> {
+    async fn batch_remove(
+        &self,
+        request: Request<pb::BatchRemoveRequest>,
+    ) -> Rpc<pb::BatchStatusResponse> {
         let r = request.into_inner();
         if let Err(s) = self.check_keys(r.keys.iter().map(String::as_str)) {
             return ok(batch_status(Err(s)));
         }
         if r.keys.is_empty() {
-            return ok(batch_status(Err(invalid(ErrorCode::InvalidParams, "empty batch"))));
+            return ok(batch_status(Err(invalid(
+                ErrorCode::InvalidParams,
+                "empty batch",
+            ))));
         }
-        ok(batch_status(self.remove_keys(r.header, r.keys, r.force).await))
+        ok(batch_status(
+            self.remove_keys(r.header, r.keys, r.force).await,
+        ))
     }
 
-    async fn remove_by_regex(&self, request: Request<pb::RemoveByRegexRequest>) -> Rpc<pb::CountResponse> {
+    async fn remove_by_regex(
+        &self,
+        request: Request<pb::RemoveByRegexRequest>,
+    ) -> Rpc<pb::CountResponse> {
         let r = request.into_inner();
         if r.regex.len() > MAX_REGEX_BYTES {
             return ok(pb::CountResponse {
-                status: Some(invalid(ErrorCode::InvalidParams, format!("regex longer than {MAX_REGEX_BYTES} bytes"))),
+                status: Some(invalid(
+                    ErrorCode::InvalidParams,
+                    format!("regex longer than {MAX_REGEX_BYTES} bytes"),
+                )),
                 count: 0,
             });
         }
-        let re = match regex::RegexBuilder::new(&r.regex).size_limit(1 << 20).build() {
+        let re = match regex::RegexBuilder::new(&r.regex)
+            .size_limit(1 << 20)
+            .build()
+        {
             Ok(re) => re,
             Err(e) => {
                 return ok(pb::CountResponse {
-                    status: Some(invalid(ErrorCode::InvalidParams, format!("invalid regex: {e}"))),
+                    status: Some(invalid(
+                        ErrorCode::InvalidParams,
+                        format!("invalid regex: {e}"),
+                    )),
                     count: 0,
                 })
             }
         };
         if let Err(s) = Self::origin(r.header.clone()) {
-            return ok(pb::CountResponse { status: Some(s), count: 0 });
+            return ok(pb::CountResponse {
+                status: Some(s),
+                count: 0,
+            });
         }
         let keys = match self.matching_keys(|k| re.is_match(k)).await {
             Ok(k) => k,
-            Err(s) => return ok(pb::CountResponse { status: Some(s), count: 0 }),
+            Err(s) => {
+                return ok(pb::CountResponse {
+                    status: Some(s),
+                    count: 0,
+                })
+            }
         };
         ok(match self.remove_keys(r.header, keys, r.force).await {
             Ok(v) => pb::CountResponse {
                 status: Some(pb::Status::ok()),
                 count: count_ok(&v),
             },
-            Err(s) => pb::CountResponse { status: Some(s), count: 0 },
+            Err(s) => pb::CountResponse {
+                status: Some(s),
+                count: 0,
+            },
         })
     }
 
     async fn remove_all(&self, request: Request<pb::RemoveAllRequest>) -> Rpc<pb::CountResponse> {
         let r = request.into_inner();
         if let Err(s) = Self::origin(r.header.clone()) {
-            return ok(pb::CountResponse { status: Some(s), count: 0 });
+            return ok(pb::CountResponse {
+                status: Some(s),
+                count: 0,
+            });
         }
         let keys = match self.matching_keys(|_| true).await {
             Ok(k) => k,
-            Err(s) => return ok(pb::CountResponse { status: Some(s), count: 0 }),
+            Err(s) => {
+                return ok(pb::CountResponse {
+                    status: Some(s),
+                    count: 0,
+                })
+            }
         };
         ok(match self.remove_keys(r.header, keys, r.force).await {
             Ok(v) => pb::CountResponse {
                 status: Some(pb::Status::ok()),
                 count: count_ok(&v),
             },
-            Err(s) => pb::CountResponse { status: Some(s), count: 0 },
+            Err(s) => pb::CountResponse {
+                status: Some(s),
+                count: 0,
+            },
         })
     }
 
-    async fn mount_segment(&self, request: Request<pb::MountSegmentRequest>) -> Rpc<pb::MountSegmentResponse> {
+    async fn mount_segment(
+        &self,
+        request: Request<pb::MountSegmentRequest>,
+    ) -> Rpc<pb::MountSegmentResponse> {
         let r = request.into_inner();
-        let fail = |s| ok(pb::MountSegmentResponse { status: Some(s), segment_id: 0 });
+        let fail = |s| {
+            ok(pb::MountSegmentResponse {
+                status: Some(s),
+                segment_id: 0,
+            })
+        };
         let origin = match Self::origin(r.header) {
             Ok(o) => o,
             Err(s) => return fail(s),
@@ -652,13 +729,22 @@ impl MasterService for MasterApi {
             return fail(invalid(ErrorCode::InvalidParams, "segment is required"));
         };
         if seg.name.is_empty() || seg.name.len() > MAX_SEGMENT_NAME_LEN {
-            return fail(invalid(ErrorCode::InvalidParams, format!("segment name must be 1..={MAX_SEGMENT_NAME_LEN} bytes")));
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                format!("segment name must be 1..={MAX_SEGMENT_NAME_LEN} bytes"),
+            ));
         }
         if seg.capacity == 0 {
-            return fail(invalid(ErrorCode::InvalidParams, "segment capacity must be greater than 0"));
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                "segment capacity must be greater than 0",
+            ));
         }
         if seg.endpoint.len() > 1024 || seg.hostname.len() > 1024 || seg.shm_path.len() > 4096 {
-            return fail(invalid(ErrorCode::InvalidParams, "segment endpoint, hostname or shm path too long"));
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                "segment endpoint, hostname or shm path too long",
+            ));
         }
         let owner = origin.client_id.clone();
         let op = Op::MountSegment {
@@ -680,7 +766,13 @@ impl MasterService for MasterApi {
                     .expect("lock poisoned")
                     .heartbeats
                     .insert(owner.clone(), Instant::now());
-                tracing::info!(segment_id = id, name = seg.name, owner, capacity = seg.capacity, "segment mounted");
+                tracing::info!(
+                    segment_id = id,
+                    name = seg.name,
+                    owner,
+                    capacity = seg.capacity,
+                    "segment mounted"
+                );
                 ok(pb::MountSegmentResponse {
                     status: Some(pb::Status::ok()),
                     segment_id: id,
@@ -692,7 +784,10 @@ impl MasterService for MasterApi {
         }
     }
 
-    async fn unmount_segment(&self, request: Request<pb::UnmountSegmentRequest>) -> Rpc<pb::StatusResponse> {
+    async fn unmount_segment(
+        &self,
+        request: Request<pb::UnmountSegmentRequest>,
+    ) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
         let fail = |s| ok(pb::StatusResponse { status: Some(s) });
         let origin = match Self::origin(r.header) {
@@ -701,7 +796,10 @@ impl MasterService for MasterApi {
         };
         let owner = {
             let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            sm.state.segments.get(&r.segment_id).map(|s| s.owner.clone())
+            sm.state
+                .segments
+                .get(&r.segment_id)
+                .map(|s| s.owner.clone())
         };
         match owner {
             None => return fail(meta_status(&MetaError::SegmentNotFound(r.segment_id))),
@@ -715,7 +813,12 @@ impl MasterService for MasterApi {
         }
         match self
             .node
-            .propose(Some(origin), Op::UnmountSegment { segment_id: r.segment_id })
+            .propose(
+                Some(origin),
+                Op::UnmountSegment {
+                    segment_id: r.segment_id,
+                },
+            )
             .await
         {
             Ok(Response::Done(res)) => {
@@ -730,18 +833,27 @@ impl MasterService for MasterApi {
         }
     }
 
-    async fn heartbeat(&self, request: Request<pb::HeartbeatRequest>) -> Rpc<pb::HeartbeatResponse> {
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Rpc<pb::HeartbeatResponse> {
         let r = request.into_inner();
         if r.client_id.is_empty() || r.client_id.len() > MAX_CLIENT_ID_LEN {
             return ok(pb::HeartbeatResponse {
-                status: Some(invalid(ErrorCode::InvalidParams, format!("client_id must be 1..={MAX_CLIENT_ID_LEN} bytes"))),
+                status: Some(invalid(
+                    ErrorCode::InvalidParams,
+                    format!("client_id must be 1..={MAX_CLIENT_ID_LEN} bytes"),
+                )),
                 result: 0,
             });
         }
         if !self.node.is_leader() {
             let (id, addr) = self.node.leader_hint();
             return ok(pb::HeartbeatResponse {
-                status: Some(pb::Status::not_leader(id.filter(|l| *l != self.node.id), addr)),
+                status: Some(pb::Status::not_leader(
+                    id.filter(|l| *l != self.node.id),
+                    addr,
+                )),
                 result: 0,
             });
         }

@@ -26,7 +26,9 @@ pub struct Allocator {
 
 /// Rounds a request up to the allocation granularity; `None` on overflow.
 pub fn aligned_len(len: u64) -> Option<u64> {
-    len.max(1).checked_add(ALIGNMENT - 1).map(|v| v & !(ALIGNMENT - 1))
+    len.max(1)
+        .checked_add(ALIGNMENT - 1)
+        .map(|v| v & !(ALIGNMENT - 1))
 }
 
 impl Allocator {

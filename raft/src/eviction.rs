@@ -38,7 +38,10 @@ where
         if info.leased {
             continue;
         }
-        let age_key = info.last_access_ms.unwrap_or(obj.created_ms).max(obj.created_ms);
+        let age_key = info
+            .last_access_ms
+            .unwrap_or(obj.created_ms)
+            .max(obj.created_ms);
         if obj.soft_pinned_at(now_ms) {
             soft_pinned.push((age_key, key));
         } else {

@@ -145,23 +145,10 @@ impl MetaError {
     }
 }
 
-/// Where one replica lives, resolved with its segment's transport details.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ReplicaView {
-    pub segment_id: SegmentId,
-    pub segment_name: String,
-    pub endpoint: String,
-    pub hostname: String,
-    pub shm_path: String,
-    pub offset: u64,
-    pub len: u64,
-    pub complete: bool,
-}
-
 /// What applying a command produced; stored in the dedup table and returned to a retry.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    PutStart(Vec<Result<Vec<ReplicaView>, MetaError>>),
+    PutStart(Vec<Result<Vec<Replica>, MetaError>>),
     Items(Vec<Result<(), MetaError>>),
     Mounted(Result<SegmentId, MetaError>),
     Done(Result<(), MetaError>),
@@ -265,7 +252,7 @@ pub struct MetaState {
 pub struct ObjectView {
     pub size: u64,
     pub checksum: u32,
-    pub replicas: Vec<ReplicaView>,
+    pub replicas: Vec<Replica>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -293,10 +280,9 @@ impl MetaState {
             .flat_map(|o| o.replicas.iter())
             .chain(self.pending_release.iter().map(|p| &p.replica));
         for r in held {
-            let alloc = self
-                .allocators
-                .get_mut(&r.segment_id)
-                .ok_or_else(|| CorruptState(format!("replica on unknown segment {}", r.segment_id)))?;
+            let alloc = self.allocators.get_mut(&r.segment_id).ok_or_else(|| {
+                CorruptState(format!("replica on unknown segment {}", r.segment_id))
+            })?;
             if !alloc.reserve(r.offset, r.len) {
                 return Err(CorruptState(format!(
                     "overlapping replica at segment {} offset {}",
@@ -345,31 +331,13 @@ impl MetaState {
         Ok(ObjectView {
             size: obj.size,
             checksum: obj.checksum,
-            replicas: obj
-                .replicas
-                .iter()
-                .map(|r| self.view(r, true))
-                .collect(),
+            replicas: obj.replicas.clone(),
         })
     }
 
     /// True when the key names a complete (readable) object.
     pub fn exists(&self, key: &str) -> bool {
         self.objects.get(key).is_some_and(|o| o.is_complete())
-    }
-
-    fn view(&self, r: &Replica, complete: bool) -> ReplicaView {
-        let seg = self.segments.get(&r.segment_id);
-        ReplicaView {
-            segment_id: r.segment_id,
-            segment_name: seg.map(|s| s.spec.name.clone()).unwrap_or_default(),
-            endpoint: seg.map(|s| s.spec.endpoint.clone()).unwrap_or_default(),
-            hostname: seg.map(|s| s.spec.hostname.clone()).unwrap_or_default(),
-            shm_path: seg.map(|s| s.spec.shm_path.clone()).unwrap_or_default(),
-            offset: r.offset,
-            len: r.len,
-            complete,
-        }
     }
 
     /// Applies one command. Deterministic: same state + same command = same result.
@@ -495,7 +463,7 @@ impl MetaState {
         size: u64,
         config: &ReplicateConfig,
         policy: &PutPolicy,
-    ) -> Result<Vec<ReplicaView>, MetaError> {
+    ) -> Result<Vec<Replica>, MetaError> {
         if size == 0 {
             return Err(MetaError::InvalidParams(format!(
                 "object {key:?} has size 0"
@@ -547,7 +515,7 @@ impl MetaState {
             self.alloc_failures += 1;
             return Err(MetaError::NoAvailableHandle(size));
         }
-        let views = replicas.iter().map(|r| self.view(r, false)).collect();
+        let granted = replicas.clone();
         self.objects.insert(
             key.to_string(),
             Object {
@@ -569,7 +537,7 @@ impl MetaState {
                 writer: writer.unwrap_or_default().to_string(),
             },
         );
-        Ok(views)
+        Ok(granted)
     }
 
     /// Preferred segments (by name, in the given order) first, then the rest

@@ -63,7 +63,11 @@ enum WriteReq {
     Append(Vec<(u64, Vec<u8>)>, LogFlushed<TypeConfig>),
     TruncateFrom(u64, oneshot::Sender<Result<(), String>>),
     PurgeUpTo(u64, Vec<u8>),
-    PutMeta(&'static str, Vec<u8>, Option<oneshot::Sender<Result<(), String>>>),
+    PutMeta(
+        &'static str,
+        Vec<u8>,
+        Option<oneshot::Sender<Result<(), String>>>,
+    ),
 }
 
 struct LogMem {
@@ -179,7 +183,8 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
             metas.insert(k.value().to_string(), v.value().to_vec());
         }
     }
-    let decode_meta = |key: &str| -> Result<Option<Vec<u8>>, OpenError> { Ok(metas.get(key).cloned()) };
+    let decode_meta =
+        |key: &str| -> Result<Option<Vec<u8>>, OpenError> { Ok(metas.get(key).cloned()) };
     let vote = decode_meta(KEY_VOTE)?
         .map(|b| codec::decode(&b))
         .transpose()
@@ -201,11 +206,13 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
         entries.retain(|idx, _| *idx > p.index);
     }
 
-    let mut sm = SmData::default();
-    sm.state = MetaState::new();
-    if let Some(snap) = &snapshot {
-        sm = decode_sm(&snap.data).map_err(|e| corrupt(format!("snapshot data: {e}")))?;
-    }
+    let sm = match &snapshot {
+        Some(snap) => decode_sm(&snap.data).map_err(|e| corrupt(format!("snapshot data: {e}")))?,
+        None => SmData {
+            state: MetaState::new(),
+            ..Default::default()
+        },
+    };
 
     let (tx, rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
@@ -276,32 +283,38 @@ fn writer_loop(db: Database, rx: mpsc::Receiver<WriteReq>) {
     }
 }
 
-fn write_batch(db: &Database, batch: &[WriteReq]) -> Result<(), redb::Error> {
-    let txn = db.begin_write()?;
+fn write_batch(db: &Database, batch: &[WriteReq]) -> Result<(), Box<redb::Error>> {
+    let boxed = |e: redb::Error| Box::new(e);
+    let txn = db.begin_write().map_err(|e| boxed(e.into()))?;
     {
-        let mut log = txn.open_table(LOG)?;
-        let mut meta = txn.open_table(META)?;
+        let mut log = txn.open_table(LOG).map_err(|e| boxed(e.into()))?;
+        let mut meta = txn.open_table(META).map_err(|e| boxed(e.into()))?;
         for req in batch {
             match req {
                 WriteReq::Append(entries, _) => {
                     for (idx, bytes) in entries {
-                        log.insert(*idx, bytes.as_slice())?;
+                        log.insert(*idx, bytes.as_slice())
+                            .map_err(|e| boxed(e.into()))?;
                     }
                 }
                 WriteReq::TruncateFrom(from, _) => {
-                    log.retain_in(*from.., |_, _| false)?;
+                    log.retain_in(*from.., |_, _| false)
+                        .map_err(|e| boxed(e.into()))?;
                 }
                 WriteReq::PurgeUpTo(upto, purged) => {
-                    meta.insert(KEY_PURGED, purged.as_slice())?;
-                    log.retain_in(..=*upto, |_, _| false)?;
+                    meta.insert(KEY_PURGED, purged.as_slice())
+                        .map_err(|e| boxed(e.into()))?;
+                    log.retain_in(..=*upto, |_, _| false)
+                        .map_err(|e| boxed(e.into()))?;
                 }
                 WriteReq::PutMeta(key, value, _) => {
-                    meta.insert(*key, value.as_slice())?;
+                    meta.insert(*key, value.as_slice())
+                        .map_err(|e| boxed(e.into()))?;
                 }
             }
         }
     }
-    txn.commit()?;
+    txn.commit().map_err(|e| boxed(e.into()))?;
     Ok(())
 }
 
@@ -312,9 +325,9 @@ fn write_failed(e: impl std::fmt::Display) -> StorageError<NodeId> {
 impl LogStore {
     async fn put_meta_sync(&self, key: &'static str, value: Vec<u8>) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
-        self.writer
-            .send(WriteReq::PutMeta(key, value, Some(tx)))?;
-        rx.await.map_err(|_| "raft store writer stopped".to_string())?
+        self.writer.send(WriteReq::PutMeta(key, value, Some(tx)))?;
+        rx.await
+            .map_err(|_| "raft store writer stopped".to_string())?
     }
 }
 
@@ -394,7 +407,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut mem = self.mem.lock().expect("log lock poisoned");
             for entry in entries {
-                let bytes = codec::encode(&entry).map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
+                let bytes =
+                    codec::encode(&entry).map_err(|e| StorageIOError::write_logs(&io_err(e)))?;
                 encoded.push((entry.log_id.index, bytes));
                 mem.entries.insert(entry.log_id.index, entry);
             }
@@ -456,7 +470,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> SResult<Snapshot<TypeConfig>> {
         let (data, last_applied, membership) = {
             let sm = self.shared.sm.read().expect("state lock poisoned");
-            let data = codec::encode(&*sm).map_err(|e| StorageIOError::read_state_machine(&io_err(e)))?;
+            let data =
+                codec::encode(&*sm).map_err(|e| StorageIOError::read_state_machine(&io_err(e)))?;
             (data, sm.last_applied, sm.last_membership.clone())
         };
         let seq = self

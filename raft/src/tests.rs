@@ -46,7 +46,15 @@ fn mount(state: &mut MetaState, now: u64, name: &str, owner: &str, cap: u64) -> 
     }
 }
 
-fn put(state: &mut MetaState, now: u64, client: &str, seq: u64, key: &str, size: u64, replicas: u32) -> Response {
+fn put(
+    state: &mut MetaState,
+    now: u64,
+    client: &str,
+    seq: u64,
+    key: &str,
+    size: u64,
+    replicas: u32,
+) -> Response {
     state.apply(&cmd(
         now,
         client,
@@ -63,7 +71,14 @@ fn put(state: &mut MetaState, now: u64, client: &str, seq: u64, key: &str, size:
 }
 
 fn put_end(state: &mut MetaState, now: u64, client: &str, seq: u64, key: &str) -> Response {
-    state.apply(&cmd(now, client, seq, Op::PutEnd { items: vec![(key.into(), 7)] }))
+    state.apply(&cmd(
+        now,
+        client,
+        seq,
+        Op::PutEnd {
+            items: vec![(key.into(), 7)],
+        },
+    ))
 }
 
 fn first_item(resp: &Response) -> Result<(), MetaError> {
@@ -231,7 +246,14 @@ fn retried_request_is_applied_once() {
     assert_eq!(s.total_allocated(), allocated, "and allocates nothing more");
     // Push the request out of the dedup window: it is refused, not re-applied.
     for seq in 2..(DEDUP_RESULTS_PER_CLIENT as u64 + 5) {
-        s.apply(&cmd(30, "c", seq, Op::PutRevoke { keys: vec!["nope".into()] }));
+        s.apply(&cmd(
+            30,
+            "c",
+            seq,
+            Op::PutRevoke {
+                keys: vec!["nope".into()],
+            },
+        ));
     }
     assert!(matches!(
         put(&mut s, 40, "c", 1, "k2", 100, 1),
@@ -246,10 +268,24 @@ fn remove_rules() {
     mount(&mut s, 1, "seg", "store", 64 * MB);
     put(&mut s, 10, "c", 1, "inflight", 100, 1);
     let rm = |s: &mut MetaState, seq, key: &str, force| {
-        first_item(&s.apply(&cmd(11, "admin", seq, Op::Remove { keys: vec![key.into()], force })))
+        first_item(&s.apply(&cmd(
+            11,
+            "admin",
+            seq,
+            Op::Remove {
+                keys: vec![key.into()],
+                force,
+            },
+        )))
     };
-    assert_eq!(rm(&mut s, 1, "inflight", false), Err(MetaError::ReplicaNotReady("inflight".into())));
-    assert_eq!(rm(&mut s, 2, "missing", false), Err(MetaError::ObjectNotFound("missing".into())));
+    assert_eq!(
+        rm(&mut s, 1, "inflight", false),
+        Err(MetaError::ReplicaNotReady("inflight".into()))
+    );
+    assert_eq!(
+        rm(&mut s, 2, "missing", false),
+        Err(MetaError::ObjectNotFound("missing".into()))
+    );
     // Hard pin.
     s.apply(&cmd(
         12,
@@ -257,18 +293,34 @@ fn remove_rules() {
         2,
         Op::PutStart {
             items: vec![("pinned".into(), 100)],
-            config: ReplicateConfig { replica_num: 1, hard_pin: true, ..Default::default() },
+            config: ReplicateConfig {
+                replica_num: 1,
+                hard_pin: true,
+                ..Default::default()
+            },
             policy: policy(),
         },
     ));
     put_end(&mut s, 13, "c", 3, "pinned");
-    assert_eq!(rm(&mut s, 3, "pinned", false), Err(MetaError::ObjectPinned("pinned".into())));
+    assert_eq!(
+        rm(&mut s, 3, "pinned", false),
+        Err(MetaError::ObjectPinned("pinned".into()))
+    );
     assert_eq!(rm(&mut s, 4, "pinned", true), Ok(()));
     // Forced remove of an unfinished put parks its space until release.
     let before = s.total_allocated();
     assert_eq!(rm(&mut s, 5, "inflight", true), Ok(()));
-    assert_eq!(s.total_allocated(), before, "space still held for the writer");
-    s.apply(&Command { now_ms: 10 + 600_000, seed: 0, origin: None, op: Op::ReclaimStalePuts });
+    assert_eq!(
+        s.total_allocated(),
+        before,
+        "space still held for the writer"
+    );
+    s.apply(&Command {
+        now_ms: 10 + 600_000,
+        seed: 0,
+        origin: None,
+        op: Op::ReclaimStalePuts,
+    });
     assert_eq!(s.total_allocated(), 0);
 }
 
@@ -277,12 +329,32 @@ fn put_end_and_revoke_check_the_writer() {
     let mut s = MetaState::new();
     mount(&mut s, 1, "seg", "store", 64 * MB);
     put(&mut s, 10, "alice", 1, "k", 100, 1);
-    assert_eq!(first_item(&put_end(&mut s, 11, "bob", 1, "k")), Err(MetaError::InvalidWrite("k".into())));
     assert_eq!(
-        first_item(&s.apply(&cmd(11, "bob", 2, Op::PutRevoke { keys: vec!["k".into()] }))),
+        first_item(&put_end(&mut s, 11, "bob", 1, "k")),
         Err(MetaError::InvalidWrite("k".into()))
     );
-    assert_eq!(first_item(&s.apply(&cmd(12, "alice", 2, Op::PutRevoke { keys: vec!["k".into()] }))), Ok(()));
+    assert_eq!(
+        first_item(&s.apply(&cmd(
+            11,
+            "bob",
+            2,
+            Op::PutRevoke {
+                keys: vec!["k".into()]
+            }
+        ))),
+        Err(MetaError::InvalidWrite("k".into()))
+    );
+    assert_eq!(
+        first_item(&s.apply(&cmd(
+            12,
+            "alice",
+            2,
+            Op::PutRevoke {
+                keys: vec!["k".into()]
+            }
+        ))),
+        Ok(())
+    );
     assert_eq!(s.total_allocated(), 0);
     assert!(s.objects.is_empty());
 }
@@ -302,12 +374,25 @@ fn zombie_put_is_taken_over_and_reclaimed() {
     assert_eq!(s.total_allocated(), 2 * MB);
     assert_eq!(s.pending_release.len(), 1);
     // The zombie's late PutEnd must not complete the new writer's object.
-    assert_eq!(first_item(&put_end(&mut s, 32_000, "dead", 2, "k")), Err(MetaError::InvalidWrite("k".into())));
+    assert_eq!(
+        first_item(&put_end(&mut s, 32_000, "dead", 2, "k")),
+        Err(MetaError::InvalidWrite("k".into()))
+    );
     first_item(&put_end(&mut s, 32_000, "live", 3, "k")).unwrap();
     // Reclaim before the release deadline changes nothing; after it frees the zombie's space.
-    s.apply(&Command { now_ms: 500_000, seed: 0, origin: None, op: Op::ReclaimStalePuts });
+    s.apply(&Command {
+        now_ms: 500_000,
+        seed: 0,
+        origin: None,
+        op: Op::ReclaimStalePuts,
+    });
     assert_eq!(s.total_allocated(), 2 * MB);
-    s.apply(&Command { now_ms: 601_000, seed: 0, origin: None, op: Op::ReclaimStalePuts });
+    s.apply(&Command {
+        now_ms: 601_000,
+        seed: 0,
+        origin: None,
+        op: Op::ReclaimStalePuts,
+    });
     assert_eq!(s.total_allocated(), MB);
     assert!(s.exists("k"));
 }
@@ -319,18 +404,42 @@ fn unmounting_drops_replicas_and_orphans() {
     mount(&mut s, 1, "b", "store-b", 64 * MB);
     put(&mut s, 10, "c", 1, "two", 100, 2);
     put_end(&mut s, 10, "c", 2, "two");
-    s.apply(&cmd(10, "c", 3, Op::PutStart {
-        items: vec![("only-a".into(), 100)],
-        config: ReplicateConfig { replica_num: 1, preferred_segments: vec!["a".into()], ..Default::default() },
-        policy: policy(),
-    }));
+    s.apply(&cmd(
+        10,
+        "c",
+        3,
+        Op::PutStart {
+            items: vec![("only-a".into(), 100)],
+            config: ReplicateConfig {
+                replica_num: 1,
+                preferred_segments: vec!["a".into()],
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    ));
     put_end(&mut s, 10, "c", 4, "only-a");
     assert_eq!(s.lookup("only-a").unwrap().replicas[0].segment_id, a);
-    let r = s.apply(&Command { now_ms: 20, seed: 0, origin: None, op: Op::UnmountClient { client_id: "store-a".into() } });
+    let r = s.apply(&Command {
+        now_ms: 20,
+        seed: 0,
+        origin: None,
+        op: Op::UnmountClient {
+            client_id: "store-a".into(),
+        },
+    });
     assert_eq!(r, Response::Count(1));
     assert_eq!(s.lookup("two").unwrap().replicas.len(), 1);
-    assert!(matches!(s.lookup("only-a"), Err(MetaError::ObjectNotFound(_))));
-    let r = s.apply(&Command { now_ms: 20, seed: 0, origin: None, op: Op::UnmountSegment { segment_id: a } });
+    assert!(matches!(
+        s.lookup("only-a"),
+        Err(MetaError::ObjectNotFound(_))
+    ));
+    let r = s.apply(&Command {
+        now_ms: 20,
+        seed: 0,
+        origin: None,
+        op: Op::UnmountSegment { segment_id: a },
+    });
     assert_eq!(r, Response::Done(Err(MetaError::SegmentNotFound(a))));
 }
 
@@ -344,11 +453,18 @@ fn mount_is_idempotent_per_owner() {
         seed: 0,
         origin: None,
         op: Op::MountSegment {
-            spec: SegmentSpec { name: "seg".into(), capacity: 64 * MB, ..Default::default() },
+            spec: SegmentSpec {
+                name: "seg".into(),
+                capacity: 64 * MB,
+                ..Default::default()
+            },
             owner: "intruder".into(),
         },
     });
-    assert_eq!(other, Response::Mounted(Err(MetaError::SegmentAlreadyExists("seg".into()))));
+    assert_eq!(
+        other,
+        Response::Mounted(Err(MetaError::SegmentAlreadyExists("seg".into())))
+    );
 }
 
 fn filled_state() -> MetaState {
@@ -358,11 +474,21 @@ fn filled_state() -> MetaState {
         let key = format!("k{i}");
         let soft = i == 0;
         let hard = i == 1;
-        s.apply(&cmd(100 + i, "c", 2 * i, Op::PutStart {
-            items: vec![(key.clone(), 9 * MB)],
-            config: ReplicateConfig { replica_num: 1, soft_pin: soft, hard_pin: hard, ..Default::default() },
-            policy: policy(),
-        }));
+        s.apply(&cmd(
+            100 + i,
+            "c",
+            2 * i,
+            Op::PutStart {
+                items: vec![(key.clone(), 9 * MB)],
+                config: ReplicateConfig {
+                    replica_num: 1,
+                    soft_pin: soft,
+                    hard_pin: hard,
+                    ..Default::default()
+                },
+                policy: policy(),
+            },
+        ));
         if i != 9 {
             put_end(&mut s, 100 + i, "c", 2 * i + 1, &key);
         }
@@ -380,7 +506,10 @@ fn eviction_policy_order_and_exclusions() {
     let v = select_victims(&s, 1_000, 0.1, |_| AccessInfo::default());
     assert_eq!(v, vec!["k2"]);
     // A lease or a recent access protects it.
-    let v = select_victims(&s, 1_000, 0.1, |k| AccessInfo { leased: k == "k2", last_access_ms: None });
+    let v = select_victims(&s, 1_000, 0.1, |k| AccessInfo {
+        leased: k == "k2",
+        last_access_ms: None,
+    });
     assert_eq!(v, vec!["k3"]);
     let v = select_victims(&s, 1_000, 0.2, |k| AccessInfo {
         leased: false,
@@ -405,7 +534,9 @@ fn evict_applies_only_to_evictable_objects() {
         now_ms: 2_000,
         seed: 0,
         origin: None,
-        op: Op::Evict { keys: vec!["k1".into(), "k9".into(), "k5".into(), "nope".into()] },
+        op: Op::Evict {
+            keys: vec!["k1".into(), "k9".into(), "k5".into(), "nope".into()],
+        },
     });
     assert_eq!(r, Response::Count(1));
     assert_eq!(s.objects.len(), before - 1);
@@ -423,7 +554,9 @@ mod storage_suite {
     struct RedbBuilder;
 
     impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuilder {
-        async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+        async fn build(
+            &self,
+        ) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
             let dir = TempDir::new().expect("temp dir");
             let (log, sm) = crate::store::open(dir.path()).expect("open store");
             Ok((dir, log, sm))
@@ -431,9 +564,8 @@ mod storage_suite {
     }
 
     #[test]
-    fn openraft_storage_conformance() -> Result<(), StorageError<NodeId>> {
-        Suite::test_all(RedbBuilder)?;
-        Ok(())
+    fn openraft_storage_conformance() {
+        Suite::test_all(RedbBuilder).expect("openraft storage suite");
     }
 }
 

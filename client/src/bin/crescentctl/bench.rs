@@ -69,8 +69,14 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 async fn meta(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(args.batch.iter().all(|b| *b > 0), "--batch sizes must be positive");
-    anyhow::ensure!(args.concurrency > 0 && args.objects > 0, "--objects and --concurrency must be positive");
+    anyhow::ensure!(
+        args.batch.iter().all(|b| *b > 0),
+        "--batch sizes must be positive"
+    );
+    anyhow::ensure!(
+        args.concurrency > 0 && args.objects > 0,
+        "--objects and --concurrency must be positive"
+    );
     let mut rows = Vec::new();
     let mut clusters: Vec<(String, String, Option<LocalCluster>)> = Vec::new();
     match &args.masters {
@@ -123,11 +129,40 @@ async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Re
         };
         let prefix = format!("bench/{run_id}/{batch}/");
         let batches = objects.div_ceil(batch);
-        let put = run_phase(&client, &prefix, objects, batch, batches, concurrency, args.value_size, Phase::Put).await;
+        let put = run_phase(
+            &client,
+            &prefix,
+            objects,
+            batch,
+            batches,
+            concurrency,
+            args.value_size,
+            Phase::Put,
+        )
+        .await;
         rows.push(to_row(name, batch, concurrency, "put", objects, put));
-        let get = run_phase(&client, &prefix, objects, batch, batches, concurrency, args.value_size, Phase::Get).await;
-        rows.push(to_row(name, batch, concurrency, "get_replica_list", objects, get));
-        client.remove_by_regex(&format!("^{}", regex_escape(&prefix)), true).await?;
+        let get = run_phase(
+            &client,
+            &prefix,
+            objects,
+            batch,
+            batches,
+            concurrency,
+            args.value_size,
+            Phase::Get,
+        )
+        .await;
+        rows.push(to_row(
+            name,
+            batch,
+            concurrency,
+            "get_replica_list",
+            objects,
+            get,
+        ));
+        client
+            .remove_by_regex(&format!("^{}", regex_escape(&prefix)), true)
+            .await?;
     }
     heartbeat.abort();
     client.unmount_segment(segment_id).await?;
@@ -158,7 +193,14 @@ struct PhaseResult {
     errors: usize,
 }
 
-fn to_row(cluster: &str, batch: usize, concurrency: usize, op: &'static str, objects: usize, r: PhaseResult) -> Row {
+fn to_row(
+    cluster: &str,
+    batch: usize,
+    concurrency: usize,
+    op: &'static str,
+    objects: usize,
+    r: PhaseResult,
+) -> Row {
     let mut lat = r.latencies;
     lat.sort_unstable();
     Row {
@@ -208,7 +250,10 @@ async fn run_phase(
                     Phase::Put => {
                         let items = keys
                             .iter()
-                            .map(|k| pb::PutStartItem { key: k.clone(), size })
+                            .map(|k| pb::PutStartItem {
+                                key: k.clone(),
+                                size,
+                            })
                             .collect();
                         let cfg = pb::ReplicateConfig {
                             replica_num: 1,
@@ -216,10 +261,16 @@ async fn run_phase(
                         };
                         match client.batch_put_start(items, cfg).await {
                             Ok(res) => {
-                                errors += res.iter().filter(|r| !r.status.as_ref().is_none_or(|s| s.is_ok())).count();
+                                errors += res
+                                    .iter()
+                                    .filter(|r| !r.status.as_ref().is_none_or(|s| s.is_ok()))
+                                    .count();
                                 let ends = keys
                                     .iter()
-                                    .map(|k| pb::PutEndItem { key: k.clone(), checksum: 0 })
+                                    .map(|k| pb::PutEndItem {
+                                        key: k.clone(),
+                                        checksum: 0,
+                                    })
                                     .collect();
                                 match client.batch_put_end(ends).await {
                                     Ok(st) => errors += st.iter().filter(|s| !s.is_ok()).count(),
@@ -233,7 +284,10 @@ async fn run_phase(
                         Ok(res) => {
                             errors += res
                                 .iter()
-                                .filter(|r| !r.status.as_ref().is_none_or(|s| s.is_ok()) || r.replicas.is_empty())
+                                .filter(|r| {
+                                    !r.status.as_ref().is_none_or(|s| s.is_ok())
+                                        || r.replicas.is_empty()
+                                })
                                 .count()
                         }
                         Err(_) => errors += keys.len(),
@@ -286,7 +340,15 @@ fn print_rows(rows: &[Row], args: &MetaArgs, json_out: bool) {
     for r in rows {
         println!(
             "{:<8} {:>5} {:>5} {:<17} {:>8} {:>12.0} {:>9.3} {:>9.3} {:>6}",
-            r.cluster, r.batch, r.concurrency, r.op, r.objects, r.per_sec, r.p50_ms, r.p99_ms, r.errors
+            r.cluster,
+            r.batch,
+            r.concurrency,
+            r.op,
+            r.objects,
+            r.per_sec,
+            r.p50_ms,
+            r.p99_ms,
+            r.errors
         );
     }
     println!();
@@ -309,7 +371,11 @@ fn print_rows(rows: &[Row], args: &MetaArgs, json_out: bool) {
             r.per_sec,
             r.per_sec / reference,
             target,
-            if r.per_sec >= target { "MET" } else { "NOT MET" }
+            if r.per_sec >= target {
+                "MET"
+            } else {
+                "NOT MET"
+            }
         );
     }
     for r in rows.iter().filter(|r| r.batch == 1 && r.op == "put") {

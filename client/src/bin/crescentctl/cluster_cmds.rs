@@ -25,7 +25,10 @@ pub async fn leader(client: &MasterClient, json: bool) -> anyhow::Result<()> {
             json!({"leader_id": l.leader_id, "leader_addr": l.leader_addr, "term": l.term})
         );
     } else {
-        println!("leader {} at {} (term {})", l.leader_id, l.leader_addr, l.term);
+        println!(
+            "leader {} at {} (term {})",
+            l.leader_id, l.leader_addr, l.term
+        );
     }
     Ok(())
 }
@@ -34,7 +37,9 @@ pub async fn members(client: &MasterClient, json: bool) -> anyhow::Result<()> {
     let l = client.get_leader().await?;
     let r = client
         .call_node(&l.leader_addr, |ch| async move {
-            MasterClient::cluster(ch).list_members(pb::ListMembersRequest {}).await
+            MasterClient::cluster(ch)
+                .list_members(pb::ListMembersRequest {})
+                .await
         })
         .await?;
     if json {
@@ -80,7 +85,9 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
     for seed in client.seeds() {
         if let Ok(r) = client
             .call_node(seed, |ch| async move {
-                MasterClient::cluster(ch).list_members(pb::ListMembersRequest {}).await
+                MasterClient::cluster(ch)
+                    .list_members(pb::ListMembersRequest {})
+                    .await
             })
             .await
         {
@@ -94,7 +101,9 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
     for (addr, id) in &addrs {
         let r = client
             .call_node(addr, |ch| async move {
-                MasterClient::cluster(ch).get_status(pb::GetStatusRequest {}).await
+                MasterClient::cluster(ch)
+                    .get_status(pb::GetStatusRequest {})
+                    .await
             })
             .await;
         rows.push((addr.clone(), *id, r));
@@ -131,14 +140,25 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"quorum": quorum, "leader_id": leader.map(|l| l.0),
-                "term": leader.map(|l| l.1), "voters": voters, "nodes": nodes}))?
+            serde_json::to_string_pretty(
+                &json!({"quorum": quorum, "leader_id": leader.map(|l| l.0),
+                "term": leader.map(|l| l.1), "voters": voters, "nodes": nodes})
+            )?
         );
         return Ok(());
     }
     println!(
         "{:>4}  {:<22} {:<10} {:>6} {:>7} {:>10} {:>10} {:>10} {:>6} {:>9}",
-        "ID", "ADDRESS", "ROLE", "TERM", "LEADER", "LAST LOG", "COMMITTED", "APPLIED", "LAG", "KEYS"
+        "ID",
+        "ADDRESS",
+        "ROLE",
+        "TERM",
+        "LEADER",
+        "LAST LOG",
+        "COMMITTED",
+        "APPLIED",
+        "LAG",
+        "KEYS"
     );
     for (addr, id, r) in &rows {
         match r {
@@ -182,7 +202,12 @@ fn check(s: Option<pb::Status>) -> anyhow::Result<()> {
     }
 }
 
-pub async fn add_member(client: &MasterClient, id: u64, addr: &str, learner: bool) -> anyhow::Result<()> {
+pub async fn add_member(
+    client: &MasterClient,
+    id: u64,
+    addr: &str,
+    learner: bool,
+) -> anyhow::Result<()> {
     let r = client
         .call_leader(|ch| {
             let req = pb::AddMemberRequest {
@@ -194,7 +219,10 @@ pub async fn add_member(client: &MasterClient, id: u64, addr: &str, learner: boo
         })
         .await?;
     check(r.status)?;
-    println!("node {id} at {addr} added as {}", if learner { "learner" } else { "voter" });
+    println!(
+        "node {id} at {addr} added as {}",
+        if learner { "learner" } else { "voter" }
+    );
     Ok(())
 }
 

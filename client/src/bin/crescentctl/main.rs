@@ -7,10 +7,19 @@ use clap::{Parser, Subcommand};
 use crescent_client::MasterClient;
 
 #[derive(Parser, Debug)]
-#[command(name = "crescentctl", version, about = "Operate a Crescent cluster: leader, members, status, benchmarks")]
+#[command(
+    name = "crescentctl",
+    version,
+    about = "Operate a Crescent cluster: leader, members, status, benchmarks"
+)]
 struct Cli {
     /// Master address: host:port or a comma list (any master; the leader is found).
-    #[arg(long, global = true, env = "CRESCENT_MASTER", default_value = "127.0.0.1:50051")]
+    #[arg(
+        long,
+        global = true,
+        env = "CRESCENT_MASTER",
+        default_value = "127.0.0.1:50051"
+    )]
     master: String,
 
     /// Print JSON instead of a table.
@@ -65,7 +74,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start runtime: {e}");

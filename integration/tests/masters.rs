@@ -1,0 +1,210 @@
+//! Real `crescent-master` processes: a lone master, a three-master cluster
+//! that survives SIGKILL of its leader, and bad input that changes nothing.
+//! Needs `cargo build --bins` first (`make test` does it).
+
+use std::time::Duration;
+
+use crescent_client::MasterClient;
+use crescent_integration::{crescentctl, LocalCluster};
+use crescent_proto::pb;
+use crescent_proto::ErrorCode;
+
+fn cfg(n: u32) -> pb::ReplicateConfig {
+    pb::ReplicateConfig {
+        replica_num: n,
+        ..Default::default()
+    }
+}
+
+async fn mount(client: &MasterClient, name: &str) -> u64 {
+    client
+        .mount_segment(pb::SegmentSpec {
+            name: name.into(),
+            endpoint: "127.0.0.1:1".into(),
+            capacity: 1 << 30,
+            ..Default::default()
+        })
+        .await
+        .expect("mount")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_master_serves_alone() {
+    let cluster = LocalCluster::start(1, &[]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    mount(&client, "seg").await;
+    client.put_start("k", 10, cfg(1)).await.unwrap();
+    client.put_end("k", 1).await.unwrap();
+    assert!(client.exists("k").await.unwrap());
+    let (ok, out, err) =
+        crescentctl(&["--master", &cluster.masters_arg(), "leader", "--json"]).unwrap();
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["leader_id"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_survive_leader_sigkill() {
+    let mut cluster = LocalCluster::start(3, &[]).unwrap();
+    let (leader, _, term) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+
+    // Any master names the leader.
+    for m in &cluster.masters {
+        let (ok, out, err) = crescentctl(&["--master", &m.addr, "leader", "--json"]).unwrap();
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["leader_id"], leader);
+        assert!(v["leader_addr"].as_str().unwrap().starts_with("127.0.0.1:"));
+        assert!(v["term"].as_u64().unwrap() >= term);
+    }
+
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    mount(&client, "seg").await;
+    let mut acked = Vec::new();
+    for i in 0..100u32 {
+        let key = format!("obj-{i}");
+        client.put_start(&key, 4096, cfg(1)).await.unwrap();
+        client.put_end(&key, i).await.unwrap();
+        acked.push(key);
+    }
+
+    cluster.kill(leader).unwrap();
+    let (new_leader, _, new_term) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_ne!(new_leader, leader);
+    assert!(new_term > term);
+    for (i, key) in acked.iter().enumerate() {
+        let r = client.get_replica_list(key).await.unwrap();
+        assert_eq!(r.checksum, i as u32, "{key}");
+        assert_eq!(r.replicas.len(), 1);
+    }
+    // Writes keep working, and the restarted master catches up.
+    client.put_start("after", 1, cfg(1)).await.unwrap();
+    client.put_end("after", 0).await.unwrap();
+    cluster.restart(leader).unwrap();
+    let addr = cluster.by_id(leader).unwrap().addr.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = client
+            .call_node(&addr, |ch| async move {
+                MasterClient::cluster(ch)
+                    .get_status(pb::GetStatusRequest {})
+                    .await
+            })
+            .await;
+        if let Ok(s) = s {
+            if s.key_count == 101 {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "restarted master did not catch up:\n{}",
+            cluster.log_tail(leader, 30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ok, out, _) = crescentctl(&["--master", &cluster.masters_arg(), "status"]).unwrap();
+    assert!(ok);
+    assert!(out.contains("quorum: yes"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let cluster = LocalCluster::start(1, &["--max-key-len".into(), "64".into()]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    mount(&client, "seg").await;
+    client.put_start("good", 1, cfg(1)).await.unwrap();
+    client.put_end("good", 0).await.unwrap();
+
+    let code =
+        |r: Result<Vec<pb::ReplicaDescriptor>, crescent_client::ClientError>| r.unwrap_err().code();
+    assert_eq!(
+        code(client.put_start("", 1, cfg(1)).await),
+        ErrorCode::InvalidKey
+    );
+    assert_eq!(
+        code(client.put_start(&"x".repeat(65), 1, cfg(1)).await),
+        ErrorCode::InvalidKey
+    );
+    assert_eq!(
+        code(client.put_start("k", 0, cfg(1)).await),
+        ErrorCode::InvalidParams
+    );
+    assert_eq!(
+        code(client.put_start("k", 1, cfg(0)).await),
+        ErrorCode::InvalidParams
+    );
+    assert_eq!(
+        code(client.put_start("k", 1, cfg(2)).await),
+        ErrorCode::InvalidParams
+    );
+    assert_eq!(
+        code(client.put_start("k", 1 << 40, cfg(1)).await),
+        ErrorCode::NoAvailableHandle
+    );
+    assert_eq!(
+        client.remove_by_regex("(", true).await.unwrap_err().code(),
+        ErrorCode::InvalidParams
+    );
+    assert_eq!(
+        client.put_end("missing", 0).await.unwrap_err().code(),
+        ErrorCode::ObjectNotFound
+    );
+    assert_eq!(
+        client.remove("missing", false).await.unwrap_err().code(),
+        ErrorCode::ObjectNotFound
+    );
+    assert_eq!(
+        client.get_replica_list("missing").await.unwrap_err().code(),
+        ErrorCode::ObjectNotFound
+    );
+    assert_eq!(
+        client.unmount_segment(999).await.unwrap_err().code(),
+        ErrorCode::SegmentNotFound
+    );
+    // A lease from the read above blocks a non-forced remove; force wins.
+    client.get_replica_list("good").await.unwrap();
+    assert_eq!(
+        client.remove("good", false).await.unwrap_err().code(),
+        ErrorCode::ObjectHasLease
+    );
+    // Oversized message: refused by the transport limit, master keeps serving.
+    let huge: Vec<pb::PutStartItem> = (0..20_000)
+        .map(|i| pb::PutStartItem {
+            key: format!("{i:0>60}"),
+            size: 1,
+        })
+        .collect();
+    assert_eq!(
+        client
+            .batch_put_start(huge, cfg(1))
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::InvalidParams
+    );
+    let status = client
+        .call_node(&cluster.masters[0].addr.clone(), |ch| async move {
+            MasterClient::cluster(ch)
+                .get_status(pb::GetStatusRequest {})
+                .await
+        })
+        .await
+        .unwrap();
+    assert_eq!(status.key_count, 1, "bad input changed the state");
+    client.remove("good", true).await.unwrap();
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks to build and test Crescent.
+# Idempotent: does nothing when everything is present.
+set -euo pipefail
+
+need=()
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+
+if ((${#need[@]})); then
+  echo "install-deps: installing ${need[*]}"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; install Rust (rustup) first" >&2
+  exit 1
+fi
+echo "install-deps: ok (protoc $(protoc --version | cut -d' ' -f2), $(cargo --version))"
