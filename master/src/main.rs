@@ -2,6 +2,11 @@ use crescent_master::config::MasterConfig;
 use crescent_master::server::RunningMaster;
 use tracing_subscriber::EnvFilter;
 
+// The master allocates many small, short-lived objects per request (keys,
+// protobuf messages, log entries); mimalloc measured faster than glibc here.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_tracing(format: &str) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,h2=warn,tower=warn"));

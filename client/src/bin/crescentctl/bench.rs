@@ -78,20 +78,22 @@ async fn meta(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
         "--objects and --concurrency must be positive"
     );
     let mut rows = Vec::new();
-    let mut clusters: Vec<(String, String, Option<LocalCluster>)> = Vec::new();
     match &args.masters {
-        Some(m) => clusters.push(("given".into(), m.clone(), None)),
+        Some(m) => rows.extend(bench_cluster("given", m, &args).await?),
         None => {
+            // One cluster at a time, so the idle one does not share the CPU.
             for n in [1usize, 3] {
-                let c = LocalCluster::start(n, &[])?;
-                c.wait_for_leader(Duration::from_secs(20)).await?;
-                clusters.push((format!("{n}-node"), c.masters_arg(), Some(c)));
+                let cluster = LocalCluster::start(n, &[])?;
+                cluster.wait_for_leader(Duration::from_secs(20)).await?;
+                let name = format!("{n}-node");
+                eprintln!(
+                    "benchmarking {name} cluster at {} ...",
+                    cluster.masters_arg()
+                );
+                rows.extend(bench_cluster(&name, &cluster.masters_arg(), &args).await?);
+                drop(cluster);
             }
         }
-    }
-    for (name, masters, _keep) in &clusters {
-        eprintln!("benchmarking {name} cluster at {masters} ...");
-        rows.extend(bench_cluster(name, masters, &args).await?);
     }
     print_rows(&rows, &args, json_out);
     Ok(())
@@ -120,6 +122,23 @@ async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Re
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
+    // Warm up connections, allocator and log files; not measured.
+    let warm_prefix = format!("bench/{run_id}/warmup/");
+    let warm_objects = (args.objects / 10).clamp(128, 10_000);
+    run_phase(
+        &client,
+        &warm_prefix,
+        warm_objects,
+        128,
+        warm_objects.div_ceil(128),
+        args.concurrency,
+        args.value_size,
+        Phase::Put,
+    )
+    .await;
+    client
+        .remove_by_regex(&format!("^{}", regex_escape(&warm_prefix)), true)
+        .await?;
     let mut rows = Vec::new();
     for &batch in &args.batch {
         let (objects, concurrency) = if batch == 1 {
