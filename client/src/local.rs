@@ -169,6 +169,42 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Starts one more master (id `id`) with `--join`: it waits to be added
+    /// with `crescentctl members add`. Returns its address.
+    pub fn add_joining_master(&mut self, id: u64, extra: &[String]) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.masters.iter().all(|m| m.id != id),
+            "node id {id} already used"
+        );
+        let (port, http) = (free_port()?, free_port()?);
+        let data_dir = self.root.join(format!("master-{id}"));
+        std::fs::create_dir_all(&data_dir)?;
+        let mut args = vec![
+            "--node-id".into(),
+            id.to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--http".into(),
+            format!("127.0.0.1:{http}"),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--join".into(),
+        ];
+        args.extend(extra.iter().cloned());
+        self.masters.push(MasterProcess {
+            id,
+            addr: format!("127.0.0.1:{port}"),
+            http: format!("127.0.0.1:{http}"),
+            log_path: self.root.join(format!("master-{id}.log")),
+            data_dir,
+            args,
+            child: None,
+        });
+        let idx = self.masters.len() - 1;
+        self.spawn(idx)?;
+        Ok(self.masters[idx].addr.clone())
+    }
+
     /// Comma list of every master's address.
     pub fn masters_arg(&self) -> String {
         self.masters

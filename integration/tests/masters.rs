@@ -208,3 +208,65 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(status.key_count, 1, "bad input changed the state");
     client.remove("good", true).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_transfer_and_remove_members() {
+    let mut cluster = LocalCluster::start(3, &[]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    mount(&client, "seg").await;
+    for i in 0..20u32 {
+        let key = format!("m-{i}");
+        client.put_start(&key, 64, cfg(1)).await.unwrap();
+        client.put_end(&key, i).await.unwrap();
+    }
+    let masters = cluster.masters_arg();
+
+    // A fourth master joins as learner, then voter.
+    let addr4 = cluster.add_joining_master(4, &[]).unwrap();
+    let (ok, _, err) = crescentctl(&["--master", &masters, "members", "add", "4", &addr4]).unwrap();
+    assert!(ok, "members add: {err}");
+    let (ok, out, err) = crescentctl(&["--master", &masters, "members", "--json"]).unwrap();
+    assert!(ok, "{err}");
+    let members: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let m4 = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == 4)
+        .expect("node 4 listed");
+    assert_eq!(m4["voter"], true);
+
+    // Leadership moves to it on request.
+    let (ok, out, err) = crescentctl(&["--master", &masters, "transfer-leader", "4"]).unwrap();
+    assert!(
+        ok,
+        "transfer-leader: {err}\n{out}\n{}",
+        cluster.log_tail(4, 20)
+    );
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(leader, 4, "{out}");
+    // The new member holds every object.
+    assert_eq!(client.get_replica_list("m-19").await.unwrap().checksum, 19);
+
+    // Removing a voter is explicit; the cluster keeps working with three.
+    let all = format!("{masters},{addr4}");
+    let (ok, _, err) = crescentctl(&["--master", &all, "members", "remove", "1"]).unwrap();
+    assert!(ok, "members remove: {err}");
+    let (ok, out, _) = crescentctl(&["--master", &all, "members", "--json"]).unwrap();
+    assert!(ok);
+    let members: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(members.as_array().unwrap().iter().all(|m| m["id"] != 1));
+    let client = MasterClient::new(&all).unwrap();
+    client.put_start("after-remove", 64, cfg(1)).await.unwrap();
+    client.put_end("after-remove", 0).await.unwrap();
+    // Bad requests are refused clearly.
+    let (ok, _, err) = crescentctl(&["--master", &all, "members", "remove", "99"]).unwrap();
+    assert!(!ok && err.contains("INVALID_PARAMS"), "{err}");
+}

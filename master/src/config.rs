@@ -56,6 +56,11 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_PEERS", default_value = "")]
     pub peers: String,
 
+    /// Start uninitialized and wait to be added to an existing cluster
+    /// (`crescentctl members add`) instead of forming one.
+    #[arg(long, env = "CRESCENT_JOIN")]
+    pub join: bool,
+
     /// Admin/metrics HTTP address.
     #[arg(long, env = "CRESCENT_HTTP", default_value = "0.0.0.0:9003")]
     pub http: SocketAddr,

@@ -90,7 +90,9 @@ pub fn raft_config(cfg: &MasterConfig) -> anyhow::Result<openraft::Config> {
         install_snapshot_timeout: 2_000,
         max_payload_entries: 256,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
-        max_in_snapshot_log_to_keep: 1_000,
+        // Keep some log after a snapshot so a briefly lagging follower catches
+        // up from the log instead of receiving a whole snapshot.
+        max_in_snapshot_log_to_keep: (cfg.snapshot_logs / 4).min(1_000),
         snapshot_max_chunk_size: 4 * 1024 * 1024,
         ..Default::default()
     };
@@ -125,7 +127,7 @@ impl MasterNode {
 
         let peers = config.initial_peers()?;
         let initializer = peers.keys().next().copied().unwrap_or(id);
-        if initializer == id && !raft.is_initialized().await? {
+        if !config.join && initializer == id && !raft.is_initialized().await? {
             let members: BTreeMap<NodeId, BasicNode> = if peers.is_empty() {
                 BTreeMap::from([(id, BasicNode { addr: addr.clone() })])
             } else {

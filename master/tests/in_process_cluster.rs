@@ -22,6 +22,9 @@ fn config(id: u64, port: u16, peers: &str, dir: &std::path::Path) -> MasterConfi
         dir.join(format!("m{id}")).display().to_string(),
         "--peers".into(),
         peers.to_string(),
+        // Small, so the master that comes back must receive a snapshot.
+        "--snapshot-logs".into(),
+        "40".into(),
     ])
 }
 
@@ -148,6 +151,13 @@ async fn elect_write_fail_over_and_catch_up() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The leader purged the log it missed, so it was sent a snapshot.
+    let m = nodes[leader].as_ref().unwrap().node.metrics();
+    assert!(
+        m.snapshot.is_some_and(|s| s.index > 100),
+        "no snapshot installed: {:?}",
+        m.snapshot
+    );
     // Every node holds the same state.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

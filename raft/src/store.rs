@@ -38,6 +38,9 @@ const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "last_purged";
 const KEY_SNAPSHOT: &str = "snapshot";
 
+/// A commit slower than this is logged: it delays every write's acknowledgement.
+const SLOW_COMMIT_MS: u64 = 20;
+
 /// Most writer requests folded into one transaction.
 const MAX_GROUP: usize = 256;
 
@@ -264,7 +267,16 @@ fn writer_loop(db: Database, rx: mpsc::Receiver<WriteReq>) {
                 Err(_) => break,
             }
         }
+        let started = std::time::Instant::now();
         let result = write_batch(&db, &batch).map_err(|e| e.to_string());
+        let took = started.elapsed();
+        if took > std::time::Duration::from_millis(SLOW_COMMIT_MS) {
+            tracing::warn!(
+                ?took,
+                requests = batch.len(),
+                "slow raft log commit (disk or fsync stall)"
+            );
+        }
         if let Err(e) = &result {
             tracing::error!(error = %e, "raft store write failed");
         }
