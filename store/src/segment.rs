@@ -1,0 +1,318 @@
+//! A memory segment: page-aligned memory a store contributes to the pool.
+//!
+//! Either anonymous memory (huge pages requested with `MADV_HUGEPAGE`), or a
+//! file in `/dev/shm` that same-host clients map to copy without a socket.
+//!
+//! Concurrency: many connections read and write the segment at once. The
+//! master's allocator hands out disjoint ranges, so well-behaved peers never
+//! touch the same bytes concurrently; a misbehaving peer can only corrupt
+//! object bytes, which readers detect with the object's checksum.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::{MmapMut, MmapOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SegmentError {
+    #[error("segment size must be a positive multiple of the page size ({page}), got {size}")]
+    BadSize { size: u64, page: u64 },
+    #[error("cannot map {size} bytes: {source}")]
+    Map { size: u64, source: std::io::Error },
+    #[error("cannot create shared-memory file {path}: {source}")]
+    ShmFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("range [{offset}, +{len}) is outside the {size}-byte segment")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+}
+
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
+/// Rounds a requested size up to whole pages.
+pub fn round_to_pages(size: u64) -> u64 {
+    let page = page_size();
+    size.div_ceil(page) * page
+}
+
+pub struct Segment {
+    map: MmapMut,
+    ptr: *mut u8,
+    len: u64,
+    shm_path: Option<PathBuf>,
+}
+
+// SAFETY: the mapping lives as long as the Segment; access goes through raw
+// pointers into disjoint ranges (see the module comment).
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Anonymous memory; pages are allocated on first touch.
+    pub fn anonymous(size: u64) -> Result<Arc<Self>, SegmentError> {
+        check_size(size)?;
+        let mut map = MmapOptions::new()
+            .len(size as usize)
+            .map_anon()
+            .map_err(|source| SegmentError::Map { size, source })?;
+        advise_huge(&map);
+        let ptr = map.as_mut_ptr();
+        Ok(Arc::new(Self {
+            map,
+            ptr,
+            len: size,
+            shm_path: None,
+        }))
+    }
+
+    /// A file in `dir` (normally `/dev/shm`) that same-host clients can map.
+    /// The file is removed when the segment is dropped.
+    pub fn shared(dir: &Path, name: &str, size: u64) -> Result<Arc<Self>, SegmentError> {
+        check_size(size)?;
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = dir.join(format!("crescent-{safe}-{}", std::process::id()));
+        let shm_err = |source| SegmentError::ShmFile {
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(shm_err)?;
+        restrict_to_owner(&path).map_err(shm_err)?;
+        file.set_len(size).map_err(shm_err)?;
+        // SAFETY: the file was just created by us with the right length; other
+        // mappers are same-host clients sharing it by design.
+        let mut map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }
+            .map_err(|source| SegmentError::Map { size, source })?;
+        advise_huge(&map);
+        let ptr = map.as_mut_ptr();
+        Ok(Arc::new(Self {
+            map,
+            ptr,
+            len: size,
+            shm_path: Some(path),
+        }))
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn shm_path(&self) -> Option<&Path> {
+        self.shm_path.as_deref()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), SegmentError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(SegmentError::OutOfRange {
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Bytes at `[offset, offset+len)`.
+    ///
+    /// # Safety
+    /// No other thread may write these bytes while the slice is alive; the
+    /// allocator's disjoint ranges guarantee it for well-behaved peers.
+    pub unsafe fn slice(&self, offset: u64, len: u64) -> Result<&[u8], SegmentError> {
+        self.check(offset, len)?;
+        Ok(std::slice::from_raw_parts(
+            self.ptr.add(offset as usize),
+            len as usize,
+        ))
+    }
+
+    /// Mutable bytes at `[offset, offset+len)`.
+    ///
+    /// # Safety
+    /// No other thread may access these bytes while the slice is alive.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: u64, len: u64) -> Result<&mut [u8], SegmentError> {
+        self.check(offset, len)?;
+        Ok(std::slice::from_raw_parts_mut(
+            self.ptr.add(offset as usize),
+            len as usize,
+        ))
+    }
+
+    /// Copies out of the segment (range-checked).
+    pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> Result<(), SegmentError> {
+        // SAFETY: a copy of bytes; see the module comment on concurrency.
+        let src = unsafe { self.slice(offset, dst.len() as u64)? };
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copies into the segment (range-checked).
+    pub fn write_at(&self, offset: u64, src: &[u8]) -> Result<(), SegmentError> {
+        // SAFETY: as above.
+        let dst = unsafe { self.slice_mut(offset, src.len() as u64)? };
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Keeps the mapping referenced (it is only used through `ptr`).
+    pub fn mapping_len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let Some(p) = &self.shm_path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn check_size(size: u64) -> Result<(), SegmentError> {
+    let page = page_size();
+    if size == 0 || !size.is_multiple_of(page) || size > isize::MAX as u64 {
+        return Err(SegmentError::BadSize { size, page });
+    }
+    Ok(())
+}
+
+fn advise_huge(map: &MmapMut) {
+    #[cfg(target_os = "linux")]
+    {
+        // Best effort: transparent huge pages cut TLB misses on large copies.
+        let _ = map.advise(memmap2::Advice::HugePage);
+    }
+}
+
+fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+/// A same-host client's mapping of a store's shared-memory segment.
+pub struct ShmMapping {
+    map: MmapMut,
+    ptr: *mut u8,
+    len: u64,
+}
+
+// SAFETY: as for Segment.
+unsafe impl Send for ShmMapping {}
+unsafe impl Sync for ShmMapping {}
+
+impl ShmMapping {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        // SAFETY: the store created the file with this length and keeps it
+        // until it exits; a truncated file would fault, so we only map the
+        // length seen at open time and the store never shrinks it.
+        let mut map = unsafe { MmapOptions::new().len(len as usize).map_mut(&file)? };
+        let ptr = map.as_mut_ptr();
+        Ok(Self { map, ptr, len })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && end as usize <= self.map.len() => Ok(()),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "range [{offset}, +{len}) outside the {}-byte shared segment",
+                    self.len
+                ),
+            )),
+        }
+    }
+
+    pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<()> {
+        self.check(offset, dst.len() as u64)?;
+        // SAFETY: range checked; concurrency as for Segment.
+        let src = unsafe { std::slice::from_raw_parts(self.ptr.add(offset as usize), dst.len()) };
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    pub fn write_at(&self, offset: u64, src: &[u8]) -> std::io::Result<()> {
+        self.check(offset, src.len() as u64)?;
+        // SAFETY: range checked; concurrency as for Segment.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset as usize), src.len()) };
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_segment_reads_back_and_checks_ranges() {
+        let page = page_size();
+        let s = Segment::anonymous(4 * page).unwrap();
+        s.write_at(100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        s.read_at(100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        assert!(s.write_at(4 * page - 2, b"abc").is_err());
+        assert!(s.read_at(u64::MAX, &mut out).is_err());
+        assert!(Segment::anonymous(0).is_err());
+        assert!(Segment::anonymous(page + 1).is_err());
+    }
+
+    #[test]
+    fn shared_segment_is_visible_to_a_second_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = page_size();
+        let s = Segment::shared(dir.path(), "test/seg", 2 * page).unwrap();
+        let path = s.shm_path().unwrap().to_path_buf();
+        let m = ShmMapping::open(&path).unwrap();
+        m.write_at(10, b"from client").unwrap();
+        let mut out = [0u8; 11];
+        s.read_at(10, &mut out).unwrap();
+        assert_eq!(&out, b"from client");
+        assert!(m.read_at(2 * page, &mut out).is_err());
+        drop(m);
+        drop(s);
+        assert!(!path.exists(), "shm file removed with the segment");
+    }
+}
