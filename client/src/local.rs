@@ -73,9 +73,37 @@ impl MasterProcess {
     }
 }
 
-/// N master processes on loopback sharing one `--peers` list.
+/// A `crescent-store` process.
+pub struct StoreProcess {
+    pub endpoint: String,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl StoreProcess {
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// N master processes on loopback sharing one `--peers` list, plus any stores.
 pub struct LocalCluster {
     pub masters: Vec<MasterProcess>,
+    pub stores: Vec<StoreProcess>,
     binary: PathBuf,
     _dir: Option<tempfile::TempDir>,
     pub root: PathBuf,
@@ -141,6 +169,7 @@ impl LocalCluster {
         }
         let mut cluster = Self {
             masters,
+            stores: Vec::new(),
             binary,
             _dir: None,
             root: root.to_path_buf(),
@@ -203,6 +232,62 @@ impl LocalCluster {
         let idx = self.masters.len() - 1;
         self.spawn(idx)?;
         Ok(self.masters[idx].addr.clone())
+    }
+
+    /// Starts a `crescent-store` against this cluster's masters; returns its index
+    /// in `stores`. `extra` is appended to its flags (e.g. `--shm`).
+    pub fn start_store(&mut self, segment_size: &str, extra: &[String]) -> anyhow::Result<usize> {
+        let binary = find_binary("crescent-store")?;
+        let port = free_port()?;
+        let idx = self.stores.len();
+        let log_path = self.root.join(format!("store-{idx}.log"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+        let mut args = vec![
+            "--master".to_string(),
+            self.masters_arg(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--segment-size".into(),
+            segment_size.to_string(),
+        ];
+        args.extend(extra.iter().cloned());
+        let child = Command::new(&binary)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", binary.display()))?;
+        self.stores.push(StoreProcess {
+            endpoint: format!("127.0.0.1:{port}"),
+            log_path,
+            child: Some(child),
+        });
+        Ok(idx)
+    }
+
+    /// Waits until `n` segments are mounted (as the leader reports).
+    pub async fn wait_for_segments(&self, n: u64, timeout: Duration) -> anyhow::Result<()> {
+        let client = MasterClient::new(&self.masters_arg())?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(l) = client.get_leader().await {
+                let r = client
+                    .call_node(&l.leader_addr, |ch| async move {
+                        MasterClient::cluster(ch)
+                            .get_status(crescent_proto::pb::GetStatusRequest {})
+                            .await
+                    })
+                    .await;
+                if let Ok(s) = r {
+                    if s.segment_count >= n {
+                        return Ok(());
+                    }
+                }
+            }
+            anyhow::ensure!(Instant::now() < deadline, "fewer than {n} segments mounted after {timeout:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Comma list of every master's address.

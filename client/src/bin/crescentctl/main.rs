@@ -2,6 +2,7 @@
 
 mod bench;
 mod cluster_cmds;
+mod object_cmds;
 
 use clap::{Parser, Subcommand};
 use crescent_client::MasterClient;
@@ -10,7 +11,7 @@ use crescent_client::MasterClient;
 #[command(
     name = "crescentctl",
     version,
-    about = "Operate a Crescent cluster: leader, members, status, benchmarks"
+    about = "Operate a Crescent cluster: leader, members, status, objects, benchmarks"
 )]
 struct Cli {
     /// Master address: host:port or a comma list (any master; the leader is found).
@@ -46,6 +47,31 @@ enum Cmd {
         /// Node id of the new leader.
         id: u64,
     },
+    /// Store an object: `put KEY VALUE` or `put KEY --file F`.
+    Put {
+        key: String,
+        /// The value as text (use --file for binary data).
+        value: Option<String>,
+        #[arg(long, conflicts_with = "value")]
+        file: Option<std::path::PathBuf>,
+        /// Replicas on distinct segments.
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
+    },
+    /// Fetch an object to stdout or --out F.
+    Get {
+        key: String,
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Remove an object (--force ignores read leases and pins).
+    Rm {
+        key: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Whether an object exists (exit status 0 when it does, 2 when not).
+    Exists { key: String },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -112,6 +138,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => cluster_cmds::remove_member(&client, id).await,
         Cmd::Status => cluster_cmds::status(&client, cli.json).await,
         Cmd::TransferLeader { id } => cluster_cmds::transfer_leader(&client, id).await,
+        Cmd::Put { key, value, file, replicas } => object_cmds::put(&cli.master, &key, value, file, replicas).await,
+        Cmd::Get { key, out } => object_cmds::get(&cli.master, &key, out).await,
+        Cmd::Rm { key, force } => object_cmds::rm(&cli.master, &key, force).await,
+        Cmd::Exists { key } => object_cmds::exists(&cli.master, &key, cli.json).await,
         Cmd::Bench { .. } => unreachable!("handled above"),
     }
 }

@@ -1,0 +1,217 @@
+//! Contributes one memory segment to the pool: serves it over TCP, mounts it
+//! on the masters, heartbeats, and re-mounts when told NEED_REMOUNT. Used by
+//! the `crescent-store` binary and by clients with `global_segment_size > 0`.
+//!
+//! While no master answers, the segment keeps being served (readers holding
+//! descriptors still get their bytes) and the agent keeps retrying.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crescent_proto::pb;
+use crescent_store::segment::round_to_pages;
+use crescent_store::{Segment, TransferStats};
+use tokio::task::JoinHandle;
+
+use crate::master::MasterClient;
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Segment name, unique in the cluster. Empty: `<endpoint>-<random>`.
+    pub name: String,
+    pub segment_size: u64,
+    /// Transfer listen address.
+    pub listen: SocketAddr,
+    /// Host other components use to reach the transfer port [default: the listen
+    /// IP, or the local hostname when listening on all interfaces].
+    pub advertise_host: Option<String>,
+    /// This host's name, for same-host transports.
+    pub hostname: String,
+    /// Back the segment with a file in `shm_dir` for same-host clients.
+    pub shm: bool,
+    pub shm_dir: PathBuf,
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            segment_size: 64 << 20,
+            listen: "0.0.0.0:0".parse().expect("valid literal"),
+            advertise_host: None,
+            hostname: crate::config::system_hostname(),
+            shm: false,
+            shm_dir: PathBuf::from("/dev/shm"),
+            heartbeat_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+pub struct StoreAgent {
+    pub segment: Arc<Segment>,
+    pub endpoint: String,
+    pub name: String,
+    pub stats: Arc<TransferStats>,
+    /// Current segment id on the masters; 0 while not mounted.
+    segment_id: Arc<AtomicU64>,
+    master: Arc<MasterClient>,
+    spec: pb::SegmentSpec,
+    server: JoinHandle<()>,
+    heartbeat: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Segment(#[from] crescent_store::segment::SegmentError),
+    #[error("cannot listen for transfers on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+impl StoreAgent {
+    /// Allocates the segment, starts serving it, and starts registering it with
+    /// the masters in the background (see [`wait_mounted`](Self::wait_mounted)).
+    pub async fn start(master: Arc<MasterClient>, cfg: AgentConfig) -> Result<Arc<Self>, AgentError> {
+        let size = round_to_pages(cfg.segment_size.max(1));
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| AgentError::Listen { addr: cfg.listen, source })?;
+        let local = listener.local_addr().map_err(|source| AgentError::Listen { addr: cfg.listen, source })?;
+        let host = match &cfg.advertise_host {
+            Some(h) if !h.is_empty() => h.clone(),
+            _ if local.ip().is_unspecified() => "127.0.0.1".to_string(),
+            _ => local.ip().to_string(),
+        };
+        let endpoint = format!("{host}:{}", local.port());
+        let name = if cfg.name.is_empty() {
+            format!("{endpoint}-{}", &crate::master::new_client_id()[..8])
+        } else {
+            cfg.name.clone()
+        };
+        let segment = if cfg.shm {
+            Segment::shared(&cfg.shm_dir, &name, size)?
+        } else {
+            Segment::anonymous(size)?
+        };
+        let stats = Arc::new(TransferStats::default());
+        let server = tokio::spawn(crescent_store::server::serve(segment.clone(), listener, stats.clone()));
+        let spec = pb::SegmentSpec {
+            name: name.clone(),
+            endpoint: endpoint.clone(),
+            capacity: size,
+            hostname: cfg.hostname.clone(),
+            shm_path: segment
+                .shm_path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        };
+        let agent = Arc::new(Self {
+            segment,
+            endpoint,
+            name,
+            stats,
+            segment_id: Arc::new(AtomicU64::new(0)),
+            master,
+            spec,
+            server,
+            heartbeat: std::sync::Mutex::new(None),
+        });
+        let hb = tokio::spawn(registration_loop(agent.clone(), cfg.heartbeat_interval));
+        *agent.heartbeat.lock().expect("lock poisoned") = Some(hb);
+        tracing::info!(name = agent.name, endpoint = agent.endpoint, size, shm = cfg.shm, "segment serving");
+        Ok(agent)
+    }
+
+    pub fn segment_id(&self) -> Option<u64> {
+        match self.segment_id.load(Ordering::Acquire) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// Waits until the segment is mounted, up to `timeout`.
+    pub async fn wait_mounted(&self, timeout: Duration) -> Option<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(id) = self.segment_id() {
+                return Some(id);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops heartbeating and serving, and unmounts the segment (best effort).
+    pub async fn shutdown(&self) {
+        if let Some(h) = self.heartbeat.lock().expect("lock poisoned").take() {
+            h.abort();
+        }
+        if let Some(id) = self.segment_id() {
+            if let Err(e) = self.master.unmount_segment(id).await {
+                tracing::warn!(error = %e, "unmount on shutdown failed; the master will expire the segment");
+            }
+        }
+        self.server.abort();
+    }
+
+    async fn mount(&self) -> Result<u64, crate::master::ClientError> {
+        let id = self.master.mount_segment(self.spec.clone()).await?;
+        self.segment_id.store(id, Ordering::Release);
+        Ok(id)
+    }
+}
+
+impl Drop for StoreAgent {
+    fn drop(&mut self) {
+        self.server.abort();
+        if let Some(h) = self.heartbeat.lock().expect("lock poisoned").take() {
+            h.abort();
+        }
+    }
+}
+
+/// Mounts, then heartbeats every `interval`; re-mounts on NEED_REMOUNT.
+async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
+    let mut last_error_log = Instant::now() - Duration::from_secs(60);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if agent.segment_id().is_none() {
+            match agent.mount().await {
+                Ok(id) => {
+                    tracing::info!(segment_id = id, name = agent.name, "segment mounted");
+                    backoff = Duration::from_millis(50);
+                }
+                Err(e) => {
+                    if last_error_log.elapsed() > Duration::from_secs(5) {
+                        tracing::warn!(error = %e, "cannot mount segment yet; still serving and retrying");
+                        last_error_log = Instant::now();
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(interval);
+                    continue;
+                }
+            }
+        }
+        tokio::time::sleep(interval).await;
+        let Some(id) = agent.segment_id() else { continue };
+        match agent.master.heartbeat(vec![id]).await {
+            Ok(pb::HeartbeatResult::NeedRemount) => {
+                tracing::warn!(segment_id = id, "master asked for a re-mount (segment was expired)");
+                agent.segment_id.store(0, Ordering::Release);
+            }
+            Ok(pb::HeartbeatResult::HeartbeatOk) => {}
+            Err(e) => {
+                if last_error_log.elapsed() > Duration::from_secs(5) {
+                    tracing::warn!(error = %e, "heartbeat failed; still serving reads");
+                    last_error_log = Instant::now();
+                }
+            }
+        }
+    }
+}

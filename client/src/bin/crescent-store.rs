@@ -1,0 +1,96 @@
+//! crescent-store: contributes one memory segment to a Crescent pool and serves
+//! its bytes (TCP; same-host shared memory with --shm).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use crescent_client::agent::{AgentConfig, StoreAgent};
+use crescent_client::MasterClient;
+use crescent_proto::units::{parse_duration, parse_size};
+
+#[derive(Parser, Debug)]
+#[command(name = "crescent-store", version, about = "Contribute a memory segment to a Crescent pool and serve it")]
+struct Args {
+    /// Masters: host:port or a comma list.
+    #[arg(long, env = "CRESCENT_MASTER", default_value = "127.0.0.1:50051")]
+    master: String,
+    /// Transfer listen address.
+    #[arg(long, env = "CRESCENT_STORE_LISTEN", default_value = "0.0.0.0:50061")]
+    listen: SocketAddr,
+    /// Host others use to reach the transfer port [default: the listen IP, or 127.0.0.1 on 0.0.0.0].
+    #[arg(long, env = "CRESCENT_STORE_ADVERTISE")]
+    advertise: Option<String>,
+    /// Segment size (rounded up to whole pages), e.g. 4gb.
+    #[arg(long, env = "CRESCENT_SEGMENT_SIZE", default_value = "4gb", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
+    segment_size: u64,
+    /// Segment name, unique in the cluster [default: <endpoint>-<random>].
+    #[arg(long, env = "CRESCENT_SEGMENT_NAME", default_value = "")]
+    segment_name: String,
+    /// Back the segment with /dev/shm so same-host clients copy without a socket.
+    #[arg(long, env = "CRESCENT_SHM")]
+    shm: bool,
+    /// Directory for the shared-memory file.
+    #[arg(long, env = "CRESCENT_SHM_DIR", default_value = "/dev/shm")]
+    shm_dir: PathBuf,
+    /// This host's name for same-host transports (Mooncake's local_hostname).
+    #[arg(long, env = "MOONCAKE_LOCAL_HOSTNAME")]
+    hostname: Option<String>,
+    /// Heartbeat period.
+    #[arg(long, env = "CRESCENT_HEARTBEAT_INTERVAL", default_value = "1s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
+    heartbeat_interval: Duration,
+    /// Log format: text or json. Filter with RUST_LOG.
+    #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if args.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("crescent-store")
+        .build()?;
+    rt.block_on(async move {
+        let master = Arc::new(MasterClient::new(&args.master)?);
+        let cfg = AgentConfig {
+            name: args.segment_name.clone(),
+            segment_size: args.segment_size,
+            listen: args.listen,
+            advertise_host: args.advertise.clone(),
+            hostname: args.hostname.clone().unwrap_or_else(crescent_client::config::system_hostname),
+            shm: args.shm,
+            shm_dir: args.shm_dir.clone(),
+            heartbeat_interval: args.heartbeat_interval,
+        };
+        let agent = StoreAgent::start(master, cfg).await?;
+        tracing::info!(endpoint = agent.endpoint, name = agent.name, "crescent-store started");
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        agent.shutdown().await;
+        Ok(())
+    })
+}

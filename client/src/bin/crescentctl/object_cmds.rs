@@ -1,0 +1,63 @@
+//! put / get / rm / exists through the client library.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use crescent_client::{Client, ClientConfig, ReplicateConfig};
+
+async fn client(master: &str) -> anyhow::Result<Client> {
+    let config = ClientConfig {
+        master: master.to_string(),
+        ..ClientConfig::default()
+    };
+    Ok(Client::connect(config).await?)
+}
+
+pub async fn put(master: &str, key: &str, value: Option<String>, file: Option<PathBuf>, replicas: u32) -> anyhow::Result<()> {
+    let bytes = match (value, file) {
+        (Some(v), None) => v.into_bytes(),
+        (None, Some(f)) => std::fs::read(&f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?,
+        _ => anyhow::bail!("give either a VALUE or --file F"),
+    };
+    anyhow::ensure!(replicas > 0, "--replicas must be at least 1");
+    let c = client(master).await?;
+    let cfg = ReplicateConfig {
+        replica_num: replicas,
+        ..Default::default()
+    };
+    c.put(key, &bytes, &cfg).await?;
+    eprintln!("stored {key} ({} bytes, {replicas} replica(s))", bytes.len());
+    Ok(())
+}
+
+pub async fn get(master: &str, key: &str, out: Option<PathBuf>) -> anyhow::Result<()> {
+    let c = client(master).await?;
+    let bytes = c.get(key).await?;
+    match out {
+        Some(path) => {
+            std::fs::write(&path, &bytes).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            eprintln!("wrote {} bytes to {}", bytes.len(), path.display());
+        }
+        None => std::io::stdout().write_all(&bytes)?,
+    }
+    Ok(())
+}
+
+pub async fn rm(master: &str, key: &str, force: bool) -> anyhow::Result<()> {
+    client(master).await?.remove(key, force).await?;
+    eprintln!("removed {key}");
+    Ok(())
+}
+
+pub async fn exists(master: &str, key: &str, json: bool) -> anyhow::Result<()> {
+    let found = client(master).await?.exists(key).await?;
+    if json {
+        println!("{}", serde_json::json!({"key": key, "exists": found}));
+    } else {
+        println!("{}", if found { "yes" } else { "no" });
+    }
+    if !found {
+        std::process::exit(2);
+    }
+    Ok(())
+}

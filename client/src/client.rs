@@ -1,0 +1,752 @@
+//! The client library an inference engine links: put/get of real bytes.
+//!
+//! Metadata goes to the masters ([`MasterClient`]); bytes go straight to the
+//! stores: the client's own segment first (a memcpy), then a same-host store's
+//! shared memory, then TCP. Every object carries a crc32c recorded at PutEnd;
+//! a get verifies it and falls back to another replica on mismatch, so a get
+//! never returns bytes that differ from what was put.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crescent_proto::pb;
+use crescent_proto::ErrorCode;
+use crescent_store::protocol::MAX_TRANSFER;
+use crescent_store::{ShmMapping, TcpTransport};
+
+use crate::agent::{AgentConfig, StoreAgent};
+use crate::config::{ClientConfig, Protocol};
+use crate::master::{ClientError, MasterClient};
+
+/// Errors of the client library. `NotFound` is distinct from every failure.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("object {0:?} not found")]
+    NotFound(String),
+    #[error("{}: {message}", code.as_str_name())]
+    Master { code: ErrorCode, message: String },
+    #[error("TRANSFER_FAIL: {0}")]
+    Transfer(String),
+    #[error("CHECKSUM_MISMATCH: every replica of {0:?} failed its checksum")]
+    ChecksumMismatch(String),
+    #[error("INVALID_PARAMS: {0}")]
+    InvalidArgument(String),
+    #[error("buffer of {buffer} bytes is too small for the {size}-byte object")]
+    BufferTooSmall { size: u64, buffer: usize },
+    #[error("RPC_FAIL: no master reachable: {0}")]
+    Unavailable(String),
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Mooncake's error code for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::NotFound(_) => ErrorCode::ObjectNotFound,
+            Error::Master { code, .. } => *code,
+            Error::Transfer(_) => ErrorCode::TransferFail,
+            Error::ChecksumMismatch(_) => ErrorCode::ChecksumMismatch,
+            Error::InvalidArgument(_) | Error::BufferTooSmall { .. } | Error::Config(_) => ErrorCode::InvalidParams,
+            Error::Unavailable(_) => ErrorCode::RpcFail,
+        }
+    }
+
+    fn from_master(e: ClientError, key: &str) -> Self {
+        match e {
+            ClientError::Status {
+                code: ErrorCode::ObjectNotFound,
+                ..
+            } => Error::NotFound(key.to_string()),
+            ClientError::Status { code, message } => Error::Master { code, message },
+            ClientError::Unavailable(m) => Error::Unavailable(m),
+            ClientError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),
+        }
+    }
+
+    fn from_status(s: &pb::Status, key: &str) -> Option<Self> {
+        if s.is_ok() {
+            return None;
+        }
+        Some(Error::from_master(ClientError::from_status(s), key))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Replication options of a put (Mooncake's `ReplicateConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicateConfig {
+    /// Number of replicas, each on a distinct segment (0 = the client default).
+    pub replica_num: u32,
+    pub soft_pin: bool,
+    pub hard_pin: bool,
+    /// Segment names tried first.
+    pub preferred_segments: Vec<String>,
+}
+
+/// Where reads and writes went, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    pub local_bytes: std::sync::atomic::AtomicU64,
+    pub shm_bytes: std::sync::atomic::AtomicU64,
+    pub tcp_bytes: std::sync::atomic::AtomicU64,
+    pub checksum_failures: std::sync::atomic::AtomicU64,
+}
+
+pub struct Client {
+    pub stats: ClientStats,
+    master: Arc<MasterClient>,
+    tcp: TcpTransport,
+    shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
+    local: Option<Arc<StoreAgent>>,
+    config: ClientConfig,
+}
+
+/// Where a replica can be reached from here.
+enum Route<'a> {
+    Local(&'a StoreAgent),
+    Shm(Arc<ShmMapping>),
+    Tcp(&'a str),
+}
+
+impl Client {
+    /// Connects to the masters; with `global_segment_size > 0` also contributes
+    /// a segment (an embedded store) and waits until it is mounted.
+    pub async fn connect(config: ClientConfig) -> Result<Self> {
+        if config.protocol == Protocol::Rdma && !cfg!(feature = "rdma") {
+            return Err(Error::Config(
+                "protocol rdma requested, but this build has no RDMA support (build with --features rdma)".into(),
+            ));
+        }
+        if config.protocol == Protocol::Rdma {
+            // The RDMA data path is compiled but has never run on hardware; be explicit.
+            return Err(Error::Config(
+                "protocol rdma is not wired into the client data path yet; use tcp".into(),
+            ));
+        }
+        let mut master = MasterClient::new(&config.master).map_err(|e| Error::Config(e.to_string()))?;
+        master.policy.deadline = config.master_deadline;
+        let master = Arc::new(master);
+        let local = if config.global_segment_size > 0 {
+            let listen = config
+                .transfer_listen
+                .parse()
+                .map_err(|_| Error::Config(format!("bad transfer listen address {:?}", config.transfer_listen)))?;
+            let agent = StoreAgent::start(
+                master.clone(),
+                AgentConfig {
+                    segment_size: config.global_segment_size,
+                    listen,
+                    hostname: config.local_hostname.clone(),
+                    shm: config.shm,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
+            if agent.wait_mounted(config.master_deadline).await.is_none() {
+                return Err(Error::Unavailable("could not mount this client's segment".into()));
+            }
+            Some(agent)
+        } else {
+            None
+        };
+        Ok(Self {
+            stats: ClientStats::default(),
+            master,
+            tcp: TcpTransport::new(),
+            shm: Mutex::new(HashMap::new()),
+            local,
+            config,
+        })
+    }
+
+    /// Connects with configuration from the environment (`MOONCAKE_*`/`CRESCENT_*`).
+    pub async fn from_env() -> Result<Self> {
+        let config = ClientConfig::from_env().map_err(|e| Error::Config(e.0))?;
+        Self::connect(config).await
+    }
+
+    pub fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The embedded store, when this client contributes memory.
+    pub fn local_store(&self) -> Option<&Arc<StoreAgent>> {
+        self.local.as_ref()
+    }
+
+    fn replicate(&self, cfg: &ReplicateConfig) -> pb::ReplicateConfig {
+        pb::ReplicateConfig {
+            replica_num: if cfg.replica_num == 0 {
+                self.config.default_replicas.max(1)
+            } else {
+                cfg.replica_num
+            },
+            soft_pin: cfg.soft_pin,
+            hard_pin: cfg.hard_pin,
+            preferred_segments: cfg.preferred_segments.clone(),
+        }
+    }
+
+    fn route<'a>(&'a self, r: &'a pb::ReplicaDescriptor) -> Route<'a> {
+        if let Some(agent) = &self.local {
+            if agent.segment_id() == Some(r.segment_id) {
+                return Route::Local(agent);
+            }
+        }
+        if !r.shm_path.is_empty() && r.hostname == self.config.local_hostname {
+            if let Some(m) = self.shm_mapping(&r.shm_path) {
+                return Route::Shm(m);
+            }
+        }
+        Route::Tcp(&r.endpoint)
+    }
+
+    fn shm_mapping(&self, path: &str) -> Option<Arc<ShmMapping>> {
+        let mut maps = self.shm.lock().expect("lock poisoned");
+        if let Some(m) = maps.get(path) {
+            return Some(m.clone());
+        }
+        match ShmMapping::open(std::path::Path::new(path)) {
+            Ok(m) => {
+                let m = Arc::new(m);
+                maps.insert(path.to_string(), m.clone());
+                Some(m)
+            }
+            Err(e) => {
+                tracing::debug!(path, error = %e, "cannot map shared segment; using TCP");
+                None
+            }
+        }
+    }
+
+    fn forget_shm(&self, path: &str) {
+        self.shm.lock().expect("lock poisoned").remove(path);
+    }
+
+    /// Reads order: local segment, same-host shared memory, then remote.
+    fn read_order<'a>(&self, replicas: &'a [pb::ReplicaDescriptor]) -> Vec<&'a pb::ReplicaDescriptor> {
+        let rank = |r: &pb::ReplicaDescriptor| match self.route(r) {
+            Route::Local(_) => 0,
+            Route::Shm(_) => 1,
+            Route::Tcp(_) => 2,
+        };
+        let mut v: Vec<&pb::ReplicaDescriptor> = replicas.iter().collect();
+        v.sort_by_key(|r| rank(r));
+        v
+    }
+
+    fn count(&self, route: &Route<'_>, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = match route {
+            Route::Local(_) => &self.stats.local_bytes,
+            Route::Shm(_) => &self.stats.shm_bytes,
+            Route::Tcp(_) => &self.stats.tcp_bytes,
+        };
+        c.fetch_add(bytes as u64, Relaxed);
+    }
+
+    async fn write_replica(&self, r: &pb::ReplicaDescriptor, data: &[u8]) -> Result<()> {
+        if r.length != data.len() as u64 {
+            return Err(Error::Transfer(format!(
+                "replica length {} does not match the value's {} bytes",
+                r.length,
+                data.len()
+            )));
+        }
+        let route = self.route(r);
+        self.count(&route, data.len());
+        match route {
+            Route::Local(agent) => agent
+                .segment
+                .write_at(r.offset, data)
+                .map_err(|e| Error::Transfer(e.to_string())),
+            Route::Shm(m) => m.write_at(r.offset, data).map_err(|e| {
+                self.forget_shm(&r.shm_path);
+                Error::Transfer(e.to_string())
+            }),
+            Route::Tcp(ep) => {
+                let writes: Vec<(u64, &[u8])> = chunks(r.offset, data.len())
+                    .map(|(off, start, end)| (off, &data[start..end]))
+                    .collect();
+                self.tcp.write(ep, &writes).await.map_err(|e| {
+                    self.tcp.forget(ep);
+                    Error::Transfer(e.to_string())
+                })
+            }
+        }
+    }
+
+    async fn read_replica(&self, r: &pb::ReplicaDescriptor, buf: &mut [u8]) -> Result<()> {
+        let route = self.route(r);
+        self.count(&route, buf.len());
+        match route {
+            Route::Local(agent) => agent
+                .segment
+                .read_at(r.offset, buf)
+                .map_err(|e| Error::Transfer(e.to_string())),
+            Route::Shm(m) => m.read_at(r.offset, buf).map_err(|e| {
+                self.forget_shm(&r.shm_path);
+                Error::Transfer(e.to_string())
+            }),
+            Route::Tcp(ep) => {
+                let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
+                let mut rest = buf;
+                let mut off = r.offset;
+                while !rest.is_empty() {
+                    let n = rest.len().min(MAX_TRANSFER as usize);
+                    let (head, tail) = rest.split_at_mut(n);
+                    reads.push((off, head));
+                    off += n as u64;
+                    rest = tail;
+                }
+                self.tcp.read(ep, &mut reads).await.map_err(|e| {
+                    self.tcp.forget(ep);
+                    Error::Transfer(e.to_string())
+                })
+            }
+        }
+    }
+
+    /// Reads a verified copy into `buf[..size]`, trying replicas in order.
+    async fn read_verified(&self, key: &str, found: &pb::GetReplicaListResponse, buf: &mut [u8]) -> Result<usize> {
+        let size = found.size;
+        if (buf.len() as u64) < size {
+            return Err(Error::BufferTooSmall { size, buffer: buf.len() });
+        }
+        let dst = &mut buf[..size as usize];
+        let mut mismatch = false;
+        let mut last = String::from("object has no replica");
+        for r in self.read_order(&found.replicas) {
+            if r.length != size {
+                last = format!("replica on segment {} has length {} for a {size}-byte object", r.segment_id, r.length);
+                continue;
+            }
+            match self.read_replica(r, dst).await {
+                Ok(()) => {
+                    if crc32c::crc32c(dst) == found.checksum {
+                        return Ok(size as usize);
+                    }
+                    tracing::warn!(key, segment_id = r.segment_id, "replica failed its checksum; trying another");
+                    self.stats
+                        .checksum_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    mismatch = true;
+                }
+                Err(e) => {
+                    tracing::debug!(key, segment_id = r.segment_id, error = %e, "replica unreadable; trying another");
+                    last = e.to_string();
+                }
+            }
+        }
+        if mismatch {
+            Err(Error::ChecksumMismatch(key.to_string()))
+        } else {
+            Err(Error::Transfer(last))
+        }
+    }
+
+    // ---------------------------------------------------------------- puts
+
+    /// Stores `value` under `key`. A key that already exists counts as success
+    /// (objects are immutable, as in Mooncake).
+    pub async fn put(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
+        if value.is_empty() {
+            return Err(Error::InvalidArgument("value is empty".into()));
+        }
+        let checksum = crc32c::crc32c(value);
+        let replicas = match self
+            .master
+            .put_start(key, value.len() as u64, self.replicate(cfg))
+            .await
+        {
+            Ok(r) => r,
+            Err(ClientError::Status {
+                code: ErrorCode::ObjectAlreadyExists,
+                ..
+            }) => return Ok(()),
+            Err(e) => return Err(Error::from_master(e, key)),
+        };
+        let writes = futures::future::join_all(replicas.iter().map(|r| self.write_replica(r, value))).await;
+        if let Some(Err(e)) = writes.into_iter().find(|w| w.is_err()) {
+            // Nothing half-written may become readable.
+            if let Err(re) = self.master.put_revoke(key).await {
+                tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
+            }
+            return Err(e);
+        }
+        self.master
+            .put_end(key, checksum)
+            .await
+            .map_err(|e| Error::from_master(e, key))
+    }
+
+    /// Same as [`put`](Self::put): the bytes are sent from the caller's buffer without a copy.
+    pub async fn put_from(&self, key: &str, buffer: &[u8], cfg: &ReplicateConfig) -> Result<()> {
+        self.put(key, buffer, cfg).await
+    }
+
+    /// Puts many objects with one PutStart and one PutEnd; per-item results.
+    pub async fn put_batch(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Result<Vec<Result<()>>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut results: Vec<Option<Result<()>>> = vec![None; items.len()];
+        for (i, (_, v)) in items.iter().enumerate() {
+            if v.is_empty() {
+                results[i] = Some(Err(Error::InvalidArgument("value is empty".into())));
+            }
+        }
+        let idx: Vec<usize> = (0..items.len()).filter(|i| results[*i].is_none()).collect();
+        if idx.is_empty() {
+            return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
+        }
+        let starts = self
+            .master
+            .batch_put_start(
+                idx.iter()
+                    .map(|&i| pb::PutStartItem {
+                        key: items[i].0.to_string(),
+                        size: items[i].1.len() as u64,
+                    })
+                    .collect(),
+                self.replicate(cfg),
+            )
+            .await
+            .map_err(|e| Error::from_master(e, ""))?;
+        if starts.len() != idx.len() {
+            return Err(Error::Master {
+                code: ErrorCode::InternalError,
+                message: "master answered a different number of items".into(),
+            });
+        }
+        // Group writes per route so each store gets one pipelined exchange.
+        let mut tcp_groups: HashMap<String, Vec<(usize, u64, &[u8])>> = HashMap::new();
+        let mut direct: Vec<(usize, &pb::ReplicaDescriptor)> = Vec::new();
+        let mut started: Vec<usize> = Vec::new();
+        for (pos, (&i, s)) in idx.iter().zip(&starts).enumerate() {
+            let key = items[i].0;
+            match s.status.as_ref().and_then(|st| Error::from_status(st, key)) {
+                Some(Error::Master {
+                    code: ErrorCode::ObjectAlreadyExists,
+                    ..
+                }) => results[i] = Some(Ok(())),
+                Some(e) => results[i] = Some(Err(e)),
+                None => {
+                    started.push(pos);
+                    for r in &s.replicas {
+                        if r.length != items[i].1.len() as u64 {
+                            results[i] = Some(Err(Error::Transfer("replica length mismatch".into())));
+                            continue;
+                        }
+                        match self.route(r) {
+                            Route::Tcp(ep) => {
+                                let data = items[i].1;
+                                for (off, a, b) in chunks(r.offset, data.len()) {
+                                    tcp_groups.entry(ep.to_string()).or_default().push((i, off, &data[a..b]));
+                                }
+                            }
+                            _ => direct.push((i, r)),
+                        }
+                    }
+                }
+            }
+        }
+        for (i, r) in direct {
+            if let Err(e) = self.write_replica(r, items[i].1).await {
+                results[i] = Some(Err(e));
+            }
+        }
+        let exchanges = tcp_groups.iter().map(|(ep, writes)| async move {
+            let w: Vec<(u64, &[u8])> = writes.iter().map(|(_, off, d)| (*off, *d)).collect();
+            let bytes: usize = w.iter().map(|(_, d)| d.len()).sum();
+            self.stats
+                .tcp_bytes
+                .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+            (ep, self.tcp.write(ep, &w).await)
+        });
+        for (ep, outcome) in futures::future::join_all(exchanges).await {
+            if let Err(e) = outcome {
+                self.tcp.forget(ep);
+                for (i, _, _) in &tcp_groups[ep.as_str()] {
+                    results[*i] = Some(Err(Error::Transfer(e.to_string())));
+                }
+            }
+        }
+        let mut to_end = Vec::new();
+        let mut to_revoke = Vec::new();
+        for pos in started {
+            let i = idx[pos];
+            match &results[i] {
+                Some(Err(_)) => to_revoke.push(items[i].0.to_string()),
+                _ => to_end.push(i),
+            }
+        }
+        if !to_revoke.is_empty() {
+            if let Err(e) = self.master.batch_put_revoke(to_revoke).await {
+                tracing::warn!(error = %e, "revoke after failed writes also failed; the master will reclaim them");
+            }
+        }
+        if !to_end.is_empty() {
+            let ends = to_end
+                .iter()
+                .map(|&i| pb::PutEndItem {
+                    key: items[i].0.to_string(),
+                    checksum: crc32c::crc32c(items[i].1),
+                })
+                .collect();
+            match self.master.batch_put_end(ends).await {
+                Ok(statuses) => {
+                    for (&i, st) in to_end.iter().zip(&statuses) {
+                        results[i] = Some(match Error::from_status(st, items[i].0) {
+                            Some(e) => Err(e),
+                            None => Ok(()),
+                        });
+                    }
+                }
+                Err(e) => {
+                    let e = Error::from_master(e, "");
+                    for &i in &to_end {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+    }
+
+    /// Same as [`put_batch`](Self::put_batch), from caller buffers.
+    pub async fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Result<Vec<Result<()>>> {
+        self.put_batch(items, cfg).await
+    }
+
+    // ---------------------------------------------------------------- gets
+
+    /// Fetches `key`'s bytes, verified against their checksum.
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let found = self
+            .master
+            .get_replica_list(key)
+            .await
+            .map_err(|e| Error::from_master(e, key))?;
+        let mut buf = vec![0u8; found.size as usize];
+        self.read_verified(key, &found, &mut buf).await?;
+        Ok(buf)
+    }
+
+    /// Reads `key` into `buf` without an intermediate copy; returns the object's size.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
+        let found = self
+            .master
+            .get_replica_list(key)
+            .await
+            .map_err(|e| Error::from_master(e, key))?;
+        self.read_verified(key, &found, buf).await
+    }
+
+    /// Fetches many objects: one GetReplicaList, one pipelined exchange per store.
+    pub async fn get_batch(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
+        let found = self.lookup_batch(keys).await?;
+        let mut bufs: Vec<Vec<u8>> = found
+            .iter()
+            .map(|f| match f {
+                Ok(r) => vec![0u8; r.size as usize],
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let sizes = self.read_batch(keys, &found, &mut slices).await;
+        Ok(sizes
+            .into_iter()
+            .zip(bufs)
+            .map(|(r, b)| r.map(|_| b))
+            .collect())
+    }
+
+    /// Reads many objects into caller buffers; per-item sizes.
+    pub async fn batch_get_into(&self, keys: &[&str], bufs: &mut [&mut [u8]]) -> Result<Vec<Result<usize>>> {
+        if keys.len() != bufs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                bufs.len()
+            )));
+        }
+        let found = self.lookup_batch(keys).await?;
+        Ok(self.read_batch(keys, &found, bufs).await)
+    }
+
+    async fn lookup_batch(&self, keys: &[&str]) -> Result<Vec<Result<pb::GetReplicaListResponse>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let res = self
+            .master
+            .batch_get_replica_list(keys.iter().map(|k| k.to_string()).collect())
+            .await
+            .map_err(|e| Error::from_master(e, ""))?;
+        if res.len() != keys.len() {
+            return Err(Error::Master {
+                code: ErrorCode::InternalError,
+                message: "master answered a different number of items".into(),
+            });
+        }
+        Ok(res
+            .into_iter()
+            .zip(keys)
+            .map(|(r, k)| match r.status.as_ref().and_then(|s| Error::from_status(s, k)) {
+                Some(e) => Err(e),
+                None => Ok(r),
+            })
+            .collect())
+    }
+
+    /// First tries each object's preferred replica, grouped per store and
+    /// pipelined; anything that fails or mismatches falls back one by one.
+    async fn read_batch(
+        &self,
+        keys: &[&str],
+        found: &[Result<pb::GetReplicaListResponse>],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<usize>> {
+        let mut results: Vec<Option<Result<usize>>> = vec![None; keys.len()];
+        let mut tcp_groups: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut singles: Vec<usize> = Vec::new();
+        for (i, f) in found.iter().enumerate() {
+            match f {
+                Err(e) => results[i] = Some(Err(e.clone())),
+                Ok(r) => {
+                    if (bufs[i].len() as u64) < r.size {
+                        results[i] = Some(Err(Error::BufferTooSmall { size: r.size, buffer: bufs[i].len() }));
+                        continue;
+                    }
+                    let order = self.read_order(&r.replicas);
+                    match order.first() {
+                        Some(first) if first.length == r.size && r.size <= MAX_TRANSFER => match self.route(first) {
+                            Route::Tcp(ep) => tcp_groups.entry(ep.to_string()).or_default().push(i),
+                            _ => singles.push(i),
+                        },
+                        _ => singles.push(i),
+                    }
+                }
+            }
+        }
+        // Pipelined first attempts, one exchange per store, concurrently.
+        let mut by_index: Vec<Option<&mut [u8]>> = bufs.iter_mut().map(|b| Some(&mut **b)).collect();
+        let mut exchanges = Vec::new();
+        for (ep, idxs) in &tcp_groups {
+            let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
+            for &i in idxs {
+                let r = found[i].as_ref().expect("grouped only found objects");
+                let first = self.read_order(&r.replicas)[0];
+                let buf = by_index[i].take().expect("each index grouped once");
+                reads.push((first.offset, &mut buf[..r.size as usize]));
+            }
+            exchanges.push(async move {
+                let mut reads = reads;
+                let outcome = self.tcp.read(ep, &mut reads).await;
+                (ep, idxs, outcome)
+            });
+        }
+        let mut fallback = singles;
+        for (ep, idxs, outcome) in futures::future::join_all(exchanges).await {
+            match outcome {
+                Ok(()) => {
+                    for &i in idxs {
+                        let r = found[i].as_ref().expect("found");
+                        self.stats
+                            .tcp_bytes
+                            .fetch_add(r.size, std::sync::atomic::Ordering::Relaxed);
+                        if crc32c::crc32c(&bufs[i][..r.size as usize]) == r.checksum {
+                            results[i] = Some(Ok(r.size as usize));
+                        } else {
+                            fallback.push(i);
+                        }
+                    }
+                }
+                Err(_) => {
+                    self.tcp.forget(ep);
+                    fallback.extend(idxs.iter().copied());
+                }
+            }
+        }
+        for i in fallback {
+            let r = found[i].as_ref().expect("found");
+            results[i] = Some(self.read_verified(keys[i], r, bufs[i]).await);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Transfer("not attempted".into()))))
+            .collect()
+    }
+
+    // ---------------------------------------------------------------- metadata
+
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        self.master.exists(key).await.map_err(|e| Error::from_master(e, key))
+    }
+
+    pub async fn batch_exists(&self, keys: &[&str]) -> Result<Vec<Result<bool>>> {
+        let r = self
+            .master
+            .batch_exists(keys.iter().map(|k| k.to_string()).collect())
+            .await
+            .map_err(|e| Error::from_master(e, ""))?;
+        Ok(r.into_iter()
+            .zip(keys)
+            .map(|(x, k)| match x.status.as_ref().and_then(|s| Error::from_status(s, k)) {
+                Some(e) => Err(e),
+                None => Ok(x.exists),
+            })
+            .collect())
+    }
+
+    /// Size of the object in bytes.
+    pub async fn get_size(&self, key: &str) -> Result<u64> {
+        Ok(self
+            .master
+            .get_replica_list(key)
+            .await
+            .map_err(|e| Error::from_master(e, key))?
+            .size)
+    }
+
+    pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        self.master.remove(key, force).await.map_err(|e| Error::from_master(e, key))
+    }
+
+    pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64> {
+        self.master
+            .remove_by_regex(regex, force)
+            .await
+            .map_err(|e| Error::from_master(e, ""))
+    }
+
+    pub async fn remove_all(&self, force: bool) -> Result<u64> {
+        self.master.remove_all(force).await.map_err(|e| Error::from_master(e, ""))
+    }
+
+    /// Unmounts this client's segment (if any) and stops serving it.
+    pub async fn close(&self) {
+        if let Some(agent) = &self.local {
+            agent.shutdown().await;
+        }
+    }
+}
+
+/// Splits `len` bytes at `offset` into transfers of at most MAX_TRANSFER:
+/// (remote offset, start, end) of the local buffer.
+fn chunks(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize)> {
+    let step = MAX_TRANSFER as usize;
+    (0..len.div_ceil(step).max(1)).map(move |i| {
+        let start = i * step;
+        let end = (start + step).min(len);
+        (offset + start as u64, start, end)
+    })
+}

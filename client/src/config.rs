@@ -1,0 +1,234 @@
+//! Client configuration: `ClientConfig`, a Mooncake-style JSON file
+//! (`MOONCAKE_CONFIG_PATH`) and `MOONCAKE_*` env vars, each with a `CRESCENT_*`
+//! twin that wins when both are set.
+//!
+//! Precedence: defaults, then the JSON file, then `MOONCAKE_*`, then `CRESCENT_*`.
+
+use std::time::Duration;
+
+use crescent_proto::units::parse_size;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Tcp,
+    Rdma,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Protocol::Tcp),
+            "rdma" => Ok(Protocol::Rdma),
+            other => Err(format!("unknown protocol {other:?}: expected tcp or rdma")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Masters: `host:port` or a comma list (Mooncake `master_server_address`).
+    pub master: String,
+    /// This host's name as other components see it; same-host transports match on it.
+    pub local_hostname: String,
+    /// Memory this client contributes to the pool (0 = pure client).
+    pub global_segment_size: u64,
+    /// Memory for the client's own buffers and local-only cache.
+    pub local_buffer_size: u64,
+    pub protocol: Protocol,
+    /// RDMA device name (empty: the first device).
+    pub device_name: String,
+    /// Where the embedded store (global_segment_size > 0) listens for transfers.
+    pub transfer_listen: String,
+    /// Put the embedded segment in /dev/shm so same-host clients copy directly.
+    pub shm: bool,
+    /// Replicas per object when a call does not say.
+    pub default_replicas: u32,
+    /// Overall deadline of one master call across retries.
+    pub master_deadline: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            master: "127.0.0.1:50051".into(),
+            local_hostname: system_hostname(),
+            global_segment_size: 0,
+            local_buffer_size: 512 << 20,
+            protocol: Protocol::Tcp,
+            device_name: String::new(),
+            transfer_listen: "0.0.0.0:0".into(),
+            shm: false,
+            default_replicas: 1,
+            master_deadline: Duration::from_secs(15),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("client configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// Mooncake's JSON field names; sizes may be numbers or strings like "4gb".
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct JsonConfig {
+    local_hostname: Option<String>,
+    master_server_address: Option<String>,
+    metadata_server: Option<String>,
+    global_segment_size: Option<SizeValue>,
+    local_buffer_size: Option<SizeValue>,
+    protocol: Option<String>,
+    device_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Num(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, field: &str) -> Result<u64, ConfigError> {
+        match self {
+            SizeValue::Num(n) => Ok(*n),
+            SizeValue::Text(s) => parse_size(s).map_err(|e| ConfigError(format!("{field}: {e}"))),
+        }
+    }
+}
+
+pub fn system_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates or truncates.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+impl ClientConfig {
+    /// Defaults overridden by the JSON file and env vars of this process.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Same as [`from_env`](Self::from_env) with an explicit variable lookup (for tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = ClientConfig::default();
+        let var = |name: &str| get(&format!("CRESCENT_{name}")).or_else(|| get(&format!("MOONCAKE_{name}")));
+        if let Some(path) = var("CONFIG_PATH") {
+            c.apply_json_file(&path)?;
+        }
+        if let Some(v) = var("MASTER") {
+            c.master = v;
+        }
+        if let Some(v) = var("LOCAL_HOSTNAME") {
+            c.local_hostname = v;
+        }
+        if let Some(v) = var("GLOBAL_SEGMENT_SIZE") {
+            c.global_segment_size = parse_size(&v).map_err(|e| ConfigError(format!("GLOBAL_SEGMENT_SIZE: {e}")))?;
+        }
+        if let Some(v) = var("LOCAL_BUFFER_SIZE") {
+            c.local_buffer_size = parse_size(&v).map_err(|e| ConfigError(format!("LOCAL_BUFFER_SIZE: {e}")))?;
+        }
+        if let Some(v) = var("PROTOCOL") {
+            c.protocol = v.parse().map_err(ConfigError)?;
+        }
+        if let Some(v) = var("DEVICE") {
+            c.device_name = v;
+        }
+        if let Some(v) = get("CRESCENT_TRANSFER_LISTEN") {
+            c.transfer_listen = v;
+        }
+        if let Some(v) = get("CRESCENT_SHM") {
+            c.shm = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        Ok(c)
+    }
+
+    pub fn apply_json_file(&mut self, path: &str) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("cannot read {path}: {e}")))?;
+        self.apply_json(&text).map_err(|e| ConfigError(format!("{path}: {}", e.0)))
+    }
+
+    pub fn apply_json(&mut self, text: &str) -> Result<(), ConfigError> {
+        let j: JsonConfig = serde_json::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        if let Some(v) = j.local_hostname {
+            self.local_hostname = v;
+        }
+        if let Some(v) = j.master_server_address {
+            self.master = v;
+        }
+        // Mooncake's separate metadata server has no counterpart: masters hold all metadata.
+        let _ = j.metadata_server;
+        if let Some(v) = j.global_segment_size {
+            self.global_segment_size = v.bytes("global_segment_size")?;
+        }
+        if let Some(v) = j.local_buffer_size {
+            self.local_buffer_size = v.bytes("local_buffer_size")?;
+        }
+        if let Some(v) = j.protocol {
+            self.protocol = v.parse().map_err(ConfigError)?;
+        }
+        if let Some(v) = j.device_name {
+            self.device_name = v;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn mooncake_env_names_work_and_crescent_twins_win() {
+        let c = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_MASTER", "m1:50051"),
+            ("MOONCAKE_GLOBAL_SEGMENT_SIZE", "4gb"),
+            ("MOONCAKE_LOCAL_BUFFER_SIZE", "16mb"),
+            ("MOONCAKE_PROTOCOL", "tcp"),
+            ("MOONCAKE_LOCAL_HOSTNAME", "node-a"),
+            ("CRESCENT_LOCAL_HOSTNAME", "node-b"),
+        ]))
+        .unwrap();
+        assert_eq!(c.master, "m1:50051");
+        assert_eq!(c.global_segment_size, 4 << 30);
+        assert_eq!(c.local_buffer_size, 16 << 20);
+        assert_eq!(c.local_hostname, "node-b");
+        assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_PROTOCOL", "carrier-pigeon")])).is_err());
+        assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")])).is_err());
+    }
+
+    #[test]
+    fn mooncake_json_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mooncake.json");
+        std::fs::write(
+            &path,
+            r#"{"local_hostname": "h1", "master_server_address": "m:1", "global_segment_size": "1gb",
+                "local_buffer_size": 1048576, "protocol": "rdma", "device_name": "mlx5_0", "metadata_server": "P2PHANDSHAKE"}"#,
+        )
+        .unwrap();
+        let p = path.display().to_string();
+        let c = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p), ("MOONCAKE_MASTER", "env:2")])).unwrap();
+        assert_eq!(c.local_hostname, "h1");
+        assert_eq!(c.master, "env:2", "env overrides the file");
+        assert_eq!(c.global_segment_size, 1 << 30);
+        assert_eq!(c.local_buffer_size, 1 << 20);
+        assert_eq!(c.protocol, Protocol::Rdma);
+        assert_eq!(c.device_name, "mlx5_0");
+        std::fs::write(&path, r#"{"bogus_field": 1}"#).unwrap();
+        assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).is_err());
+    }
+}

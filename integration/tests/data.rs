@@ -1,0 +1,218 @@
+//! Real bytes through real processes: a master, two stores and clients.
+//! Needs `cargo build --bins` first (`make test` does it).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
+use crescent_integration::LocalCluster;
+use crescent_proto::ErrorCode;
+use crescent_store::TcpTransport;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn replicas(n: u32) -> ReplicateConfig {
+    ReplicateConfig {
+        replica_num: n,
+        ..Default::default()
+    }
+}
+
+async fn cluster_with_stores(stores: usize, extra: &[String]) -> LocalCluster {
+    let mut c = LocalCluster::start(1, &[]).unwrap();
+    c.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    for _ in 0..stores {
+        c.start_store("256mb", extra).unwrap();
+    }
+    c.wait_for_segments(stores as u64, Duration::from_secs(15)).await.unwrap();
+    c
+}
+
+async fn client(c: &LocalCluster) -> Client {
+    Client::connect(ClientConfig {
+        master: c.masters_arg(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_sizes_batches_and_zero_copy() {
+    let cluster = cluster_with_stores(2, &[]).await;
+    let c = client(&cluster).await;
+    for (i, size) in [1usize, 63, 64, 65, 4095, 4096, 4097, 1 << 20, 64 << 20].into_iter().enumerate() {
+        let key = format!("size-{size}");
+        let value = pattern(size, i as u8);
+        c.put(&key, &value, &replicas(2)).await.unwrap();
+        assert_eq!(c.get(&key).await.unwrap(), value, "{key}");
+        assert_eq!(c.get_size(&key).await.unwrap(), size as u64);
+        // Zero-copy read into a larger caller buffer.
+        let mut buf = vec![0u8; size + 10];
+        assert_eq!(c.get_into(&key, &mut buf).await.unwrap(), size);
+        assert_eq!(&buf[..size], &value[..]);
+        let mut small = vec![0u8; size - 1];
+        assert!(matches!(c.get_into(&key, &mut small).await, Err(Error::BufferTooSmall { .. })));
+    }
+    // A second put of an existing key succeeds and keeps the first value.
+    c.put_from("size-1", &[9], &replicas(1)).await.unwrap();
+    assert_eq!(c.get("size-1").await.unwrap(), pattern(1, 0));
+    // Empty values are refused.
+    assert_eq!(c.put("empty", &[], &replicas(1)).await.unwrap_err().code(), ErrorCode::InvalidParams);
+
+    // Batches, including a missing key.
+    let values: Vec<Vec<u8>> = (0..50).map(|i| pattern(1000 + i * 97, i as u8)).collect();
+    let keys: Vec<String> = (0..50).map(|i| format!("batch-{i}")).collect();
+    let items: Vec<(&str, &[u8])> = keys.iter().map(|k| k.as_str()).zip(values.iter().map(|v| v.as_slice())).collect();
+    for r in c.batch_put_from(&items, &replicas(2)).await.unwrap() {
+        r.unwrap();
+    }
+    let mut want: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+    want.push("batch-missing");
+    let got = c.get_batch(&want).await.unwrap();
+    for (i, r) in got.iter().take(50).enumerate() {
+        assert_eq!(r.as_ref().unwrap(), &values[i]);
+    }
+    assert_eq!(got[50], Err(Error::NotFound("batch-missing".into())));
+    let mut bufs: Vec<Vec<u8>> = values.iter().map(|v| vec![0u8; v.len()]).collect();
+    let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    let sizes = c.batch_get_into(&want[..50], &mut slices).await.unwrap();
+    for (i, s) in sizes.into_iter().enumerate() {
+        assert_eq!(s.unwrap(), values[i].len());
+    }
+    assert_eq!(bufs, values);
+    let ex = c.batch_exists(&["batch-0", "nope"]).await.unwrap();
+    assert_eq!(ex, vec![Ok(true), Ok(false)]);
+    assert_eq!(c.remove_by_regex("^batch-", false).await.unwrap(), 0, "fresh reads hold leases");
+    assert_eq!(c.remove_by_regex("^batch-", true).await.unwrap(), 50);
+    assert!(!c.exists("batch-3").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
+    let mut cluster = cluster_with_stores(2, &[]).await;
+    let c = client(&cluster).await;
+    let value = pattern(300_000, 7);
+    c.put("two", &value, &replicas(2)).await.unwrap();
+    c.put("one", &value, &replicas(1)).await.unwrap();
+
+    // Corrupt one replica of "two": the get falls back to the other one.
+    let desc = c.master().get_replica_list("two").await.unwrap();
+    assert_eq!(desc.replicas.len(), 2);
+    assert_ne!(desc.replicas[0].segment_id, desc.replicas[1].segment_id);
+    let tcp = TcpTransport::new();
+    let garbage = vec![0xAAu8; 1000];
+    for r in &desc.replicas[..1] {
+        tcp.write(&r.endpoint, &[(r.offset + 5000, &garbage[..])]).await.unwrap();
+    }
+    let before = c.stats.checksum_failures.load(Ordering::Relaxed);
+    assert_eq!(c.get("two").await.unwrap(), value);
+    // Corrupt the only replica of "one": CHECKSUM_MISMATCH, never wrong bytes.
+    let one = c.master().get_replica_list("one").await.unwrap();
+    let r = &one.replicas[0];
+    tcp.write(&r.endpoint, &[(r.offset, &garbage[..])]).await.unwrap();
+    assert_eq!(c.get("one").await, Err(Error::ChecksumMismatch("one".into())));
+    assert!(c.stats.checksum_failures.load(Ordering::Relaxed) > before);
+
+    // Kill one store: objects with a replica elsewhere stay readable.
+    c.put("survivor", &value, &replicas(2)).await.unwrap();
+    cluster.stores[0].kill();
+    assert_eq!(c.get("survivor").await.unwrap(), value);
+    let mut buf = vec![0u8; value.len()];
+    assert_eq!(c.get_into("survivor", &mut buf).await.unwrap(), value.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_to_a_dead_store_fails_and_is_revoked() {
+    let mut cluster = cluster_with_stores(1, &[]).await;
+    let c = client(&cluster).await;
+    c.put("before", b"ok", &replicas(1)).await.unwrap();
+    // The master still lists the segment (client-ttl has not passed), but its store is gone.
+    cluster.stores[0].kill();
+    let err = c.put("lost", &pattern(10_000, 1), &replicas(1)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::TransferFail, "{err}");
+    assert!(!c.exists("lost").await.unwrap(), "a failed put must not become readable");
+    assert!(matches!(c.get("lost").await, Err(Error::NotFound(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_to_a_store_port_closes_only_that_connection() {
+    let cluster = cluster_with_stores(1, &[]).await;
+    let c = client(&cluster).await;
+    let value = pattern(100_000, 3);
+    c.put("k", &value, &replicas(1)).await.unwrap();
+    let endpoint = cluster.stores[0].endpoint.clone();
+
+    // Junk bytes, a truncated header, and an out-of-range request.
+    for junk in [vec![0x55u8; 100], b"CRES".to_vec()] {
+        let mut s = tokio::net::TcpStream::connect(&endpoint).await.unwrap();
+        s.write_all(&junk).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    }
+    let tcp = TcpTransport::new();
+    let mut buf = vec![0u8; 16];
+    let out_of_range = tcp.read(&endpoint, &mut [(u64::MAX - 8, &mut buf[..])]).await;
+    assert!(out_of_range.is_err());
+    let beyond = tcp.write(&endpoint, &[(1 << 40, &buf[..])]).await;
+    assert!(beyond.is_err());
+    // Everyone else is still served.
+    assert_eq!(c.get("k").await.unwrap(), value);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_segment_and_shared_memory_paths() {
+    let shm_dir = tempfile::tempdir().unwrap();
+    let cluster = cluster_with_stores(1, &["--shm".into(), "--shm-dir".into(), shm_dir.path().display().to_string()]).await;
+    // A client that contributes memory reads its own replica with a memcpy.
+    let contributor = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        global_segment_size: 32 << 20,
+        transfer_listen: "127.0.0.1:0".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let own = contributor.local_store().unwrap().name.clone();
+    let value = pattern(1 << 20, 9);
+    let cfg = ReplicateConfig {
+        replica_num: 1,
+        preferred_segments: vec![own],
+        ..Default::default()
+    };
+    contributor.put("mine", &value, &cfg).await.unwrap();
+    assert_eq!(contributor.get("mine").await.unwrap(), value);
+    assert!(contributor.stats.local_bytes.load(Ordering::Relaxed) >= 2 << 20);
+    assert_eq!(contributor.stats.tcp_bytes.load(Ordering::Relaxed), 0);
+
+    // A pure client on the same host reads the shm store's replica by mapping it,
+    // and the contributor's replica over TCP.
+    let reader = client(&cluster).await;
+    assert_eq!(reader.get("mine").await.unwrap(), value);
+    assert!(reader.stats.tcp_bytes.load(Ordering::Relaxed) >= 1 << 20);
+    let shm_cfg = ReplicateConfig {
+        replica_num: 1,
+        preferred_segments: vec![],
+        ..Default::default()
+    };
+    // Put until one lands on the shm store (placement rotates over the two segments).
+    let mut on_shm = None;
+    for i in 0..20 {
+        let key = format!("s-{i}");
+        reader.put(&key, &value, &shm_cfg).await.unwrap();
+        let d = reader.master().get_replica_list(&key).await.unwrap();
+        if !d.replicas[0].shm_path.is_empty() {
+            on_shm = Some(key);
+            break;
+        }
+    }
+    let key = on_shm.expect("no object landed on the shm store");
+    let shm_before = reader.stats.shm_bytes.load(Ordering::Relaxed);
+    assert_eq!(reader.get(&key).await.unwrap(), value);
+    assert!(reader.stats.shm_bytes.load(Ordering::Relaxed) >= shm_before + (1 << 20));
+    contributor.close().await;
+}
