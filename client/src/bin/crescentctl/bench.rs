@@ -17,6 +17,9 @@ pub enum BenchCmd {
     /// starts a 1-node and a 3-node local cluster (persisted, fsynced log) and
     /// compares them in one run.
     Meta(MetaArgs),
+    /// Put/get of real bytes over TCP and shared memory, with the loopback and
+    /// memcpy ceilings measured in the same run.
+    Data(crate::bench_data::DataArgs),
 }
 
 #[derive(Args, Debug)]
@@ -45,6 +48,7 @@ pub struct MetaArgs {
 pub async fn run(cmd: BenchCmd, _master: &str, json_out: bool) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Meta(args) => meta(args, json_out).await,
+        BenchCmd::Data(args) => crate::bench_data::run(args, json_out).await,
     }
 }
 

@@ -1,6 +1,7 @@
 //! crescentctl: the operator's CLI for a Crescent cluster.
 
 mod bench;
+mod bench_data;
 mod cluster_cmds;
 mod object_cmds;
 

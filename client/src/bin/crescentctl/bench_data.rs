@@ -1,0 +1,328 @@
+//! `crescentctl bench data`: put/get throughput and latency of real bytes,
+//! over TCP and shared memory, against the machine's own ceilings measured in
+//! the same run (loopback TCP between two sockets, single-thread memcpy).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use crescent_client::local::LocalCluster;
+use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_proto::units::{format_size, parse_size};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Args, Debug)]
+pub struct DataArgs {
+    /// Masters of an existing cluster (with stores). Default: start 3 masters and
+    /// one store (--shm) locally.
+    #[arg(long)]
+    masters: Option<String>,
+    /// Value sizes.
+    #[arg(long, value_delimiter = ',', default_value = "4kb,64kb,1mb,16mb")]
+    sizes: Vec<String>,
+    /// Concurrent clients.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    clients: Vec<usize>,
+    /// Objects per request: 1 uses put/get_into; more uses put_batch/batch_get_into
+    /// (one master round trip and one pipelined exchange per store per batch).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    batch: Vec<usize>,
+    /// Transports: tcp, shm.
+    #[arg(long, value_delimiter = ',', default_value = "tcp,shm")]
+    transports: Vec<String>,
+    /// Bytes each run moves per phase (split over clients), bounding memory and time.
+    #[arg(long, default_value = "512mb")]
+    bytes_per_run: String,
+    /// Most operations per client per phase.
+    #[arg(long, default_value_t = 2000)]
+    max_ops: usize,
+    /// Store segment size when starting a local cluster.
+    #[arg(long, default_value = "3gb")]
+    segment_size: String,
+}
+
+struct Row {
+    batch: usize,
+    transport: String,
+    size: u64,
+    clients: usize,
+    op: &'static str,
+    ops: usize,
+    gbps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: usize,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+/// Loopback TCP ceiling: one socket streaming to another, 1 MiB writes and reads.
+async fn loopback_ceiling() -> anyhow::Result<f64> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let total: usize = 2 << 30;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < total {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok::<usize, std::io::Error>(got)
+    });
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let chunk = vec![7u8; 1 << 20];
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        s.write_all(&chunk).await?;
+        sent += chunk.len();
+    }
+    s.shutdown().await?;
+    let got = reader.await??;
+    Ok(got as f64 / start.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Single-thread memcpy bandwidth over buffers larger than the caches.
+fn memcpy_ceiling() -> f64 {
+    let len = 256 << 20;
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    dst.copy_from_slice(&src); // fault the pages in first
+    let rounds = 8;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    (len * rounds) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
+    let sizes: Vec<u64> = args
+        .sizes
+        .iter()
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("{e}")))
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(sizes.iter().all(|s| *s > 0), "sizes must be positive");
+    anyhow::ensure!(args.clients.iter().all(|c| *c > 0), "--clients must be positive");
+    anyhow::ensure!(args.batch.iter().all(|b| *b > 0), "--batch must be positive");
+    for t in &args.transports {
+        anyhow::ensure!(t == "tcp" || t == "shm", "unknown transport {t:?} (tcp, shm)");
+    }
+    let per_run = parse_size(&args.bytes_per_run).map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    eprintln!("measuring ceilings ...");
+    let tcp_ceiling = loopback_ceiling().await?;
+    let memcpy = tokio::task::spawn_blocking(memcpy_ceiling).await?;
+    eprintln!("loopback TCP {tcp_ceiling:.2} GB/s, memcpy {memcpy:.2} GB/s");
+
+    let (_cluster, masters) = match &args.masters {
+        Some(m) => (None, m.clone()),
+        None => {
+            let mut c = LocalCluster::start(3, &[])?;
+            c.wait_for_leader(Duration::from_secs(20)).await?;
+            c.start_store(&args.segment_size, &["--shm".to_string()])?;
+            c.wait_for_segments(1, Duration::from_secs(20)).await?;
+            let m = c.masters_arg();
+            (Some(c), m)
+        }
+    };
+    let host = crescent_client::config::system_hostname();
+    let mut rows = Vec::new();
+    for transport in &args.transports {
+        for &size in &sizes {
+            for &batch in &args.batch {
+                for &clients in &args.clients {
+                    eprintln!("{transport} {} x{clients} batch {batch} ...", format_size(size));
+                    // A client that believes it is on another host never maps shared memory.
+                    let hostname = if transport == "shm" { host.clone() } else { format!("{host}-remote") };
+                    let ops = ((per_run / size) as usize / clients).clamp(4, args.max_ops);
+                    let ops = ops.div_ceil(batch) * batch;
+                    rows.extend(run_one(&masters, transport, &hostname, size, clients, ops, batch).await?);
+                }
+            }
+        }
+    }
+    print(&rows, tcp_ceiling, memcpy, json_out);
+    Ok(())
+}
+
+async fn run_one(
+    masters: &str,
+    transport: &str,
+    hostname: &str,
+    size: u64,
+    clients: usize,
+    ops: usize,
+    batch: usize,
+) -> anyhow::Result<Vec<Row>> {
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let c = Client::connect(ClientConfig {
+            master: masters.to_string(),
+            local_hostname: hostname.to_string(),
+            ..Default::default()
+        })
+        .await?;
+        handles.push(Arc::new(c));
+    }
+    let run = crescent_client::master::new_client_id();
+    let value = Arc::new((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let mut out = Vec::new();
+    for op in ["put", "get"] {
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (ci, c) in handles.iter().enumerate() {
+            let c = c.clone();
+            let value = value.clone();
+            let prefix = format!("bench-data/{run}/{ci}/");
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(ops);
+                let mut errors = 0;
+                let mut bufs = vec![vec![0u8; value.len()]; batch];
+                let cfg = ReplicateConfig { replica_num: 1, ..Default::default() };
+                for first in (0..ops).step_by(batch) {
+                    let keys: Vec<String> = (first..first + batch).map(|i| format!("{prefix}{i}")).collect();
+                    let t = Instant::now();
+                    let failed = if batch == 1 {
+                        let ok = if op == "put" {
+                            c.put(&keys[0], &value, &cfg).await.is_ok()
+                        } else {
+                            c.get_into(&keys[0], &mut bufs[0]).await.is_ok()
+                        };
+                        usize::from(!ok)
+                    } else {
+                        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                        if op == "put" {
+                            let items: Vec<(&str, &[u8])> = refs.iter().map(|k| (*k, value.as_slice())).collect();
+                            match c.put_batch(&items, &cfg).await {
+                                Ok(r) => r.iter().filter(|x| x.is_err()).count(),
+                                Err(_) => batch,
+                            }
+                        } else {
+                            let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                            match c.batch_get_into(&refs, &mut slices).await {
+                                Ok(r) => r.iter().filter(|x| x.is_err()).count(),
+                                Err(_) => batch,
+                            }
+                        }
+                    };
+                    lat.push(t.elapsed());
+                    errors += failed;
+                }
+                (lat, errors)
+            }));
+        }
+        let mut lat = Vec::new();
+        let mut errors = 0;
+        for t in tasks {
+            let (l, e) = t.await?;
+            lat.extend(l);
+            errors += e;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        lat.sort_unstable();
+        out.push(Row {
+            batch,
+            transport: transport.to_string(),
+            size,
+            clients,
+            op,
+            ops: ops * clients,
+            gbps: (ops * clients) as f64 * size as f64 / elapsed / 1e9,
+            p50_ms: pct(&lat, 0.5),
+            p99_ms: pct(&lat, 0.99),
+            errors,
+        });
+    }
+    handles[0].remove_by_regex(&format!("^bench-data/{run}/"), true).await?;
+    Ok(out)
+}
+
+fn print(rows: &[Row], tcp_ceiling: f64, memcpy: f64, json_out: bool) {
+    let ceiling = |t: &str| if t == "tcp" { tcp_ceiling } else { memcpy };
+    if json_out {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({"transport": r.transport, "batch": r.batch, "size": r.size, "clients": r.clients, "op": r.op, "ops": r.ops,
+                       "gb_per_s": r.gbps, "ratio_of_ceiling": r.gbps / ceiling(&r.transport),
+                       "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"loopback_tcp_gb_per_s": tcp_ceiling, "memcpy_gb_per_s": memcpy, "results": v}))
+                .unwrap_or_default()
+        );
+        return;
+    }
+    println!("ceilings: loopback TCP {tcp_ceiling:.2} GB/s (two local sockets), memcpy {memcpy:.2} GB/s (one thread)");
+    println!(
+        "{:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
+        "XPORT", "SIZE", "BATCH", "CLI", "OP", "OPS", "GB/S", "CEILING%", "P50 MS", "P99 MS", "ERRORS"
+    );
+    for r in rows {
+        println!(
+            "{:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6}",
+            r.transport,
+            format_size(r.size),
+            r.batch,
+            r.clients,
+            r.op,
+            r.ops,
+            r.gbps,
+            100.0 * r.gbps / ceiling(&r.transport),
+            r.p50_ms,
+            r.p99_ms,
+            r.errors
+        );
+    }
+    println!();
+    println!("every request includes its master round trip (PutStart+PutEnd, or GetReplicaList) and crc32c of the values;");
+    println!("latency is per request (BATCH objects)");
+    let best = |t: &str, size: u64| {
+        rows.iter()
+            .filter(|r| r.transport == t && r.size == size && r.op == "get")
+            .map(|r| r.gbps)
+            .fold(0.0, f64::max)
+    };
+    if rows.iter().any(|r| r.transport == "tcp" && r.size == 1 << 20) {
+        let g = best("tcp", 1 << 20);
+        println!(
+            "  1 MiB gets over TCP: best {g:.2} GB/s = {:.0}% of loopback; target 70% {}",
+            100.0 * g / tcp_ceiling,
+            if g >= 0.7 * tcp_ceiling { "MET" } else { "NOT MET" }
+        );
+    }
+    if rows.iter().any(|r| r.transport == "shm") {
+        let g = rows.iter().filter(|r| r.transport == "shm" && r.op == "get").map(|r| r.gbps).fold(0.0, f64::max);
+        println!(
+            "  shared-memory gets: best {g:.2} GB/s = {:.0}% of memcpy; target 50% {}",
+            100.0 * g / memcpy,
+            if g >= 0.5 * memcpy { "MET" } else { "NOT MET" }
+        );
+    }
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.transport == "tcp" && r.size == 4096 && r.clients == 1 && r.batch == 1 && r.op == "get")
+    {
+        println!(
+            "  4 KiB get p99 with one client over TCP: {:.3} ms; target 1 ms {}",
+            r.p99_ms,
+            if r.p99_ms <= 1.0 { "MET" } else { "NOT MET" }
+        );
+    }
+}
