@@ -69,18 +69,30 @@ pub enum AgentError {
     #[error("{0}")]
     Segment(#[from] crescent_store::segment::SegmentError),
     #[error("cannot listen for transfers on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 impl StoreAgent {
     /// Allocates the segment, starts serving it, and starts registering it with
     /// the masters in the background (see [`wait_mounted`](Self::wait_mounted)).
-    pub async fn start(master: Arc<MasterClient>, cfg: AgentConfig) -> Result<Arc<Self>, AgentError> {
+    pub async fn start(
+        master: Arc<MasterClient>,
+        cfg: AgentConfig,
+    ) -> Result<Arc<Self>, AgentError> {
         let size = round_to_pages(cfg.segment_size.max(1));
         let listener = tokio::net::TcpListener::bind(cfg.listen)
             .await
-            .map_err(|source| AgentError::Listen { addr: cfg.listen, source })?;
-        let local = listener.local_addr().map_err(|source| AgentError::Listen { addr: cfg.listen, source })?;
+            .map_err(|source| AgentError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+        let local = listener.local_addr().map_err(|source| AgentError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
         let host = match &cfg.advertise_host {
             Some(h) if !h.is_empty() => h.clone(),
             _ if local.ip().is_unspecified() => "127.0.0.1".to_string(),
@@ -98,7 +110,11 @@ impl StoreAgent {
             Segment::anonymous(size)?
         };
         let stats = Arc::new(TransferStats::default());
-        let server = tokio::spawn(crescent_store::server::serve(segment.clone(), listener, stats.clone()));
+        let server = tokio::spawn(crescent_store::server::serve(
+            segment.clone(),
+            listener,
+            stats.clone(),
+        ));
         let spec = pb::SegmentSpec {
             name: name.clone(),
             endpoint: endpoint.clone(),
@@ -122,7 +138,13 @@ impl StoreAgent {
         });
         let hb = tokio::spawn(registration_loop(agent.clone(), cfg.heartbeat_interval));
         *agent.heartbeat.lock().expect("lock poisoned") = Some(hb);
-        tracing::info!(name = agent.name, endpoint = agent.endpoint, size, shm = cfg.shm, "segment serving");
+        tracing::info!(
+            name = agent.name,
+            endpoint = agent.endpoint,
+            size,
+            shm = cfg.shm,
+            "segment serving"
+        );
         Ok(agent)
     }
 
@@ -199,10 +221,15 @@ async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
             }
         }
         tokio::time::sleep(interval).await;
-        let Some(id) = agent.segment_id() else { continue };
+        let Some(id) = agent.segment_id() else {
+            continue;
+        };
         match agent.master.heartbeat(vec![id]).await {
             Ok(pb::HeartbeatResult::NeedRemount) => {
-                tracing::warn!(segment_id = id, "master asked for a re-mount (segment was expired)");
+                tracing::warn!(
+                    segment_id = id,
+                    "master asked for a re-mount (segment was expired)"
+                );
                 agent.segment_id.store(0, Ordering::Release);
             }
             Ok(pb::HeartbeatResult::HeartbeatOk) => {}

@@ -47,7 +47,9 @@ impl Error {
             Error::Master { code, .. } => *code,
             Error::Transfer(_) => ErrorCode::TransferFail,
             Error::ChecksumMismatch(_) => ErrorCode::ChecksumMismatch,
-            Error::InvalidArgument(_) | Error::BufferTooSmall { .. } | Error::Config(_) => ErrorCode::InvalidParams,
+            Error::InvalidArgument(_) | Error::BufferTooSmall { .. } | Error::Config(_) => {
+                ErrorCode::InvalidParams
+            }
             Error::Unavailable(_) => ErrorCode::RpcFail,
         }
     }
@@ -125,14 +127,17 @@ impl Client {
                 "protocol rdma is not wired into the client data path yet; use tcp".into(),
             ));
         }
-        let mut master = MasterClient::new(&config.master).map_err(|e| Error::Config(e.to_string()))?;
+        let mut master =
+            MasterClient::new(&config.master).map_err(|e| Error::Config(e.to_string()))?;
         master.policy.deadline = config.master_deadline;
         let master = Arc::new(master);
         let local = if config.global_segment_size > 0 {
-            let listen = config
-                .transfer_listen
-                .parse()
-                .map_err(|_| Error::Config(format!("bad transfer listen address {:?}", config.transfer_listen)))?;
+            let listen = config.transfer_listen.parse().map_err(|_| {
+                Error::Config(format!(
+                    "bad transfer listen address {:?}",
+                    config.transfer_listen
+                ))
+            })?;
             let agent = StoreAgent::start(
                 master.clone(),
                 AgentConfig {
@@ -146,7 +151,9 @@ impl Client {
             .await
             .map_err(|e| Error::Config(e.to_string()))?;
             if agent.wait_mounted(config.master_deadline).await.is_none() {
-                return Err(Error::Unavailable("could not mount this client's segment".into()));
+                return Err(Error::Unavailable(
+                    "could not mount this client's segment".into(),
+                ));
             }
             Some(agent)
         } else {
@@ -231,7 +238,10 @@ impl Client {
     }
 
     /// Reads order: local segment, same-host shared memory, then remote.
-    fn read_order<'a>(&self, replicas: &'a [pb::ReplicaDescriptor]) -> Vec<&'a pb::ReplicaDescriptor> {
+    fn read_order<'a>(
+        &self,
+        replicas: &'a [pb::ReplicaDescriptor],
+    ) -> Vec<&'a pb::ReplicaDescriptor> {
         let rank = |r: &pb::ReplicaDescriptor| match self.route(r) {
             Route::Local(_) => 0,
             Route::Shm(_) => 1,
@@ -283,15 +293,19 @@ impl Client {
         }
     }
 
-    async fn read_replica(&self, r: &pb::ReplicaDescriptor, buf: &mut [u8]) -> Result<()> {
+    /// Reads one replica into `buf`, returning the crc32c of what was read
+    /// (computed while the bytes are still in cache).
+    async fn read_replica(&self, r: &pb::ReplicaDescriptor, buf: &mut [u8]) -> Result<u32> {
         let route = self.route(r);
         self.count(&route, buf.len());
         match route {
-            Route::Local(agent) => agent
-                .segment
-                .read_at(r.offset, buf)
-                .map_err(|e| Error::Transfer(e.to_string())),
-            Route::Shm(m) => m.read_at(r.offset, buf).map_err(|e| {
+            Route::Local(agent) => {
+                // SAFETY: range checked by `slice`; the object is immutable once complete.
+                let src = unsafe { agent.segment.slice(r.offset, buf.len() as u64) }
+                    .map_err(|e| Error::Transfer(e.to_string()))?;
+                Ok(crescent_store::copy_with_crc(buf, src))
+            }
+            Route::Shm(m) => m.read_at_with_crc(r.offset, buf).map_err(|e| {
                 self.forget_shm(&r.shm_path);
                 Error::Transfer(e.to_string())
             }),
@@ -306,34 +320,55 @@ impl Client {
                     off += n as u64;
                     rest = tail;
                 }
-                self.tcp.read(ep, &mut reads).await.map_err(|e| {
-                    self.tcp.forget(ep);
-                    Error::Transfer(e.to_string())
-                })
+                let lens: Vec<usize> = reads.iter().map(|(_, b)| b.len()).collect();
+                let crcs = self
+                    .tcp
+                    .read_checksummed(ep, &mut reads)
+                    .await
+                    .map_err(|e| {
+                        self.tcp.forget(ep);
+                        Error::Transfer(e.to_string())
+                    })?;
+                Ok(combine_crcs(&crcs, &lens, &reads))
             }
         }
     }
 
     /// Reads a verified copy into `buf[..size]`, trying replicas in order.
-    async fn read_verified(&self, key: &str, found: &pb::GetReplicaListResponse, buf: &mut [u8]) -> Result<usize> {
+    async fn read_verified(
+        &self,
+        key: &str,
+        found: &pb::GetReplicaListResponse,
+        buf: &mut [u8],
+    ) -> Result<usize> {
         let size = found.size;
         if (buf.len() as u64) < size {
-            return Err(Error::BufferTooSmall { size, buffer: buf.len() });
+            return Err(Error::BufferTooSmall {
+                size,
+                buffer: buf.len(),
+            });
         }
         let dst = &mut buf[..size as usize];
         let mut mismatch = false;
         let mut last = String::from("object has no replica");
         for r in self.read_order(&found.replicas) {
             if r.length != size {
-                last = format!("replica on segment {} has length {} for a {size}-byte object", r.segment_id, r.length);
+                last = format!(
+                    "replica on segment {} has length {} for a {size}-byte object",
+                    r.segment_id, r.length
+                );
                 continue;
             }
             match self.read_replica(r, dst).await {
-                Ok(()) => {
-                    if crc32c::crc32c(dst) == found.checksum {
+                Ok(crc) => {
+                    if crc == found.checksum {
                         return Ok(size as usize);
                     }
-                    tracing::warn!(key, segment_id = r.segment_id, "replica failed its checksum; trying another");
+                    tracing::warn!(
+                        key,
+                        segment_id = r.segment_id,
+                        "replica failed its checksum; trying another"
+                    );
                     self.stats
                         .checksum_failures
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -373,7 +408,8 @@ impl Client {
             }) => return Ok(()),
             Err(e) => return Err(Error::from_master(e, key)),
         };
-        let writes = futures::future::join_all(replicas.iter().map(|r| self.write_replica(r, value))).await;
+        let writes =
+            futures::future::join_all(replicas.iter().map(|r| self.write_replica(r, value))).await;
         if let Some(Err(e)) = writes.into_iter().find(|w| w.is_err()) {
             // Nothing half-written may become readable.
             if let Err(re) = self.master.put_revoke(key).await {
@@ -393,7 +429,11 @@ impl Client {
     }
 
     /// Puts many objects with one PutStart and one PutEnd; per-item results.
-    pub async fn put_batch(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Result<Vec<Result<()>>> {
+    pub async fn put_batch(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<()>>> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -427,7 +467,7 @@ impl Client {
             });
         }
         // Group writes per route so each store gets one pipelined exchange.
-        let mut tcp_groups: HashMap<String, Vec<(usize, u64, &[u8])>> = HashMap::new();
+        let mut tcp_groups: HashMap<String, Vec<PendingWrite<'_>>> = HashMap::new();
         let mut direct: Vec<(usize, &pb::ReplicaDescriptor)> = Vec::new();
         let mut started: Vec<usize> = Vec::new();
         for (pos, (&i, s)) in idx.iter().zip(&starts).enumerate() {
@@ -442,14 +482,19 @@ impl Client {
                     started.push(pos);
                     for r in &s.replicas {
                         if r.length != items[i].1.len() as u64 {
-                            results[i] = Some(Err(Error::Transfer("replica length mismatch".into())));
+                            results[i] =
+                                Some(Err(Error::Transfer("replica length mismatch".into())));
                             continue;
                         }
                         match self.route(r) {
                             Route::Tcp(ep) => {
                                 let data = items[i].1;
                                 for (off, a, b) in chunks(r.offset, data.len()) {
-                                    tcp_groups.entry(ep.to_string()).or_default().push((i, off, &data[a..b]));
+                                    tcp_groups.entry(ep.to_string()).or_default().push((
+                                        i,
+                                        off,
+                                        &data[a..b],
+                                    ));
                                 }
                             }
                             _ => direct.push((i, r)),
@@ -522,7 +567,11 @@ impl Client {
     }
 
     /// Same as [`put_batch`](Self::put_batch), from caller buffers.
-    pub async fn batch_put_from(&self, items: &[(&str, &[u8])], cfg: &ReplicateConfig) -> Result<Vec<Result<()>>> {
+    pub async fn batch_put_from(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<()>>> {
         self.put_batch(items, cfg).await
     }
 
@@ -570,7 +619,11 @@ impl Client {
     }
 
     /// Reads many objects into caller buffers; per-item sizes.
-    pub async fn batch_get_into(&self, keys: &[&str], bufs: &mut [&mut [u8]]) -> Result<Vec<Result<usize>>> {
+    pub async fn batch_get_into(
+        &self,
+        keys: &[&str],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<Result<usize>>> {
         if keys.len() != bufs.len() {
             return Err(Error::InvalidArgument(format!(
                 "{} keys but {} buffers",
@@ -600,10 +653,12 @@ impl Client {
         Ok(res
             .into_iter()
             .zip(keys)
-            .map(|(r, k)| match r.status.as_ref().and_then(|s| Error::from_status(s, k)) {
-                Some(e) => Err(e),
-                None => Ok(r),
-            })
+            .map(
+                |(r, k)| match r.status.as_ref().and_then(|s| Error::from_status(s, k)) {
+                    Some(e) => Err(e),
+                    None => Ok(r),
+                },
+            )
             .collect())
     }
 
@@ -623,22 +678,30 @@ impl Client {
                 Err(e) => results[i] = Some(Err(e.clone())),
                 Ok(r) => {
                     if (bufs[i].len() as u64) < r.size {
-                        results[i] = Some(Err(Error::BufferTooSmall { size: r.size, buffer: bufs[i].len() }));
+                        results[i] = Some(Err(Error::BufferTooSmall {
+                            size: r.size,
+                            buffer: bufs[i].len(),
+                        }));
                         continue;
                     }
                     let order = self.read_order(&r.replicas);
                     match order.first() {
-                        Some(first) if first.length == r.size && r.size <= MAX_TRANSFER => match self.route(first) {
-                            Route::Tcp(ep) => tcp_groups.entry(ep.to_string()).or_default().push(i),
-                            _ => singles.push(i),
-                        },
+                        Some(first) if first.length == r.size && r.size <= MAX_TRANSFER => {
+                            match self.route(first) {
+                                Route::Tcp(ep) => {
+                                    tcp_groups.entry(ep.to_string()).or_default().push(i)
+                                }
+                                _ => singles.push(i),
+                            }
+                        }
                         _ => singles.push(i),
                     }
                 }
             }
         }
         // Pipelined first attempts, one exchange per store, concurrently.
-        let mut by_index: Vec<Option<&mut [u8]>> = bufs.iter_mut().map(|b| Some(&mut **b)).collect();
+        let mut by_index: Vec<Option<&mut [u8]>> =
+            bufs.iter_mut().map(|b| Some(&mut **b)).collect();
         let mut exchanges = Vec::new();
         for (ep, idxs) in &tcp_groups {
             let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
@@ -650,20 +713,20 @@ impl Client {
             }
             exchanges.push(async move {
                 let mut reads = reads;
-                let outcome = self.tcp.read(ep, &mut reads).await;
+                let outcome = self.tcp.read_checksummed(ep, &mut reads).await;
                 (ep, idxs, outcome)
             });
         }
         let mut fallback = singles;
         for (ep, idxs, outcome) in futures::future::join_all(exchanges).await {
             match outcome {
-                Ok(()) => {
-                    for &i in idxs {
+                Ok(crcs) => {
+                    for (&i, crc) in idxs.iter().zip(crcs) {
                         let r = found[i].as_ref().expect("found");
                         self.stats
                             .tcp_bytes
                             .fetch_add(r.size, std::sync::atomic::Ordering::Relaxed);
-                        if crc32c::crc32c(&bufs[i][..r.size as usize]) == r.checksum {
+                        if crc == r.checksum {
                             results[i] = Some(Ok(r.size as usize));
                         } else {
                             fallback.push(i);
@@ -689,7 +752,10 @@ impl Client {
     // ---------------------------------------------------------------- metadata
 
     pub async fn exists(&self, key: &str) -> Result<bool> {
-        self.master.exists(key).await.map_err(|e| Error::from_master(e, key))
+        self.master
+            .exists(key)
+            .await
+            .map_err(|e| Error::from_master(e, key))
     }
 
     pub async fn batch_exists(&self, keys: &[&str]) -> Result<Vec<Result<bool>>> {
@@ -700,10 +766,12 @@ impl Client {
             .map_err(|e| Error::from_master(e, ""))?;
         Ok(r.into_iter()
             .zip(keys)
-            .map(|(x, k)| match x.status.as_ref().and_then(|s| Error::from_status(s, k)) {
-                Some(e) => Err(e),
-                None => Ok(x.exists),
-            })
+            .map(
+                |(x, k)| match x.status.as_ref().and_then(|s| Error::from_status(s, k)) {
+                    Some(e) => Err(e),
+                    None => Ok(x.exists),
+                },
+            )
             .collect())
     }
 
@@ -718,7 +786,10 @@ impl Client {
     }
 
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
-        self.master.remove(key, force).await.map_err(|e| Error::from_master(e, key))
+        self.master
+            .remove(key, force)
+            .await
+            .map_err(|e| Error::from_master(e, key))
     }
 
     pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64> {
@@ -729,7 +800,10 @@ impl Client {
     }
 
     pub async fn remove_all(&self, force: bool) -> Result<u64> {
-        self.master.remove_all(force).await.map_err(|e| Error::from_master(e, ""))
+        self.master
+            .remove_all(force)
+            .await
+            .map_err(|e| Error::from_master(e, ""))
     }
 
     /// Unmounts this client's segment (if any) and stops serving it.
@@ -738,6 +812,21 @@ impl Client {
             agent.shutdown().await;
         }
     }
+}
+
+/// One write of a batch put: (item index, remote offset, bytes).
+type PendingWrite<'a> = (usize, u64, &'a [u8]);
+
+/// The crc32c of consecutive pieces. Objects over MAX_TRANSFER (1 GiB) arrive
+/// in several pieces; rather than combining crcs algebraically we re-hash the
+/// (rare) multi-piece case.
+fn combine_crcs(crcs: &[u32], _lens: &[usize], pieces: &[(u64, &mut [u8])]) -> u32 {
+    if crcs.len() == 1 {
+        return crcs[0];
+    }
+    pieces
+        .iter()
+        .fold(0u32, |crc, (_, b)| crc32c::crc32c_append(crc, b))
 }
 
 /// Splits `len` bytes at `offset` into transfers of at most MAX_TRANSFER:

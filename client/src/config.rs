@@ -119,7 +119,9 @@ impl ClientConfig {
     /// Same as [`from_env`](Self::from_env) with an explicit variable lookup (for tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut c = ClientConfig::default();
-        let var = |name: &str| get(&format!("CRESCENT_{name}")).or_else(|| get(&format!("MOONCAKE_{name}")));
+        let var = |name: &str| {
+            get(&format!("CRESCENT_{name}")).or_else(|| get(&format!("MOONCAKE_{name}")))
+        };
         if let Some(path) = var("CONFIG_PATH") {
             c.apply_json_file(&path)?;
         }
@@ -130,10 +132,12 @@ impl ClientConfig {
             c.local_hostname = v;
         }
         if let Some(v) = var("GLOBAL_SEGMENT_SIZE") {
-            c.global_segment_size = parse_size(&v).map_err(|e| ConfigError(format!("GLOBAL_SEGMENT_SIZE: {e}")))?;
+            c.global_segment_size =
+                parse_size(&v).map_err(|e| ConfigError(format!("GLOBAL_SEGMENT_SIZE: {e}")))?;
         }
         if let Some(v) = var("LOCAL_BUFFER_SIZE") {
-            c.local_buffer_size = parse_size(&v).map_err(|e| ConfigError(format!("LOCAL_BUFFER_SIZE: {e}")))?;
+            c.local_buffer_size =
+                parse_size(&v).map_err(|e| ConfigError(format!("LOCAL_BUFFER_SIZE: {e}")))?;
         }
         if let Some(v) = var("PROTOCOL") {
             c.protocol = v.parse().map_err(ConfigError)?;
@@ -151,8 +155,10 @@ impl ClientConfig {
     }
 
     pub fn apply_json_file(&mut self, path: &str) -> Result<(), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("cannot read {path}: {e}")))?;
-        self.apply_json(&text).map_err(|e| ConfigError(format!("{path}: {}", e.0)))
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {path}: {e}")))?;
+        self.apply_json(&text)
+            .map_err(|e| ConfigError(format!("{path}: {}", e.0)))
     }
 
     pub fn apply_json(&mut self, text: &str) -> Result<(), ConfigError> {
@@ -187,7 +193,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
@@ -206,8 +215,12 @@ mod tests {
         assert_eq!(c.global_segment_size, 4 << 30);
         assert_eq!(c.local_buffer_size, 16 << 20);
         assert_eq!(c.local_hostname, "node-b");
-        assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_PROTOCOL", "carrier-pigeon")])).is_err());
-        assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")])).is_err());
+        assert!(
+            ClientConfig::from_lookup(lookup(&[("MOONCAKE_PROTOCOL", "carrier-pigeon")])).is_err()
+        );
+        assert!(
+            ClientConfig::from_lookup(lookup(&[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")])).is_err()
+        );
     }
 
     #[test]
@@ -221,7 +234,11 @@ mod tests {
         )
         .unwrap();
         let p = path.display().to_string();
-        let c = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p), ("MOONCAKE_MASTER", "env:2")])).unwrap();
+        let c = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_CONFIG_PATH", &p),
+            ("MOONCAKE_MASTER", "env:2"),
+        ]))
+        .unwrap();
         assert_eq!(c.local_hostname, "h1");
         assert_eq!(c.master, "env:2", "env overrides the file");
         assert_eq!(c.global_segment_size, 1 << 30);

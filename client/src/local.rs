@@ -241,7 +241,10 @@ impl LocalCluster {
         let port = free_port()?;
         let idx = self.stores.len();
         let log_path = self.root.join(format!("store-{idx}.log"));
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
         let mut args = vec![
             "--master".to_string(),
             self.masters_arg(),
@@ -285,7 +288,10 @@ impl LocalCluster {
                     }
                 }
             }
-            anyhow::ensure!(Instant::now() < deadline, "fewer than {n} segments mounted after {timeout:?}");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "fewer than {n} segments mounted after {timeout:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -11,7 +11,9 @@ use crescent_store::TcpTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 fn replicas(n: u32) -> ReplicateConfig {
@@ -27,7 +29,9 @@ async fn cluster_with_stores(stores: usize, extra: &[String]) -> LocalCluster {
     for _ in 0..stores {
         c.start_store("256mb", extra).unwrap();
     }
-    c.wait_for_segments(stores as u64, Duration::from_secs(15)).await.unwrap();
+    c.wait_for_segments(stores as u64, Duration::from_secs(15))
+        .await
+        .unwrap();
     c
 }
 
@@ -44,7 +48,10 @@ async fn client(c: &LocalCluster) -> Client {
 async fn edge_sizes_batches_and_zero_copy() {
     let cluster = cluster_with_stores(2, &[]).await;
     let c = client(&cluster).await;
-    for (i, size) in [1usize, 63, 64, 65, 4095, 4096, 4097, 1 << 20, 64 << 20].into_iter().enumerate() {
+    for (i, size) in [1usize, 63, 64, 65, 4095, 4096, 4097, 1 << 20, 64 << 20]
+        .into_iter()
+        .enumerate()
+    {
         let key = format!("size-{size}");
         let value = pattern(size, i as u8);
         c.put(&key, &value, &replicas(2)).await.unwrap();
@@ -55,18 +62,28 @@ async fn edge_sizes_batches_and_zero_copy() {
         assert_eq!(c.get_into(&key, &mut buf).await.unwrap(), size);
         assert_eq!(&buf[..size], &value[..]);
         let mut small = vec![0u8; size - 1];
-        assert!(matches!(c.get_into(&key, &mut small).await, Err(Error::BufferTooSmall { .. })));
+        assert!(matches!(
+            c.get_into(&key, &mut small).await,
+            Err(Error::BufferTooSmall { .. })
+        ));
     }
     // A second put of an existing key succeeds and keeps the first value.
     c.put_from("size-1", &[9], &replicas(1)).await.unwrap();
     assert_eq!(c.get("size-1").await.unwrap(), pattern(1, 0));
     // Empty values are refused.
-    assert_eq!(c.put("empty", &[], &replicas(1)).await.unwrap_err().code(), ErrorCode::InvalidParams);
+    assert_eq!(
+        c.put("empty", &[], &replicas(1)).await.unwrap_err().code(),
+        ErrorCode::InvalidParams
+    );
 
     // Batches, including a missing key.
     let values: Vec<Vec<u8>> = (0..50).map(|i| pattern(1000 + i * 97, i as u8)).collect();
     let keys: Vec<String> = (0..50).map(|i| format!("batch-{i}")).collect();
-    let items: Vec<(&str, &[u8])> = keys.iter().map(|k| k.as_str()).zip(values.iter().map(|v| v.as_slice())).collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .map(|k| k.as_str())
+        .zip(values.iter().map(|v| v.as_slice()))
+        .collect();
     for r in c.batch_put_from(&items, &replicas(2)).await.unwrap() {
         r.unwrap();
     }
@@ -86,7 +103,11 @@ async fn edge_sizes_batches_and_zero_copy() {
     assert_eq!(bufs, values);
     let ex = c.batch_exists(&["batch-0", "nope"]).await.unwrap();
     assert_eq!(ex, vec![Ok(true), Ok(false)]);
-    assert_eq!(c.remove_by_regex("^batch-", false).await.unwrap(), 0, "fresh reads hold leases");
+    assert_eq!(
+        c.remove_by_regex("^batch-", false).await.unwrap(),
+        0,
+        "fresh reads hold leases"
+    );
     assert_eq!(c.remove_by_regex("^batch-", true).await.unwrap(), 50);
     assert!(!c.exists("batch-3").await.unwrap());
 }
@@ -106,15 +127,22 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
     let tcp = TcpTransport::new();
     let garbage = vec![0xAAu8; 1000];
     for r in &desc.replicas[..1] {
-        tcp.write(&r.endpoint, &[(r.offset + 5000, &garbage[..])]).await.unwrap();
+        tcp.write(&r.endpoint, &[(r.offset + 5000, &garbage[..])])
+            .await
+            .unwrap();
     }
     let before = c.stats.checksum_failures.load(Ordering::Relaxed);
     assert_eq!(c.get("two").await.unwrap(), value);
     // Corrupt the only replica of "one": CHECKSUM_MISMATCH, never wrong bytes.
     let one = c.master().get_replica_list("one").await.unwrap();
     let r = &one.replicas[0];
-    tcp.write(&r.endpoint, &[(r.offset, &garbage[..])]).await.unwrap();
-    assert_eq!(c.get("one").await, Err(Error::ChecksumMismatch("one".into())));
+    tcp.write(&r.endpoint, &[(r.offset, &garbage[..])])
+        .await
+        .unwrap();
+    assert_eq!(
+        c.get("one").await,
+        Err(Error::ChecksumMismatch("one".into()))
+    );
     assert!(c.stats.checksum_failures.load(Ordering::Relaxed) > before);
 
     // Kill one store: objects with a replica elsewhere stay readable.
@@ -132,9 +160,15 @@ async fn a_put_to_a_dead_store_fails_and_is_revoked() {
     c.put("before", b"ok", &replicas(1)).await.unwrap();
     // The master still lists the segment (client-ttl has not passed), but its store is gone.
     cluster.stores[0].kill();
-    let err = c.put("lost", &pattern(10_000, 1), &replicas(1)).await.unwrap_err();
+    let err = c
+        .put("lost", &pattern(10_000, 1), &replicas(1))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::TransferFail, "{err}");
-    assert!(!c.exists("lost").await.unwrap(), "a failed put must not become readable");
+    assert!(
+        !c.exists("lost").await.unwrap(),
+        "a failed put must not become readable"
+    );
     assert!(matches!(c.get("lost").await, Err(Error::NotFound(_))));
 }
 
@@ -155,8 +189,10 @@ async fn garbage_to_a_store_port_closes_only_that_connection() {
         let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
     }
     let tcp = TcpTransport::new();
-    let mut buf = vec![0u8; 16];
-    let out_of_range = tcp.read(&endpoint, &mut [(u64::MAX - 8, &mut buf[..])]).await;
+    let mut buf = [0u8; 16];
+    let out_of_range = tcp
+        .read(&endpoint, &mut [(u64::MAX - 8, &mut buf[..])])
+        .await;
     assert!(out_of_range.is_err());
     let beyond = tcp.write(&endpoint, &[(1 << 40, &buf[..])]).await;
     assert!(beyond.is_err());
@@ -167,7 +203,15 @@ async fn garbage_to_a_store_port_closes_only_that_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_segment_and_shared_memory_paths() {
     let shm_dir = tempfile::tempdir().unwrap();
-    let cluster = cluster_with_stores(1, &["--shm".into(), "--shm-dir".into(), shm_dir.path().display().to_string()]).await;
+    let cluster = cluster_with_stores(
+        1,
+        &[
+            "--shm".into(),
+            "--shm-dir".into(),
+            shm_dir.path().display().to_string(),
+        ],
+    )
+    .await;
     // A client that contributes memory reads its own replica with a memcpy.
     let contributor = Client::connect(ClientConfig {
         master: cluster.masters_arg(),

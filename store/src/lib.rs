@@ -19,3 +19,15 @@ pub mod transport;
 pub use segment::{Segment, ShmMapping};
 pub use server::TransferStats;
 pub use transport::{TcpTransport, TransferError};
+
+/// crc32c of `src` while copying it into `dst` (equal lengths), piece by piece
+/// so each piece is hashed while still in cache.
+pub fn copy_with_crc(dst: &mut [u8], src: &[u8]) -> u32 {
+    const PIECE: usize = 128 * 1024;
+    let mut crc = 0u32;
+    for (d, s) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
+        d.copy_from_slice(s);
+        crc = crc32c::crc32c_append(crc, d);
+    }
+    crc
+}

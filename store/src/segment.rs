@@ -271,6 +271,14 @@ impl ShmMapping {
         Ok(())
     }
 
+    /// Copies out and returns the crc32c of the copied bytes.
+    pub fn read_at_with_crc(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<u32> {
+        self.check(offset, dst.len() as u64)?;
+        // SAFETY: range checked; concurrency as for Segment.
+        let src = unsafe { std::slice::from_raw_parts(self.ptr.add(offset as usize), dst.len()) };
+        Ok(crate::copy_with_crc(dst, src))
+    }
+
     pub fn write_at(&self, offset: u64, src: &[u8]) -> std::io::Result<()> {
         self.check(offset, src.len() as u64)?;
         // SAFETY: range checked; concurrency as for Segment.

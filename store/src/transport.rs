@@ -13,6 +13,8 @@ use tokio::net::TcpStream;
 use crate::protocol::{Op, Request, Response, Status, HEADER_LEN};
 
 const IO_BUFFER: usize = 64 * 1024;
+/// Checksum granularity on receive: small enough to still be in L2 when hashed.
+const CRC_PIECE: usize = 128 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -122,11 +124,22 @@ impl TcpTransport {
         endpoint: &str,
         reads: &mut [(u64, &mut [u8])],
     ) -> Result<(), TransferError> {
+        self.read_checksummed(endpoint, reads).await.map(|_| ())
+    }
+
+    /// Like [`read`](Self::read), also returning each buffer's crc32c, computed
+    /// piece by piece as the bytes arrive (while they are still in cache).
+    pub async fn read_checksummed(
+        &self,
+        endpoint: &str,
+        reads: &mut [(u64, &mut [u8])],
+    ) -> Result<Vec<u32>, TransferError> {
         if reads.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut conn = self.checkout(endpoint).await?;
         let total: u64 = reads.iter().map(|(_, b)| b.len() as u64).sum();
+        let mut crcs = vec![0u32; reads.len()];
         let first_id = conn.next_id;
         conn.next_id += reads.len() as u64;
         let headers: Vec<[u8; HEADER_LEN]> = reads
@@ -149,11 +162,17 @@ impl TcpTransport {
             }
             w.flush().await
         };
-        let recv = async {
+        let crcs_ref = &mut crcs;
+        let recv = async move {
             for (i, (_, buf)) in reads.iter_mut().enumerate() {
                 let resp = read_response(r).await?;
                 check_response(&resp, first_id + i as u64, buf.len() as u64)?;
-                r.read_exact(buf).await?;
+                let mut crc = 0u32;
+                for piece in buf.chunks_mut(CRC_PIECE) {
+                    r.read_exact(piece).await?;
+                    crc = crc32c::crc32c_append(crc, piece);
+                }
+                crcs_ref[i] = crc;
             }
             Ok::<(), IoOrRefused>(())
         };
@@ -169,7 +188,7 @@ impl TcpTransport {
             Ok(Err(e)) => Err(e.into_error(endpoint)),
             Ok(Ok(())) => {
                 self.checkin(endpoint, conn);
-                Ok(())
+                Ok(crcs)
             }
         }
     }

@@ -12,7 +12,11 @@ use crescent_client::MasterClient;
 use crescent_proto::units::{parse_duration, parse_size};
 
 #[derive(Parser, Debug)]
-#[command(name = "crescent-store", version, about = "Contribute a memory segment to a Crescent pool and serve it")]
+#[command(
+    name = "crescent-store",
+    version,
+    about = "Contribute a memory segment to a Crescent pool and serve it"
+)]
 struct Args {
     /// Masters: host:port or a comma list.
     #[arg(long, env = "CRESCENT_MASTER", default_value = "127.0.0.1:50051")]
@@ -81,13 +85,20 @@ fn main() -> anyhow::Result<()> {
             segment_size: args.segment_size,
             listen: args.listen,
             advertise_host: args.advertise.clone(),
-            hostname: args.hostname.clone().unwrap_or_else(crescent_client::config::system_hostname),
+            hostname: args
+                .hostname
+                .clone()
+                .unwrap_or_else(crescent_client::config::system_hostname),
             shm: args.shm,
             shm_dir: args.shm_dir.clone(),
             heartbeat_interval: args.heartbeat_interval,
         };
         let agent = StoreAgent::start(master, cfg).await?;
-        tracing::info!(endpoint = agent.endpoint, name = agent.name, "crescent-store started");
+        tracing::info!(
+            endpoint = agent.endpoint,
+            name = agent.name,
+            "crescent-store started"
+        );
         shutdown_signal().await;
         tracing::info!("shutting down");
         agent.shutdown().await;

@@ -446,7 +446,9 @@ mod tests {
     fn no_device_is_a_clean_error() {
         let devices = list_devices().unwrap_or_default();
         if devices.is_empty() {
-            let err = RdmaDevice::open(None).err().expect("no device, so open must fail");
+            let err = RdmaDevice::open(None)
+                .err()
+                .expect("no device, so open must fail");
             assert_eq!(err.kind(), io::ErrorKind::NotFound);
         } else {
             eprintln!("RDMA devices present: {devices:?}; skipping the no-device check");

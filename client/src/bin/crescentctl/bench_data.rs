@@ -116,10 +116,19 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
         .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("{e}")))
         .collect::<anyhow::Result<_>>()?;
     anyhow::ensure!(sizes.iter().all(|s| *s > 0), "sizes must be positive");
-    anyhow::ensure!(args.clients.iter().all(|c| *c > 0), "--clients must be positive");
-    anyhow::ensure!(args.batch.iter().all(|b| *b > 0), "--batch must be positive");
+    anyhow::ensure!(
+        args.clients.iter().all(|c| *c > 0),
+        "--clients must be positive"
+    );
+    anyhow::ensure!(
+        args.batch.iter().all(|b| *b > 0),
+        "--batch must be positive"
+    );
     for t in &args.transports {
-        anyhow::ensure!(t == "tcp" || t == "shm", "unknown transport {t:?} (tcp, shm)");
+        anyhow::ensure!(
+            t == "tcp" || t == "shm",
+            "unknown transport {t:?} (tcp, shm)"
+        );
     }
     let per_run = parse_size(&args.bytes_per_run).map_err(|e| anyhow::anyhow!("{e}"))?;
 
@@ -145,12 +154,21 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
         for &size in &sizes {
             for &batch in &args.batch {
                 for &clients in &args.clients {
-                    eprintln!("{transport} {} x{clients} batch {batch} ...", format_size(size));
+                    eprintln!(
+                        "{transport} {} x{clients} batch {batch} ...",
+                        format_size(size)
+                    );
                     // A client that believes it is on another host never maps shared memory.
-                    let hostname = if transport == "shm" { host.clone() } else { format!("{host}-remote") };
+                    let hostname = if transport == "shm" {
+                        host.clone()
+                    } else {
+                        format!("{host}-remote")
+                    };
                     let ops = ((per_run / size) as usize / clients).clamp(4, args.max_ops);
                     let ops = ops.div_ceil(batch) * batch;
-                    rows.extend(run_one(&masters, transport, &hostname, size, clients, ops, batch).await?);
+                    rows.extend(
+                        run_one(&masters, transport, &hostname, size, clients, ops, batch).await?,
+                    );
                 }
             }
         }
@@ -192,9 +210,14 @@ async fn run_one(
                 let mut lat = Vec::with_capacity(ops);
                 let mut errors = 0;
                 let mut bufs = vec![vec![0u8; value.len()]; batch];
-                let cfg = ReplicateConfig { replica_num: 1, ..Default::default() };
+                let cfg = ReplicateConfig {
+                    replica_num: 1,
+                    ..Default::default()
+                };
                 for first in (0..ops).step_by(batch) {
-                    let keys: Vec<String> = (first..first + batch).map(|i| format!("{prefix}{i}")).collect();
+                    let keys: Vec<String> = (first..first + batch)
+                        .map(|i| format!("{prefix}{i}"))
+                        .collect();
                     let t = Instant::now();
                     let failed = if batch == 1 {
                         let ok = if op == "put" {
@@ -206,13 +229,15 @@ async fn run_one(
                     } else {
                         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                         if op == "put" {
-                            let items: Vec<(&str, &[u8])> = refs.iter().map(|k| (*k, value.as_slice())).collect();
+                            let items: Vec<(&str, &[u8])> =
+                                refs.iter().map(|k| (*k, value.as_slice())).collect();
                             match c.put_batch(&items, &cfg).await {
                                 Ok(r) => r.iter().filter(|x| x.is_err()).count(),
                                 Err(_) => batch,
                             }
                         } else {
-                            let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                            let mut slices: Vec<&mut [u8]> =
+                                bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
                             match c.batch_get_into(&refs, &mut slices).await {
                                 Ok(r) => r.iter().filter(|x| x.is_err()).count(),
                                 Err(_) => batch,
@@ -247,7 +272,9 @@ async fn run_one(
             errors,
         });
     }
-    handles[0].remove_by_regex(&format!("^bench-data/{run}/"), true).await?;
+    handles[0]
+        .remove_by_regex(&format!("^bench-data/{run}/"), true)
+        .await?;
     Ok(out)
 }
 
@@ -272,7 +299,17 @@ fn print(rows: &[Row], tcp_ceiling: f64, memcpy: f64, json_out: bool) {
     println!("ceilings: loopback TCP {tcp_ceiling:.2} GB/s (two local sockets), memcpy {memcpy:.2} GB/s (one thread)");
     println!(
         "{:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
-        "XPORT", "SIZE", "BATCH", "CLI", "OP", "OPS", "GB/S", "CEILING%", "P50 MS", "P99 MS", "ERRORS"
+        "XPORT",
+        "SIZE",
+        "BATCH",
+        "CLI",
+        "OP",
+        "OPS",
+        "GB/S",
+        "CEILING%",
+        "P50 MS",
+        "P99 MS",
+        "ERRORS"
     );
     for r in rows {
         println!(
@@ -299,26 +336,36 @@ fn print(rows: &[Row], tcp_ceiling: f64, memcpy: f64, json_out: bool) {
             .map(|r| r.gbps)
             .fold(0.0, f64::max)
     };
-    if rows.iter().any(|r| r.transport == "tcp" && r.size == 1 << 20) {
+    if rows
+        .iter()
+        .any(|r| r.transport == "tcp" && r.size == 1 << 20)
+    {
         let g = best("tcp", 1 << 20);
         println!(
             "  1 MiB gets over TCP: best {g:.2} GB/s = {:.0}% of loopback; target 70% {}",
             100.0 * g / tcp_ceiling,
-            if g >= 0.7 * tcp_ceiling { "MET" } else { "NOT MET" }
+            if g >= 0.7 * tcp_ceiling {
+                "MET"
+            } else {
+                "NOT MET"
+            }
         );
     }
     if rows.iter().any(|r| r.transport == "shm") {
-        let g = rows.iter().filter(|r| r.transport == "shm" && r.op == "get").map(|r| r.gbps).fold(0.0, f64::max);
+        let g = rows
+            .iter()
+            .filter(|r| r.transport == "shm" && r.op == "get")
+            .map(|r| r.gbps)
+            .fold(0.0, f64::max);
         println!(
             "  shared-memory gets: best {g:.2} GB/s = {:.0}% of memcpy; target 50% {}",
             100.0 * g / memcpy,
             if g >= 0.5 * memcpy { "MET" } else { "NOT MET" }
         );
     }
-    if let Some(r) = rows
-        .iter()
-        .find(|r| r.transport == "tcp" && r.size == 4096 && r.clients == 1 && r.batch == 1 && r.op == "get")
-    {
+    if let Some(r) = rows.iter().find(|r| {
+        r.transport == "tcp" && r.size == 4096 && r.clients == 1 && r.batch == 1 && r.op == "get"
+    }) {
         println!(
             "  4 KiB get p99 with one client over TCP: {:.3} ms; target 1 ms {}",
             r.p99_ms,

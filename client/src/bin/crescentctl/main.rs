@@ -139,7 +139,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => cluster_cmds::remove_member(&client, id).await,
         Cmd::Status => cluster_cmds::status(&client, cli.json).await,
         Cmd::TransferLeader { id } => cluster_cmds::transfer_leader(&client, id).await,
-        Cmd::Put { key, value, file, replicas } => object_cmds::put(&cli.master, &key, value, file, replicas).await,
+        Cmd::Put {
+            key,
+            value,
+            file,
+            replicas,
+        } => object_cmds::put(&cli.master, &key, value, file, replicas).await,
         Cmd::Get { key, out } => object_cmds::get(&cli.master, &key, out).await,
         Cmd::Rm { key, force } => object_cmds::rm(&cli.master, &key, force).await,
         Cmd::Exists { key } => object_cmds::exists(&cli.master, &key, cli.json).await,

@@ -13,10 +13,18 @@ async fn client(master: &str) -> anyhow::Result<Client> {
     Ok(Client::connect(config).await?)
 }
 
-pub async fn put(master: &str, key: &str, value: Option<String>, file: Option<PathBuf>, replicas: u32) -> anyhow::Result<()> {
+pub async fn put(
+    master: &str,
+    key: &str,
+    value: Option<String>,
+    file: Option<PathBuf>,
+    replicas: u32,
+) -> anyhow::Result<()> {
     let bytes = match (value, file) {
         (Some(v), None) => v.into_bytes(),
-        (None, Some(f)) => std::fs::read(&f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?,
+        (None, Some(f)) => {
+            std::fs::read(&f).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?
+        }
         _ => anyhow::bail!("give either a VALUE or --file F"),
     };
     anyhow::ensure!(replicas > 0, "--replicas must be at least 1");
@@ -26,7 +34,10 @@ pub async fn put(master: &str, key: &str, value: Option<String>, file: Option<Pa
         ..Default::default()
     };
     c.put(key, &bytes, &cfg).await?;
-    eprintln!("stored {key} ({} bytes, {replicas} replica(s))", bytes.len());
+    eprintln!(
+        "stored {key} ({} bytes, {replicas} replica(s))",
+        bytes.len()
+    );
     Ok(())
 }
 
@@ -35,7 +46,8 @@ pub async fn get(master: &str, key: &str, out: Option<PathBuf>) -> anyhow::Resul
     let bytes = c.get(key).await?;
     match out {
         Some(path) => {
-            std::fs::write(&path, &bytes).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            std::fs::write(&path, &bytes)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
             eprintln!("wrote {} bytes to {}", bytes.len(), path.display());
         }
         None => std::io::stdout().write_all(&bytes)?,

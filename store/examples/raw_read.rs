@@ -1,0 +1,48 @@
+//! Transport-only read throughput against an in-process store server, with and
+//! without crc32c: isolates the data path from the masters. `cargo run --release
+//! -p crescent-store --example raw_read`
+use std::sync::Arc;
+use std::time::Instant;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let seg = crescent_store::Segment::anonymous(256 << 20).expect("segment");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let ep = l.local_addr().expect("addr").to_string();
+        tokio::spawn(crescent_store::server::serve(
+            seg.clone(),
+            l,
+            Arc::new(Default::default()),
+        ));
+        let t = Arc::new(crescent_store::TcpTransport::new());
+        for batch in [1usize, 16] {
+            for crc in [false, true] {
+                let n = 2048;
+                let start = Instant::now();
+                let mut bufs = vec![vec![0u8; 1 << 20]; batch];
+                for i in (0..n).step_by(batch) {
+                    let mut reads: Vec<(u64, &mut [u8])> = bufs
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(j, b)| ((((i + j) % 200) << 20) as u64, b.as_mut_slice()))
+                        .collect();
+                    if crc {
+                        std::hint::black_box(
+                            t.read_checksummed(&ep, &mut reads).await.expect("read"),
+                        );
+                    } else {
+                        t.read(&ep, &mut reads).await.expect("read");
+                    }
+                }
+                let gbps = (n << 20) as f64 / start.elapsed().as_secs_f64() / 1e9;
+                println!("1 MiB reads, batch {batch}, crc32c {crc}: {gbps:.2} GB/s");
+            }
+        }
+    });
+}
