@@ -7,6 +7,10 @@ need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# The store's `rdma` feature builds rdma-core's verbs bindings.
+for pkg in cmake libclang-dev pkg-config libnl-3-dev libnl-route-3-dev libibverbs-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
 
 if ((${#need[@]})); then
   echo "install-deps: installing ${need[*]}"

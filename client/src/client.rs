@@ -127,8 +127,12 @@ impl Client {
                 "protocol rdma is not wired into the client data path yet; use tcp".into(),
             ));
         }
-        let mut master =
-            MasterClient::new(&config.master).map_err(|e| Error::Config(e.to_string()))?;
+        let mut master = MasterClient::connect(&config.master)
+            .await
+            .map_err(|e| match e {
+                ClientError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),
+                other => Error::Unavailable(other.to_string()),
+            })?;
         master.policy.deadline = config.master_deadline;
         let master = Arc::new(master);
         let local = if config.global_segment_size > 0 {

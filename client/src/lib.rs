@@ -14,6 +14,7 @@
 pub mod agent;
 pub mod client;
 pub mod config;
+pub mod discovery;
 pub mod local;
 pub mod master;
 

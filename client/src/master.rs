@@ -118,11 +118,32 @@ pub fn new_client_id() -> String {
     format!("{r:032x}")
 }
 
+/// Where the masters are: seeds and the believed leader. Shared with the etcd
+/// watcher, which keeps them current when the address was `etcd://...`.
+#[derive(Default)]
+pub struct Targets {
+    seeds: std::sync::RwLock<Vec<String>>,
+    leader: Mutex<Option<String>>,
+}
+
+impl Targets {
+    pub fn set_seeds(&self, seeds: Vec<String>) {
+        if !seeds.is_empty() {
+            *self.seeds.write().expect("lock poisoned") = seeds;
+        }
+    }
+
+    pub fn set_leader_hint(&self, addr: Option<String>) {
+        if addr.is_some() {
+            *self.leader.lock().expect("lock poisoned") = addr;
+        }
+    }
+}
+
 /// A client of the master set that follows the leader by itself.
 pub struct MasterClient {
-    seeds: Vec<String>,
+    targets: std::sync::Arc<Targets>,
     next_seed: AtomicUsize,
-    leader: Mutex<Option<String>>,
     channels: Mutex<HashMap<String, Channel>>,
     client_id: String,
     seq: AtomicU64,
@@ -142,13 +163,32 @@ impl MasterClient {
         Ok(Self::with_seeds(parse_master_list(masters)?))
     }
 
+    /// `masters`: `host:port`, a comma list, or `etcd://h1:2379,h2:2379[/cluster]`
+    /// (the masters are then discovered in etcd and followed as they change).
+    pub async fn connect(masters: &str) -> Result<Self, ClientError> {
+        match crate::discovery::EtcdSpec::parse(masters) {
+            Some(spec) => {
+                let targets = std::sync::Arc::new(Targets::default());
+                crate::discovery::start(spec?, targets.clone()).await?;
+                Ok(Self::with_targets(targets))
+            }
+            None => Self::new(masters),
+        }
+    }
+
     pub fn with_seeds(seeds: Vec<String>) -> Self {
+        let targets = Targets::default();
+        targets.set_seeds(seeds);
+        Self::with_targets(std::sync::Arc::new(targets))
+    }
+
+    fn with_targets(targets: std::sync::Arc<Targets>) -> Self {
         // Start from a random seed so many clients spread their first contact.
-        let start = rand::rng().random_range(0..seeds.len().max(1));
+        let n = targets.seeds.read().expect("lock poisoned").len();
+        let start = rand::rng().random_range(0..n.max(1));
         Self {
-            seeds,
+            targets,
             next_seed: AtomicUsize::new(start),
-            leader: Mutex::new(None),
             channels: Mutex::new(HashMap::new()),
             client_id: new_client_id(),
             seq: AtomicU64::new(1),
@@ -160,13 +200,14 @@ impl MasterClient {
         &self.client_id
     }
 
-    pub fn seeds(&self) -> &[String] {
-        &self.seeds
+    /// Known master addresses.
+    pub fn seeds(&self) -> Vec<String> {
+        self.targets.seeds.read().expect("lock poisoned").clone()
     }
 
     /// The leader address this client currently believes in.
     pub fn cached_leader(&self) -> Option<String> {
-        self.leader.lock().expect("lock poisoned").clone()
+        self.targets.leader.lock().expect("lock poisoned").clone()
     }
 
     /// A fresh header for one logical write; reuse it across retries of that write.
@@ -191,16 +232,24 @@ impl MasterClient {
         Ok(ch)
     }
 
-    fn pick_target(&self) -> String {
-        if let Some(l) = self.leader.lock().expect("lock poisoned").clone() {
-            return l;
+    fn pick_target(&self) -> Option<String> {
+        if let Some(l) = self.cached_leader() {
+            return Some(l);
+        }
+        let seeds = self.targets.seeds.read().expect("lock poisoned");
+        if seeds.is_empty() {
+            return None;
         }
         let i = self.next_seed.fetch_add(1, Ordering::Relaxed);
-        self.seeds[i % self.seeds.len()].clone()
+        Some(seeds[i % seeds.len()].clone())
+    }
+
+    fn set_leader(&self, addr: String) {
+        *self.targets.leader.lock().expect("lock poisoned") = Some(addr);
     }
 
     fn forget_leader(&self, addr: &str) {
-        let mut l = self.leader.lock().expect("lock poisoned");
+        let mut l = self.targets.leader.lock().expect("lock poisoned");
         if l.as_deref() == Some(addr) {
             *l = None;
         }
@@ -219,15 +268,19 @@ impl MasterClient {
         let mut backoff = self.policy.initial_backoff;
         let mut last_error;
         loop {
-            let target = self.pick_target();
+            let Some(target) = self.pick_target() else {
+                return Err(ClientError::Unavailable(
+                    "no master address known (etcd lists none)".into(),
+                ));
+            };
             let outcome = self.attempt(&target, &f).await;
             match outcome {
                 Attempt::Done(r) => {
-                    *self.leader.lock().expect("lock poisoned") = Some(target);
+                    self.set_leader(target);
                     return Ok(r);
                 }
                 Attempt::Redirect(Some(addr)) if addr != target => {
-                    *self.leader.lock().expect("lock poisoned") = Some(addr);
+                    self.set_leader(addr);
                     last_error = format!("{target} is not the leader");
                     // A named leader is tried at once, without backoff.
                     if Instant::now() < deadline {
@@ -317,10 +370,10 @@ impl MasterClient {
     /// Asks the masters who leads: the first one that knows answers.
     pub async fn get_leader(&self) -> Result<pb::GetLeaderResponse, ClientError> {
         let mut last = String::from("no masters configured");
-        let mut targets: Vec<String> = self.cached_leader().into_iter().collect();
-        targets.extend(self.seeds.iter().cloned());
         let deadline = Instant::now() + self.policy.deadline;
         loop {
+            let mut targets: Vec<String> = self.cached_leader().into_iter().collect();
+            targets.extend(self.seeds());
             for t in &targets {
                 match self
                     .call_node(t, |ch| async move {

@@ -56,6 +56,15 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_PEERS", default_value = "")]
     pub peers: String,
 
+    /// etcd endpoints (comma list). With them, masters register and bootstrap
+    /// through etcd and --peers must be empty.
+    #[arg(long, env = "CRESCENT_ETCD", default_value = "")]
+    pub etcd: String,
+
+    /// Cluster name: the etcd key prefix /crescent/<cluster>/.
+    #[arg(long, env = "CRESCENT_CLUSTER", default_value = "crescent")]
+    pub cluster: String,
+
     /// Start uninitialized and wait to be added to an existing cluster
     /// (`crescentctl members add`) instead of forming one.
     #[arg(long, env = "CRESCENT_JOIN")]
@@ -155,6 +164,18 @@ impl MasterConfig {
         );
         anyhow::ensure!(self.max_key_len > 0, "--max-key-len must be positive");
         let peers = self.initial_peers()?;
+        anyhow::ensure!(
+            self.etcd_endpoints().is_empty() || peers.is_empty(),
+            "--etcd and --peers are exclusive: with etcd, masters discover each other"
+        );
+        anyhow::ensure!(
+            !self.cluster.is_empty()
+                && self
+                    .cluster
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "--cluster must be letters, digits, '-' or '_'"
+        );
         if !peers.is_empty() {
             anyhow::ensure!(
                 peers.contains_key(&self.node_id),
@@ -171,6 +192,16 @@ impl MasterConfig {
             _ if self.listen.ip().is_unspecified() => format!("127.0.0.1:{}", self.listen.port()),
             _ => self.listen.to_string(),
         }
+    }
+
+    /// etcd endpoints from `--etcd` (scheme-less host:port).
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        self.etcd
+            .trim_start_matches("etcd://")
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
     }
 
     /// The voters named by `--peers`, id to address.

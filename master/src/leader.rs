@@ -50,6 +50,9 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 set.spawn(liveness_loop(node.clone()));
                 set.spawn(reclaim_loop(node.clone()));
                 set.spawn(lease_sweep_loop(node.clone()));
+                if let Some(etcd) = &node.etcd {
+                    set.spawn(crate::etcd::leader_loop(node.clone(), etcd.clone(), term));
+                }
                 running = Some((term, set));
             }
             (Some(_), false) => {

@@ -12,6 +12,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod etcd;
 pub mod leader;
 pub mod node;
 pub mod server;

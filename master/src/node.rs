@@ -72,6 +72,8 @@ pub struct MasterNode {
     read_barrier: mpsc::UnboundedSender<oneshot::Sender<Result<(), NodeError>>>,
     /// Set while handing leadership over: writes are refused, naming the successor.
     pub transferring_to: Mutex<Option<(NodeId, Instant)>>,
+    /// etcd membership, when started with --etcd.
+    pub etcd: Option<Arc<crate::etcd::EtcdMembership>>,
 }
 
 pub fn now_ms() -> u64 {
@@ -111,6 +113,13 @@ impl MasterNode {
         let contacts = network.contacts.clone();
         let raft = Raft::new(id, Arc::new(raft_config(&config)?), network, log, sm).await?;
 
+        let etcd = match config.etcd_endpoints() {
+            e if e.is_empty() => None,
+            endpoints => Some(
+                crate::etcd::EtcdMembership::connect(&endpoints, &config.cluster, id, &addr)
+                    .await?,
+            ),
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let node = Arc::new(Self {
             id,
@@ -122,8 +131,25 @@ impl MasterNode {
             leader_mem: Mutex::new(LeaderMemory::new(0, 0)),
             read_barrier: tx,
             transferring_to: Mutex::new(None),
+            etcd: etcd.clone(),
         });
         tokio::spawn(read_barrier_loop(raft.clone(), rx));
+
+        if let Some(etcd) = &etcd {
+            tokio::spawn(etcd.clone().keep_alive_loop());
+            if !config.join && !raft.is_initialized().await? && etcd.claim_bootstrap().await? {
+                tracing::info!(
+                    node_id = id,
+                    cluster = config.cluster,
+                    "won the etcd bootstrap; initializing a new Raft cluster"
+                );
+                let members = BTreeMap::from([(id, BasicNode { addr: addr.clone() })]);
+                if let Err(e) = raft.initialize(members).await {
+                    tracing::warn!(error = %e, "initialize refused");
+                }
+            }
+            return Ok(node);
+        }
 
         let peers = config.initial_peers()?;
         let initializer = peers.keys().next().copied().unwrap_or(id);

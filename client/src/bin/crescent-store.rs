@@ -79,7 +79,7 @@ fn main() -> anyhow::Result<()> {
         .thread_name("crescent-store")
         .build()?;
     rt.block_on(async move {
-        let master = Arc::new(MasterClient::new(&args.master)?);
+        let master = Arc::new(MasterClient::connect(&args.master).await?);
         let cfg = AgentConfig {
             name: args.segment_name.clone(),
             segment_size: args.segment_size,

@@ -104,7 +104,7 @@ async fn meta(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
 }
 
 async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Result<Vec<Row>> {
-    let client = Arc::new(MasterClient::new(masters)?);
+    let client = Arc::new(MasterClient::connect(masters).await?);
     client.get_leader().await?;
     let run_id = crescent_client::master::new_client_id();
     let max_objects = args.objects.max(args.single_objects);

@@ -84,7 +84,7 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
         client.seeds().iter().map(|s| (s.clone(), None)).collect();
     for seed in client.seeds() {
         if let Ok(r) = client
-            .call_node(seed, |ch| async move {
+            .call_node(&seed, |ch| async move {
                 MasterClient::cluster(ch)
                     .list_members(pb::ListMembersRequest {})
                     .await

@@ -127,7 +127,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Cmd::Bench { what } = cli.command {
         return bench::run(what, &cli.master, cli.json).await;
     }
-    let client = MasterClient::new(&cli.master)?;
+    let client = MasterClient::connect(&cli.master).await?;
     match cli.command {
         Cmd::Leader => cluster_cmds::leader(&client, cli.json).await,
         Cmd::Members { action: None } => cluster_cmds::members(&client, cli.json).await,
