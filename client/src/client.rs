@@ -7,7 +7,9 @@
 //! never returns bytes that differ from what was put.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
@@ -16,6 +18,7 @@ use crescent_store::{ShmMapping, TcpTransport};
 
 use crate::agent::{AgentConfig, StoreAgent};
 use crate::config::{ClientConfig, Protocol};
+use crate::local_cache::LocalCache;
 use crate::master::{ClientError, MasterClient};
 
 /// Errors of the client library. `NotFound` is distinct from every failure.
@@ -90,20 +93,53 @@ pub struct ReplicateConfig {
 /// Where reads and writes went, for tests and metrics.
 #[derive(Debug, Default)]
 pub struct ClientStats {
+    pub degraded_puts: std::sync::atomic::AtomicU64,
+    pub degraded_gets: std::sync::atomic::AtomicU64,
+    pub published: std::sync::atomic::AtomicU64,
     pub local_bytes: std::sync::atomic::AtomicU64,
     pub shm_bytes: std::sync::atomic::AtomicU64,
     pub tcp_bytes: std::sync::atomic::AtomicU64,
     pub checksum_failures: std::sync::atomic::AtomicU64,
 }
 
-pub struct Client {
+/// The client's state and operations; [`Client`] owns it together with the
+/// background task that watches master reachability.
+pub struct ClientCore {
     pub stats: ClientStats,
     master: Arc<MasterClient>,
     tcp: TcpTransport,
     shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
     local: Option<Arc<StoreAgent>>,
     config: ClientConfig,
+    degraded: AtomicBool,
+    last_master_ok: Mutex<Instant>,
+    /// Objects put while degraded (and not yet published), bounded by local_buffer_size.
+    local_only: Mutex<LocalCache>,
+    /// Recent GetReplicaList answers, usable while degraded until their lease ends.
+    descriptors: Mutex<HashMap<String, (pb::GetReplicaListResponse, Instant)>>,
 }
+
+/// A connected client. Dereferences to [`ClientCore`] for every operation.
+pub struct Client {
+    core: Arc<ClientCore>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for Client {
+    type Target = ClientCore;
+    fn deref(&self) -> &ClientCore {
+        &self.core
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
+}
+
+const MAX_DESCRIPTORS: usize = 65_536;
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Where a replica can be reached from here.
 enum Route<'a> {
@@ -133,7 +169,12 @@ impl Client {
                 ClientError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),
                 other => Error::Unavailable(other.to_string()),
             })?;
-        master.policy.deadline = config.master_deadline;
+        master.policy.deadline = if config.degrade_after.is_zero() {
+            config.master_deadline
+        } else {
+            // A call during an outage gives up when degraded mode would start.
+            config.master_deadline.min(config.degrade_after.max(Duration::from_millis(500)))
+        };
         let master = Arc::new(master);
         let local = if config.global_segment_size > 0 {
             let listen = config.transfer_listen.parse().map_err(|_| {
@@ -154,23 +195,31 @@ impl Client {
             )
             .await
             .map_err(|e| Error::Config(e.to_string()))?;
-            if agent.wait_mounted(config.master_deadline).await.is_none() {
-                return Err(Error::Unavailable(
-                    "could not mount this client's segment".into(),
-                ));
+            if agent
+                .wait_mounted(config.master_deadline.min(Duration::from_secs(5)))
+                .await
+                .is_none()
+            {
+                tracing::warn!("this client's segment is not mounted yet; it keeps trying in the background");
             }
             Some(agent)
         } else {
             None
         };
-        Ok(Self {
+        let core = Arc::new(ClientCore {
             stats: ClientStats::default(),
             master,
             tcp: TcpTransport::new(),
             shm: Mutex::new(HashMap::new()),
             local,
+            degraded: AtomicBool::new(false),
+            last_master_ok: Mutex::new(Instant::now()),
+            local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
+            descriptors: Mutex::new(HashMap::new()),
             config,
-        })
+        });
+        let monitor = tokio::spawn(monitor_loop(Arc::downgrade(&core)));
+        Ok(Client { core, monitor })
     }
 
     /// Connects with configuration from the environment (`MOONCAKE_*`/`CRESCENT_*`).
@@ -179,8 +228,159 @@ impl Client {
         Self::connect(config).await
     }
 
+    /// Unmounts this client's segment (if any) and stops serving it.
+    pub async fn close(&self) {
+        self.monitor.abort();
+        if let Some(agent) = &self.core.local {
+            agent.shutdown().await;
+        }
+    }
+}
+
+/// Watches master reachability: enters local-only mode after `degrade_after`
+/// without a master, leaves it as soon as a leader answers (within one probe),
+/// then publishes or drops what was stored locally meanwhile.
+async fn monitor_loop(core: std::sync::Weak<ClientCore>) {
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let Some(core) = core.upgrade() else { return };
+        if core.config.degrade_after.is_zero() {
+            continue;
+        }
+        let reachable = core.master.probe(Duration::from_millis(800)).await;
+        if reachable {
+            core.mark_master_ok();
+            if core.degraded.swap(false, Ordering::AcqRel) {
+                tracing::info!("a master leader is reachable again: leaving degraded (local-only) mode");
+                core.recover().await;
+            }
+        } else {
+            let silent = core.last_master_ok.lock().expect("lock poisoned").elapsed();
+            if silent >= core.config.degrade_after && !core.degraded.swap(true, Ordering::AcqRel) {
+                tracing::warn!(?silent, "no master reachable: entering degraded (local-only) mode");
+            }
+        }
+    }
+}
+
+impl ClientCore {
     pub fn master(&self) -> &MasterClient {
         &self.master
+    }
+
+    /// True while the client serves from local memory only (no master reachable).
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Acquire)
+    }
+
+    fn mark_master_ok(&self) {
+        *self.last_master_ok.lock().expect("lock poisoned") = Instant::now();
+    }
+
+    /// A master call failed for lack of masters: go degraded if it has been long enough.
+    fn note_unavailable(&self, e: &Error) {
+        if matches!(e, Error::Unavailable(_)) && !self.config.degrade_after.is_zero() {
+            let silent = self.last_master_ok.lock().expect("lock poisoned").elapsed();
+            if silent >= self.config.degrade_after && !self.degraded.swap(true, Ordering::AcqRel) {
+                tracing::warn!(?silent, "no master reachable: entering degraded (local-only) mode");
+            }
+        }
+    }
+
+    fn remember_descriptor(&self, key: &str, r: &pb::GetReplicaListResponse) {
+        let mut d = self.descriptors.lock().expect("lock poisoned");
+        if d.len() >= MAX_DESCRIPTORS {
+            d.clear();
+        }
+        let until = Instant::now() + Duration::from_millis(r.lease_ttl_ms);
+        d.insert(key.to_string(), (r.clone(), until));
+    }
+
+    fn leased_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
+        let d = self.descriptors.lock().expect("lock poisoned");
+        d.get(key).filter(|(_, until)| *until > Instant::now()).map(|(r, _)| r.clone())
+    }
+
+    fn put_local(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut cache = self.local_only.lock().expect("lock poisoned");
+        match cache.insert(key, Arc::new(value.to_vec())) {
+            Ok(evicted) => {
+                if !evicted.is_empty() {
+                    tracing::debug!(count = evicted.len(), "local-only cache full; dropped oldest entries");
+                }
+                self.stats.degraded_puts.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(size) => Err(Error::InvalidArgument(format!(
+                "degraded mode: a {size}-byte value exceeds the {}-byte local buffer",
+                self.config.local_buffer_size
+            ))),
+        }
+    }
+
+    /// Degraded get: the local-only cache, then a replica whose descriptor we
+    /// still hold under its read lease (bytes verified by checksum).
+    async fn get_degraded(&self, key: &str, buf: Option<&mut [u8]>) -> Result<(usize, Option<Vec<u8>>)> {
+        self.stats.degraded_gets.fetch_add(1, Ordering::Relaxed);
+        let local = self.local_only.lock().expect("lock poisoned").get(key);
+        if let Some(v) = local {
+            return match buf {
+                Some(b) if b.len() < v.len() => Err(Error::BufferTooSmall { size: v.len() as u64, buffer: b.len() }),
+                Some(b) => {
+                    b[..v.len()].copy_from_slice(&v);
+                    Ok((v.len(), None))
+                }
+                None => Ok((v.len(), Some(v.to_vec()))),
+            };
+        }
+        if let Some(found) = self.leased_descriptor(key) {
+            return match buf {
+                Some(b) => Ok((self.read_verified(key, &found, b).await?, None)),
+                None => {
+                    let mut v = vec![0u8; found.size as usize];
+                    self.read_verified(key, &found, &mut v).await?;
+                    Ok((v.len(), Some(v)))
+                }
+            };
+        }
+        Err(Error::Unavailable(format!(
+            "degraded mode: {key:?} is neither in the local cache nor under a held read lease"
+        )))
+    }
+
+    /// After an outage: publish (or drop) what was put locally.
+    async fn recover(&self) {
+        let keys = self.local_only.lock().expect("lock poisoned").keys();
+        if keys.is_empty() {
+            return;
+        }
+        if !self.config.publish_on_recover {
+            let mut cache = self.local_only.lock().expect("lock poisoned");
+            for k in &keys {
+                cache.remove(k);
+            }
+            tracing::info!(dropped = keys.len(), "dropped objects stored while degraded (publish_on_recover is off)");
+            return;
+        }
+        let mut published = 0;
+        for k in keys {
+            let value = self.local_only.lock().expect("lock poisoned").get(&k);
+            let Some(value) = value else { continue };
+            match self.put_cluster(&k, &value, &ReplicateConfig::default()).await {
+                Ok(()) => {
+                    self.local_only.lock().expect("lock poisoned").remove(&k);
+                    published += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(key = k, error = %e, "could not publish a locally stored object; keeping it local");
+                    if matches!(e, Error::Unavailable(_)) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.stats.published.fetch_add(published, Ordering::Relaxed);
+        tracing::info!(published, "published objects stored while degraded");
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -394,11 +594,29 @@ impl Client {
     // ---------------------------------------------------------------- puts
 
     /// Stores `value` under `key`. A key that already exists counts as success
-    /// (objects are immutable, as in Mooncake).
+    /// (objects are immutable, as in Mooncake). In degraded mode the value goes
+    /// to the bounded local cache only (not replicated: see the README).
     pub async fn put(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
         if value.is_empty() {
             return Err(Error::InvalidArgument("value is empty".into()));
         }
+        if self.is_degraded() {
+            return self.put_local(key, value);
+        }
+        match self.put_cluster(key, value, cfg).await {
+            Err(e @ Error::Unavailable(_)) => {
+                self.note_unavailable(&e);
+                if self.is_degraded() {
+                    self.put_local(key, value)
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn put_cluster(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
         let checksum = crc32c::crc32c(value);
         let replicas = match self
             .master
@@ -424,7 +642,9 @@ impl Client {
         self.master
             .put_end(key, checksum)
             .await
-            .map_err(|e| Error::from_master(e, key))
+            .map_err(|e| Error::from_master(e, key))?;
+        self.mark_master_ok();
+        Ok(())
     }
 
     /// Same as [`put`](Self::put): the bytes are sent from the caller's buffer without a copy.
@@ -438,6 +658,9 @@ impl Client {
         items: &[(&str, &[u8])],
         cfg: &ReplicateConfig,
     ) -> Result<Vec<Result<()>>> {
+        if self.is_degraded() {
+            return Ok(items.iter().map(|(k, v)| self.put_local(k, v)).collect());
+        }
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -581,30 +804,70 @@ impl Client {
 
     // ---------------------------------------------------------------- gets
 
+    /// GetReplicaList, remembering the answer for degraded reads.
+    async fn lookup(&self, key: &str) -> Result<pb::GetReplicaListResponse> {
+        match self.master.get_replica_list(key).await {
+            Ok(found) => {
+                self.mark_master_ok();
+                self.remember_descriptor(key, &found);
+                Ok(found)
+            }
+            Err(e) => {
+                let e = Error::from_master(e, key);
+                self.note_unavailable(&e);
+                Err(e)
+            }
+        }
+    }
+
     /// Fetches `key`'s bytes, verified against their checksum.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let found = self
-            .master
-            .get_replica_list(key)
-            .await
-            .map_err(|e| Error::from_master(e, key))?;
-        let mut buf = vec![0u8; found.size as usize];
-        self.read_verified(key, &found, &mut buf).await?;
-        Ok(buf)
+        if self.is_degraded() {
+            return self.get_degraded(key, None).await.map(|(_, v)| v.unwrap_or_default());
+        }
+        match self.lookup(key).await {
+            Ok(found) => {
+                let mut buf = vec![0u8; found.size as usize];
+                self.read_verified(key, &found, &mut buf).await?;
+                Ok(buf)
+            }
+            Err(Error::NotFound(k)) => match self.local_only.lock().expect("lock poisoned").get(key) {
+                // Stored while degraded and not yet published.
+                Some(v) => Ok(v.to_vec()),
+                None => Err(Error::NotFound(k)),
+            },
+            Err(e) if self.is_degraded() => {
+                let _ = e;
+                self.get_degraded(key, None).await.map(|(_, v)| v.unwrap_or_default())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads `key` into `buf` without an intermediate copy; returns the object's size.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
-        let found = self
-            .master
-            .get_replica_list(key)
-            .await
-            .map_err(|e| Error::from_master(e, key))?;
-        self.read_verified(key, &found, buf).await
+        if self.is_degraded() {
+            return self.get_degraded(key, Some(buf)).await.map(|(n, _)| n);
+        }
+        match self.lookup(key).await {
+            Ok(found) => self.read_verified(key, &found, buf).await,
+            Err(e @ Error::Unavailable(_)) if self.is_degraded() => {
+                let _ = e;
+                self.get_degraded(key, Some(buf)).await.map(|(n, _)| n)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Fetches many objects: one GetReplicaList, one pipelined exchange per store.
     pub async fn get_batch(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
+        if self.is_degraded() {
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                out.push(self.get_degraded(k, None).await.map(|(_, v)| v.unwrap_or_default()));
+            }
+            return Ok(out);
+        }
         let found = self.lookup_batch(keys).await?;
         let mut bufs: Vec<Vec<u8>> = found
             .iter()
@@ -810,12 +1073,6 @@ impl Client {
             .map_err(|e| Error::from_master(e, ""))
     }
 
-    /// Unmounts this client's segment (if any) and stops serving it.
-    pub async fn close(&self) {
-        if let Some(agent) = &self.local {
-            agent.shutdown().await;
-        }
-    }
 }
 
 /// One write of a batch put: (item index, remote offset, bytes).

@@ -47,6 +47,11 @@ pub struct ClientConfig {
     pub default_replicas: u32,
     /// Overall deadline of one master call across retries.
     pub master_deadline: Duration,
+    /// With no master answering this long, serve from local memory only
+    /// (`MOONCAKE_DEGRADE_AFTER`/`CRESCENT_DEGRADE_AFTER`; 0 disables).
+    pub degrade_after: Duration,
+    /// On recovery, publish objects put while degraded (else drop them).
+    pub publish_on_recover: bool,
 }
 
 impl Default for ClientConfig {
@@ -62,6 +67,8 @@ impl Default for ClientConfig {
             shm: false,
             default_replicas: 1,
             master_deadline: Duration::from_secs(15),
+            degrade_after: Duration::from_secs(3),
+            publish_on_recover: true,
         }
     }
 }
@@ -147,6 +154,13 @@ impl ClientConfig {
         }
         if let Some(v) = get("CRESCENT_TRANSFER_LISTEN") {
             c.transfer_listen = v;
+        }
+        if let Some(v) = var("DEGRADE_AFTER") {
+            c.degrade_after = crescent_proto::units::parse_duration(&v)
+                .map_err(|e| ConfigError(format!("DEGRADE_AFTER: {e}")))?;
+        }
+        if let Some(v) = get("CRESCENT_PUBLISH_ON_RECOVER") {
+            c.publish_on_recover = !matches!(v.as_str(), "0" | "false" | "no");
         }
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");

@@ -16,8 +16,9 @@ pub mod client;
 pub mod config;
 pub mod discovery;
 pub mod local;
+pub mod local_cache;
 pub mod master;
 
-pub use client::{Client, Error, ReplicateConfig};
+pub use client::{Client, ClientCore, Error, ReplicateConfig};
 pub use config::{ClientConfig, Protocol};
 pub use master::{ClientError, MasterClient, RetryPolicy};

@@ -264,7 +264,17 @@ impl MasterClient {
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
-        let deadline = Instant::now() + self.policy.deadline;
+        self.call_leader_within(self.policy.deadline, f).await
+    }
+
+    /// [`call_leader`](Self::call_leader) with an explicit overall deadline.
+    pub async fn call_leader_within<R, F, Fut>(&self, within: Duration, f: F) -> Result<R, ClientError>
+    where
+        R: HasStatus,
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + within;
         let mut backoff = self.policy.initial_backoff;
         let mut last_error;
         loop {
@@ -273,7 +283,10 @@ impl MasterClient {
                     "no master address known (etcd lists none)".into(),
                 ));
             };
-            let outcome = self.attempt(&target, &f).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let outcome = self
+                .attempt(&target, &f, self.policy.attempt_timeout.min(left.max(Duration::from_millis(50))))
+                .await;
             match outcome {
                 Attempt::Done(r) => {
                     self.set_leader(target);
@@ -307,7 +320,7 @@ impl MasterClient {
         }
     }
 
-    async fn attempt<R, F, Fut>(&self, target: &str, f: &F) -> Attempt<R>
+    async fn attempt<R, F, Fut>(&self, target: &str, f: &F, attempt_timeout: Duration) -> Attempt<R>
     where
         R: HasStatus,
         F: Fn(Channel) -> Fut,
@@ -317,7 +330,7 @@ impl MasterClient {
             Ok(c) => c,
             Err(e) => return Attempt::Retry(e.to_string()),
         };
-        match tokio::time::timeout(self.policy.attempt_timeout, f(channel)).await {
+        match tokio::time::timeout(attempt_timeout, f(channel)).await {
             Err(_) => Attempt::Retry("attempt timed out".into()),
             Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
             Ok(Ok(resp)) => {
@@ -395,6 +408,33 @@ impl MasterClient {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// True when some master answers and names a leader that answers too,
+    /// within `within`. Used to detect outages and recoveries.
+    pub async fn probe(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut targets: Vec<String> = self.cached_leader().into_iter().collect();
+        targets.extend(self.seeds());
+        for t in targets {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let Ok(ch) = self.channel(&t) else { continue };
+            let call = async move { Self::cluster(ch).get_leader(pb::GetLeaderRequest {}).await };
+            if let Ok(Ok(r)) = tokio::time::timeout(left, call).await {
+                let r = r.into_inner();
+                if r.leader_id != 0 && !r.leader_addr.is_empty() {
+                    if r.leader_addr == t {
+                        self.set_leader(t);
+                        return true;
+                    }
+                    self.set_leader(r.leader_addr);
+                }
+            }
+        }
+        false
     }
 
     // ---- MasterService operations ----
@@ -653,12 +693,14 @@ impl MasterClient {
         Ok(Self::check(r)?.count)
     }
 
+    /// One heartbeat, given up after `within` (so a store retries every interval).
     pub async fn heartbeat(
         &self,
         segment_ids: Vec<u64>,
+        within: Duration,
     ) -> Result<pb::HeartbeatResult, ClientError> {
         let r = self
-            .call_leader(|ch| {
+            .call_leader_within(within, |ch| {
                 let req = pb::HeartbeatRequest {
                     client_id: self.client_id.clone(),
                     segment_ids: segment_ids.clone(),

@@ -122,7 +122,7 @@ async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Re
     let hb_client = client.clone();
     let heartbeat = tokio::spawn(async move {
         loop {
-            let _ = hb_client.heartbeat(vec![segment_id]).await;
+            let _ = hb_client.heartbeat(vec![segment_id], Duration::from_secs(1)).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
