@@ -73,6 +73,74 @@ impl MasterProcess {
     }
 }
 
+/// A single-member etcd on loopback (Debian's `etcd-server`), for tests and demos.
+pub struct LocalEtcd {
+    pub endpoint: String,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl LocalEtcd {
+    pub fn start() -> anyhow::Result<Self> {
+        let bin = which("etcd").ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
+        let dir = tempfile::Builder::new().prefix("crescent-etcd-").tempdir()?;
+        let (client, peer) = (free_port()?, free_port()?);
+        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
+        let child = Command::new(bin)
+            .args([
+                "--name",
+                "crescent-test",
+                "--data-dir",
+                &dir.path().join("data").display().to_string(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &format!("crescent-test=http://127.0.0.1:{peer}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let endpoint = format!("127.0.0.1:{client}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(&endpoint).is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "etcd did not start listening on {endpoint}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self {
+            endpoint,
+            child: Some(child),
+            _dir: dir,
+        })
+    }
+
+    /// `etcd://<endpoint>/<cluster>`.
+    pub fn url(&self, cluster: &str) -> String {
+        format!("etcd://{}/{cluster}", self.endpoint)
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|p| p.join(name))
+        .find(|p| p.is_file())
+}
+
 /// A `crescent-store` process.
 pub struct StoreProcess {
     pub endpoint: String,
@@ -122,14 +190,30 @@ impl LocalCluster {
         Ok(c)
     }
 
+    /// Starts `n` masters that find each other through etcd (`--etcd`,
+    /// `--cluster`), with no `--peers`.
+    pub fn start_with_etcd(n: usize, etcd: &str, cluster: &str, extra: &[String]) -> anyhow::Result<Self> {
+        let mut args = vec!["--etcd".to_string(), etcd.to_string(), "--cluster".into(), cluster.to_string()];
+        args.extend(extra.iter().cloned());
+        let dir = tempfile::Builder::new().prefix("crescent-cluster-").tempdir()?;
+        let root = dir.path().to_path_buf();
+        let mut c = Self::start_mode(&root, n, &args, false)?;
+        c._dir = Some(dir);
+        Ok(c)
+    }
+
     /// Like [`start`](Self::start) in a directory that is kept afterwards.
     pub fn start_in(root: &Path, n: usize, extra: &[String]) -> anyhow::Result<Self> {
+        Self::start_mode(root, n, extra, true)
+    }
+
+    fn start_mode(root: &Path, n: usize, extra: &[String], static_peers: bool) -> anyhow::Result<Self> {
         let binary = find_binary("crescent-master")?;
         let mut ports = Vec::new();
         for _ in 0..n {
             ports.push((free_port()?, free_port()?));
         }
-        let peers = if n > 1 {
+        let peers = if n > 1 && static_peers {
             ports
                 .iter()
                 .enumerate()
@@ -153,9 +237,10 @@ impl LocalCluster {
                 format!("127.0.0.1:{http}"),
                 "--data-dir".into(),
                 data_dir.display().to_string(),
-                "--peers".into(),
-                peers.clone(),
             ];
+            if static_peers {
+                args.extend(["--peers".to_string(), peers.clone()]);
+            }
             args.extend(extra.iter().cloned());
             masters.push(MasterProcess {
                 id,
