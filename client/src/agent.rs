@@ -225,7 +225,11 @@ async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
             continue;
         };
         // Bounded by the interval, so a store notices a new leader within about one heartbeat.
-        match agent.master.heartbeat(vec![id], interval.max(Duration::from_millis(200))).await {
+        match agent
+            .master
+            .heartbeat(vec![id], interval.max(Duration::from_millis(200)))
+            .await
+        {
             Ok(pb::HeartbeatResult::NeedRemount) => {
                 tracing::warn!(
                     segment_id = id,

@@ -173,7 +173,9 @@ impl Client {
             config.master_deadline
         } else {
             // A call during an outage gives up when degraded mode would start.
-            config.master_deadline.min(config.degrade_after.max(Duration::from_millis(500)))
+            config
+                .master_deadline
+                .min(config.degrade_after.max(Duration::from_millis(500)))
         };
         let master = Arc::new(master);
         let local = if config.global_segment_size > 0 {
@@ -200,7 +202,9 @@ impl Client {
                 .await
                 .is_none()
             {
-                tracing::warn!("this client's segment is not mounted yet; it keeps trying in the background");
+                tracing::warn!(
+                    "this client's segment is not mounted yet; it keeps trying in the background"
+                );
             }
             Some(agent)
         } else {
@@ -251,13 +255,18 @@ async fn monitor_loop(core: std::sync::Weak<ClientCore>) {
         if reachable {
             core.mark_master_ok();
             if core.degraded.swap(false, Ordering::AcqRel) {
-                tracing::info!("a master leader is reachable again: leaving degraded (local-only) mode");
+                tracing::info!(
+                    "a master leader is reachable again: leaving degraded (local-only) mode"
+                );
                 core.recover().await;
             }
         } else {
             let silent = core.last_master_ok.lock().expect("lock poisoned").elapsed();
             if silent >= core.config.degrade_after && !core.degraded.swap(true, Ordering::AcqRel) {
-                tracing::warn!(?silent, "no master reachable: entering degraded (local-only) mode");
+                tracing::warn!(
+                    ?silent,
+                    "no master reachable: entering degraded (local-only) mode"
+                );
             }
         }
     }
@@ -282,7 +291,10 @@ impl ClientCore {
         if matches!(e, Error::Unavailable(_)) && !self.config.degrade_after.is_zero() {
             let silent = self.last_master_ok.lock().expect("lock poisoned").elapsed();
             if silent >= self.config.degrade_after && !self.degraded.swap(true, Ordering::AcqRel) {
-                tracing::warn!(?silent, "no master reachable: entering degraded (local-only) mode");
+                tracing::warn!(
+                    ?silent,
+                    "no master reachable: entering degraded (local-only) mode"
+                );
             }
         }
     }
@@ -298,7 +310,9 @@ impl ClientCore {
 
     fn leased_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
         let d = self.descriptors.lock().expect("lock poisoned");
-        d.get(key).filter(|(_, until)| *until > Instant::now()).map(|(r, _)| r.clone())
+        d.get(key)
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(r, _)| r.clone())
     }
 
     fn put_local(&self, key: &str, value: &[u8]) -> Result<()> {
@@ -306,7 +320,10 @@ impl ClientCore {
         match cache.insert(key, Arc::new(value.to_vec())) {
             Ok(evicted) => {
                 if !evicted.is_empty() {
-                    tracing::debug!(count = evicted.len(), "local-only cache full; dropped oldest entries");
+                    tracing::debug!(
+                        count = evicted.len(),
+                        "local-only cache full; dropped oldest entries"
+                    );
                 }
                 self.stats.degraded_puts.fetch_add(1, Ordering::Relaxed);
                 Ok(())
@@ -320,12 +337,19 @@ impl ClientCore {
 
     /// Degraded get: the local-only cache, then a replica whose descriptor we
     /// still hold under its read lease (bytes verified by checksum).
-    async fn get_degraded(&self, key: &str, buf: Option<&mut [u8]>) -> Result<(usize, Option<Vec<u8>>)> {
+    async fn get_degraded(
+        &self,
+        key: &str,
+        buf: Option<&mut [u8]>,
+    ) -> Result<(usize, Option<Vec<u8>>)> {
         self.stats.degraded_gets.fetch_add(1, Ordering::Relaxed);
         let local = self.local_only.lock().expect("lock poisoned").get(key);
         if let Some(v) = local {
             return match buf {
-                Some(b) if b.len() < v.len() => Err(Error::BufferTooSmall { size: v.len() as u64, buffer: b.len() }),
+                Some(b) if b.len() < v.len() => Err(Error::BufferTooSmall {
+                    size: v.len() as u64,
+                    buffer: b.len(),
+                }),
                 Some(b) => {
                     b[..v.len()].copy_from_slice(&v);
                     Ok((v.len(), None))
@@ -359,14 +383,20 @@ impl ClientCore {
             for k in &keys {
                 cache.remove(k);
             }
-            tracing::info!(dropped = keys.len(), "dropped objects stored while degraded (publish_on_recover is off)");
+            tracing::info!(
+                dropped = keys.len(),
+                "dropped objects stored while degraded (publish_on_recover is off)"
+            );
             return;
         }
         let mut published = 0;
         for k in keys {
             let value = self.local_only.lock().expect("lock poisoned").get(&k);
             let Some(value) = value else { continue };
-            match self.put_cluster(&k, &value, &ReplicateConfig::default()).await {
+            match self
+                .put_cluster(&k, &value, &ReplicateConfig::default())
+                .await
+            {
                 Ok(()) => {
                     self.local_only.lock().expect("lock poisoned").remove(&k);
                     published += 1;
@@ -823,7 +853,10 @@ impl ClientCore {
     /// Fetches `key`'s bytes, verified against their checksum.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
         if self.is_degraded() {
-            return self.get_degraded(key, None).await.map(|(_, v)| v.unwrap_or_default());
+            return self
+                .get_degraded(key, None)
+                .await
+                .map(|(_, v)| v.unwrap_or_default());
         }
         match self.lookup(key).await {
             Ok(found) => {
@@ -831,14 +864,18 @@ impl ClientCore {
                 self.read_verified(key, &found, &mut buf).await?;
                 Ok(buf)
             }
-            Err(Error::NotFound(k)) => match self.local_only.lock().expect("lock poisoned").get(key) {
-                // Stored while degraded and not yet published.
-                Some(v) => Ok(v.to_vec()),
-                None => Err(Error::NotFound(k)),
-            },
+            Err(Error::NotFound(k)) => {
+                match self.local_only.lock().expect("lock poisoned").get(key) {
+                    // Stored while degraded and not yet published.
+                    Some(v) => Ok(v.to_vec()),
+                    None => Err(Error::NotFound(k)),
+                }
+            }
             Err(e) if self.is_degraded() => {
                 let _ = e;
-                self.get_degraded(key, None).await.map(|(_, v)| v.unwrap_or_default())
+                self.get_degraded(key, None)
+                    .await
+                    .map(|(_, v)| v.unwrap_or_default())
             }
             Err(e) => Err(e),
         }
@@ -864,7 +901,11 @@ impl ClientCore {
         if self.is_degraded() {
             let mut out = Vec::with_capacity(keys.len());
             for k in keys {
-                out.push(self.get_degraded(k, None).await.map(|(_, v)| v.unwrap_or_default()));
+                out.push(
+                    self.get_degraded(k, None)
+                        .await
+                        .map(|(_, v)| v.unwrap_or_default()),
+                );
             }
             return Ok(out);
         }
@@ -1072,7 +1113,6 @@ impl ClientCore {
             .await
             .map_err(|e| Error::from_master(e, ""))
     }
-
 }
 
 /// One write of a batch put: (item index, remote offset, bytes).

@@ -82,8 +82,11 @@ pub struct LocalEtcd {
 
 impl LocalEtcd {
     pub fn start() -> anyhow::Result<Self> {
-        let bin = which("etcd").ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
-        let dir = tempfile::Builder::new().prefix("crescent-etcd-").tempdir()?;
+        let bin = which("etcd")
+            .ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-etcd-")
+            .tempdir()?;
         let (client, peer) = (free_port()?, free_port()?);
         let log = std::fs::File::create(dir.path().join("etcd.log"))?;
         let child = Command::new(bin)
@@ -110,7 +113,10 @@ impl LocalEtcd {
         let endpoint = format!("127.0.0.1:{client}");
         let deadline = Instant::now() + Duration::from_secs(15);
         while std::net::TcpStream::connect(&endpoint).is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "etcd did not start listening on {endpoint}");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "etcd did not start listening on {endpoint}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(Self {
@@ -192,10 +198,22 @@ impl LocalCluster {
 
     /// Starts `n` masters that find each other through etcd (`--etcd`,
     /// `--cluster`), with no `--peers`.
-    pub fn start_with_etcd(n: usize, etcd: &str, cluster: &str, extra: &[String]) -> anyhow::Result<Self> {
-        let mut args = vec!["--etcd".to_string(), etcd.to_string(), "--cluster".into(), cluster.to_string()];
+    pub fn start_with_etcd(
+        n: usize,
+        etcd: &str,
+        cluster: &str,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
+        let mut args = vec![
+            "--etcd".to_string(),
+            etcd.to_string(),
+            "--cluster".into(),
+            cluster.to_string(),
+        ];
         args.extend(extra.iter().cloned());
-        let dir = tempfile::Builder::new().prefix("crescent-cluster-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-cluster-")
+            .tempdir()?;
         let root = dir.path().to_path_buf();
         let mut c = Self::start_mode(&root, n, &args, false)?;
         c._dir = Some(dir);
@@ -207,7 +225,12 @@ impl LocalCluster {
         Self::start_mode(root, n, extra, true)
     }
 
-    fn start_mode(root: &Path, n: usize, extra: &[String], static_peers: bool) -> anyhow::Result<Self> {
+    fn start_mode(
+        root: &Path,
+        n: usize,
+        extra: &[String],
+        static_peers: bool,
+    ) -> anyhow::Result<Self> {
         let binary = find_binary("crescent-master")?;
         let mut ports = Vec::new();
         for _ in 0..n {

@@ -45,7 +45,9 @@ impl LocalCache {
         self.remove(key);
         let mut evicted = Vec::new();
         while self.used + size > self.budget {
-            let Some((_, oldest)) = self.by_age.pop_first() else { break };
+            let Some((_, oldest)) = self.by_age.pop_first() else {
+                break;
+            };
             if let Some((v, _)) = self.entries.remove(&oldest) {
                 self.used -= v.len() as u64;
             }

@@ -59,7 +59,7 @@ impl Default for RetryPolicy {
             deadline: Duration::from_secs(15),
             attempt_timeout: Duration::from_secs(6),
             initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(400),
+            max_backoff: Duration::from_millis(150),
         }
     }
 }
@@ -268,7 +268,11 @@ impl MasterClient {
     }
 
     /// [`call_leader`](Self::call_leader) with an explicit overall deadline.
-    pub async fn call_leader_within<R, F, Fut>(&self, within: Duration, f: F) -> Result<R, ClientError>
+    pub async fn call_leader_within<R, F, Fut>(
+        &self,
+        within: Duration,
+        f: F,
+    ) -> Result<R, ClientError>
     where
         R: HasStatus,
         F: Fn(Channel) -> Fut,
@@ -285,7 +289,13 @@ impl MasterClient {
             };
             let left = deadline.saturating_duration_since(Instant::now());
             let outcome = self
-                .attempt(&target, &f, self.policy.attempt_timeout.min(left.max(Duration::from_millis(50))))
+                .attempt(
+                    &target,
+                    &f,
+                    self.policy
+                        .attempt_timeout
+                        .min(left.max(Duration::from_millis(50))),
+                )
                 .await;
             match outcome {
                 Attempt::Done(r) => {

@@ -18,10 +18,14 @@ fn one() -> ReplicateConfig {
 }
 
 async fn voters(client: &MasterClient) -> usize {
-    let Ok(l) = client.get_leader().await else { return 0 };
+    let Ok(l) = client.get_leader().await else {
+        return 0;
+    };
     client
         .call_node(&l.leader_addr, |ch| async move {
-            MasterClient::cluster(ch).list_members(pb::ListMembersRequest {}).await
+            MasterClient::cluster(ch)
+                .list_members(pb::ListMembersRequest {})
+                .await
         })
         .await
         .map(|r| r.members.iter().filter(|m| m.voter).count())
@@ -30,7 +34,11 @@ async fn voters(client: &MasterClient) -> usize {
 
 async fn key_count(client: &MasterClient, addr: &str) -> Option<u64> {
     client
-        .call_node(addr, |ch| async move { MasterClient::cluster(ch).get_status(pb::GetStatusRequest {}).await })
+        .call_node(addr, |ch| async move {
+            MasterClient::cluster(ch)
+                .get_status(pb::GetStatusRequest {})
+                .await
+        })
         .await
         .ok()
         .map(|s| s.key_count)
@@ -53,7 +61,10 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     let leader = v["leader_id"].as_u64().unwrap();
 
     cluster.start_store("64mb", &[]).unwrap();
-    cluster.wait_for_segments(1, Duration::from_secs(15)).await.unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
     let client = Client::connect(ClientConfig {
         master: url.clone(),
         ..Default::default()
@@ -63,15 +74,25 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     let mut acked = Vec::new();
     for i in 0..50u32 {
         let key = format!("ha-{i}");
-        client.put(&key, format!("value-{i}").as_bytes(), &one()).await.unwrap();
+        client
+            .put(&key, format!("value-{i}").as_bytes(), &one())
+            .await
+            .unwrap();
         acked.push(key);
     }
 
     cluster.kill(leader).unwrap();
-    let (new_leader, _, _) = cluster.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    let (new_leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
     assert_ne!(new_leader, leader);
     for (i, key) in acked.iter().enumerate() {
-        assert_eq!(client.get(key).await.unwrap(), format!("value-{i}").into_bytes(), "{key}");
+        assert_eq!(
+            client.get(key).await.unwrap(),
+            format!("value-{i}").into_bytes(),
+            "{key}"
+        );
     }
     // The etcd leader key follows, and the CLI finds the new leader through it.
     let (ok, out, _) = crescentctl(&["--master", &url, "leader", "--json"]).unwrap();
@@ -85,7 +106,11 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     let addr = cluster.by_id(leader).unwrap().addr.clone();
     let deadline = Instant::now() + Duration::from_secs(15);
     while key_count(&mc, &addr).await != Some(51) {
-        assert!(Instant::now() < deadline, "restarted master did not catch up:\n{}", cluster.log_tail(leader, 30));
+        assert!(
+            Instant::now() < deadline,
+            "restarted master did not catch up:\n{}",
+            cluster.log_tail(leader, 30)
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -95,9 +120,15 @@ async fn store_reregisters_with_a_new_leader() {
     // A short client TTL: a store whose heartbeats did not reach the new leader
     // would lose its segment two seconds after the failover.
     let mut cluster = LocalCluster::start(3, &["--client-ttl".into(), "2s".into()]).unwrap();
-    let (leader, _, _) = cluster.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
     cluster.start_store("64mb", &[]).unwrap();
-    cluster.wait_for_segments(1, Duration::from_secs(15)).await.unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
     let client = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         ..Default::default()
@@ -106,9 +137,15 @@ async fn store_reregisters_with_a_new_leader() {
     .unwrap();
     client.put("before", b"kept", &one()).await.unwrap();
     cluster.kill(leader).unwrap();
-    cluster.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    cluster.wait_for_segments(1, Duration::from_secs(1)).await.unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(1))
+        .await
+        .unwrap();
     assert_eq!(client.get("before").await.unwrap(), b"kept");
     client.put("after", b"new", &one()).await.unwrap();
     assert_eq!(client.get("after").await.unwrap(), b"new");
@@ -117,9 +154,15 @@ async fn store_reregisters_with_a_new_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_degrades_to_local_only_and_recovers() {
     let mut cluster = LocalCluster::start(3, &[]).unwrap();
-    cluster.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
     cluster.start_store("64mb", &[]).unwrap();
-    cluster.wait_for_segments(1, Duration::from_secs(15)).await.unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
     let client = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         degrade_after: Duration::from_secs(1),
@@ -127,7 +170,10 @@ async fn client_degrades_to_local_only_and_recovers() {
     })
     .await
     .unwrap();
-    client.put("cluster-object", b"in the pool", &one()).await.unwrap();
+    client
+        .put("cluster-object", b"in the pool", &one())
+        .await
+        .unwrap();
     // Reading it takes a read lease (10 s) and keeps its descriptor.
     assert_eq!(client.get("cluster-object").await.unwrap(), b"in the pool");
 
@@ -136,11 +182,17 @@ async fn client_degrades_to_local_only_and_recovers() {
     }
     let deadline = Instant::now() + Duration::from_secs(6);
     while !client.is_degraded() {
-        assert!(Instant::now() < deadline, "client never noticed the masters were gone");
+        assert!(
+            Instant::now() < deadline,
+            "client never noticed the masters were gone"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Puts and gets keep working from local memory...
-    client.put("local-1", b"while degraded", &one()).await.unwrap();
+    client
+        .put("local-1", b"while degraded", &one())
+        .await
+        .unwrap();
     assert_eq!(client.get("local-1").await.unwrap(), b"while degraded");
     let mut buf = [0u8; 64];
     assert_eq!(client.get_into("local-1", &mut buf).await.unwrap(), 14);
@@ -170,7 +222,10 @@ async fn client_degrades_to_local_only_and_recovers() {
             assert_eq!(v, b"while degraded");
             break;
         }
-        assert!(Instant::now() < deadline, "local-only object was not published");
+        assert!(
+            Instant::now() < deadline,
+            "local-only object was not published"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -20,6 +20,9 @@ pub enum BenchCmd {
     /// Put/get of real bytes over TCP and shared memory, with the loopback and
     /// memcpy ceilings measured in the same run.
     Data(crate::bench_data::DataArgs),
+    /// Repeatedly SIGKILL the leader under a put workload (restarting it each
+    /// time); time to the first successful write, and acknowledged writes lost.
+    Failover(crate::bench_failover::FailoverArgs),
 }
 
 #[derive(Args, Debug)]
@@ -49,6 +52,7 @@ pub async fn run(cmd: BenchCmd, _master: &str, json_out: bool) -> anyhow::Result
     match cmd {
         BenchCmd::Meta(args) => meta(args, json_out).await,
         BenchCmd::Data(args) => crate::bench_data::run(args, json_out).await,
+        BenchCmd::Failover(args) => crate::bench_failover::run(args, json_out).await,
     }
 }
 
@@ -122,7 +126,9 @@ async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Re
     let hb_client = client.clone();
     let heartbeat = tokio::spawn(async move {
         loop {
-            let _ = hb_client.heartbeat(vec![segment_id], Duration::from_secs(1)).await;
+            let _ = hb_client
+                .heartbeat(vec![segment_id], Duration::from_secs(1))
+                .await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });

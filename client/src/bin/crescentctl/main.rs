@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_data;
+mod bench_failover;
 mod cluster_cmds;
 mod object_cmds;
 
