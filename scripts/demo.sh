@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# make demo: a local three-master Crescent cluster on loopback, a short
-# workload, the leader, a leader kill and the new leader. Runs until Ctrl-C,
-# then stops every process it started.
+# make demo: a local Crescent cluster on loopback -- etcd (when installed, else
+# static peers), three masters and one store -- a short put/get workload, the
+# cluster status, a leader kill and the new leader. Runs until Ctrl-C, then
+# stops every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ DIR=$(mktemp -d /tmp/crescent-demo.XXXXXX)
 PIDS=()
 cleanup() {
   echo
-  echo "demo: stopping ${#PIDS[@]} processes, data in $DIR"
+  echo "demo: stopping ${#PIDS[@]} processes (logs and data in $DIR)"
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }
@@ -18,30 +19,64 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 BASE=${CRESCENT_DEMO_PORT:-50051}
-PEERS="1=127.0.0.1:$BASE,2=127.0.0.1:$((BASE + 1)),3=127.0.0.1:$((BASE + 2))"
-MASTERS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+ETCD_PORT=$((BASE + 20))
+STORE_PORT=$((BASE + 10))
+MASTER_LIST="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+
+if command -v etcd >/dev/null 2>&1; then
+  echo "demo: starting etcd on 127.0.0.1:$ETCD_PORT"
+  etcd --name demo --data-dir "$DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-cluster "demo=http://127.0.0.1:$((ETCD_PORT + 1))" >"$DIR/etcd.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$ETCD_PORT") 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  MEMBERSHIP=(--etcd "127.0.0.1:$ETCD_PORT" --cluster demo)
+  MASTERS="etcd://127.0.0.1:$ETCD_PORT/demo"
+else
+  echo "demo: etcd not installed; masters use static --peers"
+  MEMBERSHIP=(--peers "1=127.0.0.1:$BASE,2=127.0.0.1:$((BASE + 1)),3=127.0.0.1:$((BASE + 2))")
+  MASTERS="$MASTER_LIST"
+fi
 
 start_master() {
   local id=$1
   "$BIN/crescent-master" --node-id "$id" --listen "127.0.0.1:$((BASE + id - 1))" \
-    --http "127.0.0.1:$((9002 + id))" --data-dir "$DIR/master-$id" --peers "$PEERS" \
+    --http "127.0.0.1:$((9002 + id))" --data-dir "$DIR/master-$id" "${MEMBERSHIP[@]}" \
     >>"$DIR/master-$id.log" 2>&1 &
   PIDS+=($!)
   eval "MASTER_PID_$id=$!"
 }
 
-echo "demo: starting three masters (static --peers) in $DIR"
+echo "demo: starting three masters"
 for id in 1 2 3; do start_master "$id"; done
-
 for _ in $(seq 1 100); do
-  if "$BIN/crescentctl" --master "$MASTERS" leader >/dev/null 2>&1; then break; fi
+  VOTERS=$("$BIN/crescentctl" --master "$MASTERS" members --json 2>/dev/null | grep -c '"voter": true' || true)
+  if [ "${VOTERS:-0}" -ge 3 ]; then break; fi
   sleep 0.1
 done
 "$BIN/crescentctl" --master "$MASTERS" leader
 
+echo "demo: starting a store with a 256 MiB segment (TCP and /dev/shm)"
+"$BIN/crescent-store" --master "$MASTERS" --listen "127.0.0.1:$STORE_PORT" --segment-size 256mb --shm \
+  >"$DIR/store.log" 2>&1 &
+PIDS+=($!)
+sleep 1
+
+echo
+echo "demo: put and get real bytes"
+head -c 4194304 /dev/urandom >"$DIR/value.bin"
+"$BIN/crescentctl" --master "$MASTERS" put demo-object --file "$DIR/value.bin"
+"$BIN/crescentctl" --master "$MASTERS" get demo-object --out "$DIR/value.out"
+cmp "$DIR/value.bin" "$DIR/value.out" && echo "demo: the 4 MiB object read back identical"
+
 echo
 echo "demo: a short metadata workload (3 000 objects, batches of 128)"
-"$BIN/crescentctl" bench meta --masters "$MASTERS" --objects 3000 --single-objects 200 --batch 1,128 | grep -E "^(CLUSTER|given)"
+"$BIN/crescentctl" bench meta --masters "$MASTER_LIST" --objects 3000 --single-objects 200 --batch 1,128 | grep -E "^(CLUSTER|given)"
 
 echo
 "$BIN/crescentctl" --master "$MASTERS" status
@@ -53,21 +88,26 @@ echo "demo: killing the leader (node $LEADER, pid ${!PID_VAR}) with SIGKILL"
 kill -9 "${!PID_VAR}"
 wait "${!PID_VAR}" 2>/dev/null || true
 START=$(date +%s%N)
-for _ in $(seq 1 100); do
-  NEW=$("$BIN/crescentctl" --master "$MASTERS" leader --json 2>/dev/null | sed -E 's/.*"leader_id":([0-9]+).*/\1/' || true)
+for _ in $(seq 1 200); do
+  NEW=$("$BIN/crescentctl" --master "$MASTER_LIST" leader --json 2>/dev/null | sed -E 's/.*"leader_id":([0-9]+).*/\1/' || true)
   if [ -n "$NEW" ] && [ "$NEW" != "$LEADER" ]; then break; fi
-  sleep 0.05
+  sleep 0.02
 done
 echo "demo: new leader after $(( ($(date +%s%N) - START) / 1000000 )) ms:"
 "$BIN/crescentctl" --master "$MASTERS" leader
+"$BIN/crescentctl" --master "$MASTERS" get demo-object --out "$DIR/value.after"
+cmp "$DIR/value.bin" "$DIR/value.after" && echo "demo: the object is still there after the failover"
 echo "demo: the workload continues on the new leader"
-"$BIN/crescentctl" bench meta --masters "$MASTERS" --objects 2000 --batch 128 | grep -E "^(CLUSTER|given)"
+"$BIN/crescentctl" bench meta --masters "$MASTER_LIST" --objects 2000 --batch 128 | grep -E "^(CLUSTER|given)"
 
 echo
 echo "demo: restarting node $LEADER; it rejoins as a follower"
 start_master "$LEADER"
-sleep 1
+sleep 1.5
 "$BIN/crescentctl" --master "$MASTERS" status
 echo
-echo "demo: cluster running (masters: $MASTERS). Press Ctrl-C to stop."
+echo "demo: cluster running (masters: $MASTERS). Try:"
+echo "  $BIN/crescentctl --master $MASTERS status"
+echo "  $BIN/crescentctl --master $MASTERS put hello world && $BIN/crescentctl --master $MASTERS get hello"
+echo "Press Ctrl-C to stop."
 while true; do sleep 3600; done
