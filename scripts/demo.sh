@@ -16,7 +16,7 @@ cleanup() {
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 0' INT TERM
 
 BASE=${CRESCENT_DEMO_PORT:-50051}
 ETCD_PORT=$((BASE + 20))
@@ -85,8 +85,7 @@ LEADER=$("$BIN/crescentctl" --master "$MASTERS" leader --json | sed -E 's/.*"lea
 PID_VAR="MASTER_PID_$LEADER"
 echo
 echo "demo: killing the leader (node $LEADER, pid ${!PID_VAR}) with SIGKILL"
-kill -9 "${!PID_VAR}"
-wait "${!PID_VAR}" 2>/dev/null || true
+{ kill -9 "${!PID_VAR}" && wait "${!PID_VAR}"; } 2>/dev/null || true
 START=$(date +%s%N)
 for _ in $(seq 1 200); do
   NEW=$("$BIN/crescentctl" --master "$MASTER_LIST" leader --json 2>/dev/null | sed -E 's/.*"leader_id":([0-9]+).*/\1/' || true)
