@@ -270,3 +270,71 @@ async fn add_transfer_and_remove_members() {
     let (ok, _, err) = crescentctl(&["--master", &all, "members", "remove", "99"]).unwrap();
     assert!(!ok && err.contains("INVALID_PARAMS"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
+    // A 1 MiB segment, evict above 50 %, 20 % of the objects per round; leases
+    // last 1 s so the new leader's grace period is short.
+    let cluster = LocalCluster::start(
+        1,
+        &[
+            "--eviction-high-watermark".into(),
+            "0.5".into(),
+            "--eviction-ratio".into(),
+            "0.2".into(),
+            "--lease-ttl".into(),
+            "1s".into(),
+        ],
+    )
+    .unwrap();
+    cluster.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let seg = client
+        .mount_segment(pb::SegmentSpec {
+            name: "small".into(),
+            endpoint: "127.0.0.1:1".into(),
+            capacity: 1 << 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The mounting client heartbeats below so its segment stays mounted.
+    let pinned = pb::ReplicateConfig {
+        replica_num: 1,
+        hard_pin: true,
+        ..Default::default()
+    };
+    client.put_start("pinned", 64 << 10, pinned).await.unwrap();
+    client.put_end("pinned", 0).await.unwrap();
+    for i in 0..10 {
+        let key = format!("obj-{i}");
+        client.put_start(&key, 64 << 10, cfg(1)).await.unwrap();
+        client.put_end(&key, 0).await.unwrap();
+        // Keep a read lease on obj-0 from the start: eviction may begin mid-loop.
+        client.get_replica_list("obj-0").await.unwrap();
+        let _ = client.heartbeat(vec![seg], Duration::from_secs(1)).await;
+    }
+    // 11 x 64 KiB = 69 % of the segment: above the watermark. Hold a lease on obj-0.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut evicted = false;
+    while std::time::Instant::now() < deadline {
+        let _ = client.heartbeat(vec![seg], Duration::from_secs(1)).await;
+        client.get_replica_list("obj-0").await.unwrap();
+        let st = client
+            .call_node(&cluster.masters[0].addr.clone(), |ch| async move {
+                MasterClient::cluster(ch).get_status(pb::GetStatusRequest {}).await
+            })
+            .await
+            .unwrap();
+        if st.key_count <= 8 {
+            evicted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(evicted, "nothing was evicted above the watermark");
+    assert!(client.exists("pinned").await.unwrap(), "hard-pinned object evicted");
+    assert!(client.exists("obj-0").await.unwrap(), "leased object evicted");
+    // The oldest unleased objects went first.
+    assert!(!client.exists("obj-1").await.unwrap());
+}
