@@ -287,7 +287,10 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
         ],
     )
     .unwrap();
-    cluster.wait_for_leader(Duration::from_secs(15)).await.unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
     let client = MasterClient::new(&cluster.masters_arg()).unwrap();
     let seg = client
         .mount_segment(pb::SegmentSpec {
@@ -322,7 +325,9 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
         client.get_replica_list("obj-0").await.unwrap();
         let st = client
             .call_node(&cluster.masters[0].addr.clone(), |ch| async move {
-                MasterClient::cluster(ch).get_status(pb::GetStatusRequest {}).await
+                MasterClient::cluster(ch)
+                    .get_status(pb::GetStatusRequest {})
+                    .await
             })
             .await
             .unwrap();
@@ -333,8 +338,14 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(evicted, "nothing was evicted above the watermark");
-    assert!(client.exists("pinned").await.unwrap(), "hard-pinned object evicted");
-    assert!(client.exists("obj-0").await.unwrap(), "leased object evicted");
+    assert!(
+        client.exists("pinned").await.unwrap(),
+        "hard-pinned object evicted"
+    );
+    assert!(
+        client.exists("obj-0").await.unwrap(),
+        "leased object evicted"
+    );
     // The oldest unleased objects went first.
     assert!(!client.exists("obj-1").await.unwrap());
 }

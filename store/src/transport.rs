@@ -176,21 +176,9 @@ impl TcpTransport {
             }
             Ok::<(), IoOrRefused>(())
         };
-        let exchange = async {
-            let (s, rcv) = tokio::join!(send, recv);
-            s.map_err(IoOrRefused::Io)?;
-            rcv
-        };
-        match tokio::time::timeout(self.deadline_for(total), exchange).await {
-            Err(_) => Err(TransferError::Timeout {
-                endpoint: endpoint.to_string(),
-            }),
-            Ok(Err(e)) => Err(e.into_error(endpoint)),
-            Ok(Ok(())) => {
-                self.checkin(endpoint, conn);
-                Ok(crcs)
-            }
-        }
+        self.exchange(endpoint, total, send, recv).await?;
+        self.checkin(endpoint, conn);
+        Ok(crcs)
     }
 
     /// Writes each buffer at its offset, pipelined on one connection.
@@ -228,20 +216,32 @@ impl TcpTransport {
             }
             Ok::<(), IoOrRefused>(())
         };
-        let exchange = async {
+        self.exchange(endpoint, total, send, recv).await?;
+        self.checkin(endpoint, conn);
+        Ok(())
+    }
+
+    /// Runs the sending and receiving halves of one pipelined exchange
+    /// concurrently, under a deadline that grows with the bytes moved. On any
+    /// error the connection is not returned to the pool (the caller drops it).
+    async fn exchange(
+        &self,
+        endpoint: &str,
+        total: u64,
+        send: impl std::future::Future<Output = std::io::Result<()>>,
+        recv: impl std::future::Future<Output = Result<(), IoOrRefused>>,
+    ) -> Result<(), TransferError> {
+        let both = async {
             let (s, rcv) = tokio::join!(send, recv);
             s.map_err(IoOrRefused::Io)?;
             rcv
         };
-        match tokio::time::timeout(self.deadline_for(total), exchange).await {
+        match tokio::time::timeout(self.deadline_for(total), both).await {
             Err(_) => Err(TransferError::Timeout {
                 endpoint: endpoint.to_string(),
             }),
             Ok(Err(e)) => Err(e.into_error(endpoint)),
-            Ok(Ok(())) => {
-                self.checkin(endpoint, conn);
-                Ok(())
-            }
+            Ok(Ok(())) => Ok(()),
         }
     }
 }
