@@ -19,3 +19,34 @@ pub fn crescentctl(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
 }
+
+/// A minimal HTTP/1.1 request (no dependency on an HTTP client crate):
+/// returns the status code and body.
+pub async fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n"
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("bad HTTP answer: {head}"))?;
+    // Bodies may be chunked; tests only look for substrings, so strip chunk sizes loosely.
+    Ok((status, body.to_string()))
+}

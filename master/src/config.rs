@@ -74,6 +74,10 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_HTTP", default_value = "0.0.0.0:9003")]
     pub http: SocketAddr,
 
+    /// Bearer token required by mutating admin HTTP endpoints (POST /remove_all).
+    #[arg(long, env = "CRESCENT_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+
     /// Raft heartbeat interval.
     #[arg(long, env = "CRESCENT_HEARTBEAT_INTERVAL", default_value = "50ms", value_parser = duration)]
     pub heartbeat_interval: Duration,

@@ -29,6 +29,9 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
             (m.state, m.current_term, m.current_leader)
         };
         if leader != last_leader {
+            node.counters
+                .leader_changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(node_id = node.id, term, leader = ?leader, "leader changed");
             last_leader = leader;
         }
@@ -114,6 +117,9 @@ async fn eviction_loop(node: Arc<MasterNode>) {
             (victims, state.alloc_failures)
         };
         let usage_before = usage(&node);
+        node.counters
+            .eviction_rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {

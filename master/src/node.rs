@@ -74,6 +74,7 @@ pub struct MasterNode {
     pub transferring_to: Mutex<Option<(NodeId, Instant)>>,
     /// etcd membership, when started with --etcd.
     pub etcd: Option<Arc<crate::etcd::EtcdMembership>>,
+    pub counters: crate::metrics::MasterMetrics,
 }
 
 pub fn now_ms() -> u64 {
@@ -132,6 +133,7 @@ impl MasterNode {
             read_barrier: tx,
             transferring_to: Mutex::new(None),
             etcd: etcd.clone(),
+            counters: Default::default(),
         });
         tokio::spawn(read_barrier_loop(raft.clone(), rx));
 
@@ -237,7 +239,10 @@ impl MasterNode {
             op,
         };
         let write = self.raft.client_write(cmd);
-        match tokio::time::timeout(self.config.write_timeout, write).await {
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(self.config.write_timeout, write).await;
+        self.counters.proposal_latency.observe(started.elapsed());
+        match outcome {
             Err(_) => Err(NodeError::Timeout),
             Ok(Ok(resp)) => Ok(resp.data),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
@@ -271,7 +276,10 @@ impl MasterNode {
         self.read_barrier
             .send(tx)
             .map_err(|_| NodeError::Unavailable("node is shutting down".into()))?;
-        match tokio::time::timeout(self.config.write_timeout, rx).await {
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(self.config.write_timeout, rx).await;
+        self.counters.read_index_latency.observe(started.elapsed());
+        match outcome {
             Err(_) => Err(NodeError::Timeout),
             Ok(Err(_)) => Err(NodeError::Unavailable("node is shutting down".into())),
             Ok(Ok(Err(NodeError::NotLeader { .. }))) => Err(self.not_leader()),

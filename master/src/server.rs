@@ -42,6 +42,9 @@ pub async fn serve(
 pub struct RunningMaster {
     pub node: Arc<MasterNode>,
     pub addr: std::net::SocketAddr,
+    /// Where the admin/metrics HTTP server listens.
+    pub http_addr: std::net::SocketAddr,
+    http: tokio::task::JoinHandle<()>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
     watch: tokio::task::JoinHandle<()>,
@@ -54,7 +57,19 @@ impl RunningMaster {
         listener: TcpListener,
     ) -> anyhow::Result<Self> {
         let addr = listener.local_addr()?;
+        let http_addr = config.http;
         let node = MasterNode::start(config).await?;
+        let http_listener = tokio::net::TcpListener::bind(http_addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {http_addr}: {e}"))?;
+        let http_bound = http_listener.local_addr()?;
+        let router = crate::http::router(node.clone());
+        let http = tokio::spawn(async move {
+            if let Err(e) = axum::serve(http_listener, router).await {
+                tracing::warn!(error = %e, "admin HTTP server stopped");
+            }
+        });
+        tracing::info!(%http_bound, "admin/metrics HTTP listening");
         let watch = tokio::spawn(crate::leader::run_leadership_watch(node.clone()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(node.clone(), listener, async {
@@ -63,6 +78,8 @@ impl RunningMaster {
         Ok(Self {
             node,
             addr,
+            http_addr: http_bound,
+            http,
             stop: Some(tx),
             server,
             watch,
@@ -76,6 +93,7 @@ impl RunningMaster {
         }
         let _ = self.node.raft.shutdown().await;
         self.watch.abort();
+        self.http.abort();
         let _ = (&mut self.server).await;
     }
 

@@ -89,6 +89,18 @@ fn unexpected(resp: &Response) -> pb::Status {
 }
 
 impl MasterApi {
+    /// RemoveAll for the admin HTTP endpoint; returns the number removed.
+    pub async fn remove_all_admin(&self, force: bool) -> Result<u64, pb::Status> {
+        let header = pb::RequestHeader {
+            client_id: format!("admin-http-{}", self.node.id),
+            request_seq: crate::node::now_ms() * 1000 + (rand::random::<u16>() % 1000) as u64,
+        };
+        let keys = self.matching_keys(|_| true).await?;
+        Ok(count_ok(
+            &self.remove_keys(Some(header), keys, force).await?,
+        ))
+    }
+
     fn check_key(&self, key: &str) -> Result<(), pb::Status> {
         if key.is_empty() {
             return Err(invalid(ErrorCode::InvalidKey, "key is empty"));
@@ -185,6 +197,10 @@ impl MasterApi {
         if items.is_empty() {
             return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
         }
+        self.node
+            .counters
+            .put_start_requests
+            .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(items.iter().map(|(k, _)| k.as_str()))?;
         if let Some(i) = items.iter().position(|(_, size)| *size == 0) {
             return Err(invalid(
@@ -316,6 +332,10 @@ impl MasterApi {
 
     /// Linearizable lookup of keys, granting read leases on the found ones.
     async fn lookup(&self, keys: &[String]) -> Result<Vec<pb::GetReplicaListResponse>, pb::Status> {
+        self.node
+            .counters
+            .get_replica_list_requests
+            .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(keys.iter().map(String::as_str))?;
         self.node
             .linearizable_read()
@@ -489,6 +509,10 @@ impl MasterService for MasterApi {
 
     async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
+        self.node
+            .counters
+            .put_end_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err(s) = self.check_key(&r.key) {
             return ok(pb::StatusResponse { status: Some(s) });
         }
@@ -503,6 +527,10 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchPutEndRequest>,
     ) -> Rpc<pb::BatchStatusResponse> {
         let r = request.into_inner();
+        self.node
+            .counters
+            .put_end_requests
+            .fetch_add(r.items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         if let Err(s) = self.check_keys(r.items.iter().map(|i| i.key.as_str())) {
             return ok(batch_status(Err(s)));
         }
@@ -570,6 +598,10 @@ impl MasterService for MasterApi {
 
     async fn exist(&self, request: Request<pb::ExistRequest>) -> Rpc<pb::ExistResponse> {
         let r = request.into_inner();
+        self.node
+            .counters
+            .exist_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ok(match self.exists(std::slice::from_ref(&r.key)).await {
             Ok(mut v) => v.pop().unwrap_or_default(),
             Err(s) => pb::ExistResponse {
@@ -598,6 +630,10 @@ impl MasterService for MasterApi {
 
     async fn remove(&self, request: Request<pb::RemoveRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
+        self.node
+            .counters
+            .remove_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err(s) = self.check_key(&r.key) {
             return ok(pb::StatusResponse { status: Some(s) });
         }
@@ -715,6 +751,10 @@ impl MasterService for MasterApi {
         request: Request<pb::MountSegmentRequest>,
     ) -> Rpc<pb::MountSegmentResponse> {
         let r = request.into_inner();
+        self.node
+            .counters
+            .mount_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let fail = |s| {
             ok(pb::MountSegmentResponse {
                 status: Some(s),
@@ -838,6 +878,10 @@ impl MasterService for MasterApi {
         request: Request<pb::HeartbeatRequest>,
     ) -> Rpc<pb::HeartbeatResponse> {
         let r = request.into_inner();
+        self.node
+            .counters
+            .heartbeat_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if r.client_id.is_empty() || r.client_id.len() > MAX_CLIENT_ID_LEN {
             return ok(pb::HeartbeatResponse {
                 status: Some(invalid(

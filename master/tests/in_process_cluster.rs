@@ -25,6 +25,8 @@ fn config(id: u64, port: u16, peers: &str, dir: &std::path::Path) -> MasterConfi
         // Small, so the master that comes back must receive a snapshot.
         "--snapshot-logs".into(),
         "40".into(),
+        "--http".into(),
+        "127.0.0.1:0".into(),
     ])
 }
 

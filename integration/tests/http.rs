@@ -1,0 +1,122 @@
+//! The masters' admin/metrics HTTP: Prometheus names operators already graph,
+//! health, leader, admin reads and the guarded remove_all.
+
+use std::time::Duration;
+
+use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_integration::{http_request, LocalCluster};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_health_and_admin_endpoints() {
+    let mut cluster = LocalCluster::start(3, &["--admin-token".into(), "s3cret".into()]).unwrap();
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    cluster.start_store("64mb", &[]).unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for i in 0..5 {
+        client
+            .put(&format!("web/{i}"), b"hello", &ReplicateConfig::default())
+            .await
+            .unwrap();
+    }
+    client.get("web/0").await.unwrap();
+    let http = cluster.by_id(leader).unwrap().http.clone();
+
+    let (code, body) = http_request(&http, "GET", "/metrics", &[]).await.unwrap();
+    assert_eq!(code, 200);
+    for name in [
+        "master_key_count 5",
+        "master_allocated_bytes",
+        "master_total_capacity_bytes",
+        "master_active_clients",
+        "master_put_start_requests_total 5",
+        "master_get_replica_list_requests_total",
+        "master_evicted_key_count 0",
+        "segment_allocated_bytes{segment=",
+        "raft_term",
+        "raft_role{role=\"leader\"} 1",
+        "raft_follower_lag{follower=",
+        "raft_commit_index",
+        "raft_proposal_seconds_bucket",
+    ] {
+        assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
+    }
+
+    let (code, body) = http_request(&http, "GET", "/health", &[]).await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("\"role\":\"leader\"") && body.contains("\"quorum\":true"),
+        "{body}"
+    );
+    let follower = cluster
+        .masters
+        .iter()
+        .find(|m| m.id != leader)
+        .unwrap()
+        .http
+        .clone();
+    let (code, body) = http_request(&follower, "GET", "/leader", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains(&format!("\"leader_id\":{leader}")), "{body}");
+
+    let (code, body) = http_request(&http, "GET", "/query_key?key=web/1", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("\"size\":5") && body.contains("\"complete\":true"),
+        "{body}"
+    );
+    let (code, _) = http_request(&http, "GET", "/query_key?key=nope", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 404);
+    let (code, body) = http_request(&http, "GET", "/segments", &[]).await.unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("\"capacity\""), "{body}");
+    let (code, body) = http_request(&http, "GET", "/keys?prefix=web/&limit=2", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("web/0") && body.contains("web/1") && body.contains("\"next\":\"web/1\""),
+        "{body}"
+    );
+    let (_, body) = http_request(&http, "GET", "/keys?prefix=web/&limit=2&after=web/1", &[])
+        .await
+        .unwrap();
+    assert!(
+        body.contains("web/2") && !body.contains("web/1\""),
+        "{body}"
+    );
+
+    let (code, _) = http_request(&http, "POST", "/remove_all?force=true", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 401, "remove_all must need the admin token");
+    assert!(client.exists("web/3").await.unwrap());
+    let (code, body) = http_request(
+        &http,
+        "POST",
+        "/remove_all?force=true",
+        &[("Authorization", "Bearer s3cret")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"removed\":5"), "{body}");
+    assert!(!client.exists("web/3").await.unwrap());
+}

@@ -1,0 +1,430 @@
+//! Admin and metrics HTTP (`--http`, default :9003): `/metrics` (Prometheus
+//! text), `/health`, `/leader`, and admin reads `/query_key`, `/segments`,
+//! `/keys` plus `POST /remove_all` (guarded by `--admin-token` when set).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use openraft::ServerState;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::metrics::{label, sample};
+use crate::node::MasterNode;
+use crate::service::MasterApi;
+
+const MAX_KEYS_PAGE: usize = 10_000;
+
+pub fn router(node: Arc<MasterNode>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/leader", get(leader))
+        .route("/query_key", get(query_key))
+        .route("/segments", get(segments))
+        .route("/keys", get(keys))
+        .route("/remove_all", post(remove_all))
+        .with_state(node)
+}
+
+fn role_name(s: ServerState) -> &'static str {
+    match s {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
+    let m = node.metrics();
+    let mut out = String::with_capacity(4096);
+    let mm = &node.counters;
+    {
+        let sm = node.shared.sm.read().expect("state lock poisoned");
+        let st = &sm.state;
+        sample(
+            &mut out,
+            "master_key_count",
+            "gauge",
+            "Objects in the store (all phases).",
+            st.objects.len(),
+        );
+        sample(
+            &mut out,
+            "master_allocated_bytes",
+            "gauge",
+            "Bytes allocated to replicas.",
+            st.total_allocated(),
+        );
+        sample(
+            &mut out,
+            "master_total_capacity_bytes",
+            "gauge",
+            "Capacity of all mounted segments.",
+            st.total_capacity(),
+        );
+        sample(
+            &mut out,
+            "master_segment_count",
+            "gauge",
+            "Mounted segments.",
+            st.segments.len(),
+        );
+        sample(
+            &mut out,
+            "master_evicted_key_count",
+            "counter",
+            "Objects evicted since the cluster started.",
+            st.evicted_total,
+        );
+        sample(
+            &mut out,
+            "master_alloc_failures_total",
+            "counter",
+            "PutStarts that found no space.",
+            st.alloc_failures,
+        );
+        let _ = writeln!(out, "# HELP segment_allocated_bytes Bytes allocated in a segment.\n# TYPE segment_allocated_bytes gauge");
+        for s in st.segments.values() {
+            let used = st.allocator(s.id).map(|a| a.allocated()).unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "segment_allocated_bytes{{segment=\"{}\"}} {used}",
+                label(&s.spec.name)
+            );
+        }
+        let _ = writeln!(out, "# HELP segment_capacity_bytes Capacity of a segment.\n# TYPE segment_capacity_bytes gauge");
+        for s in st.segments.values() {
+            let _ = writeln!(
+                out,
+                "segment_capacity_bytes{{segment=\"{}\"}} {}",
+                label(&s.spec.name),
+                s.spec.capacity
+            );
+        }
+    }
+    let active = {
+        let mem = node.leader_mem.lock().expect("lock poisoned");
+        let now = Instant::now();
+        mem.heartbeats
+            .values()
+            .filter(|t| now.duration_since(**t) <= node.config.client_ttl)
+            .count()
+    };
+    sample(
+        &mut out,
+        "master_active_clients",
+        "gauge",
+        "Clients heartbeating to this leader within client-ttl.",
+        active,
+    );
+    for (name, help, v) in [
+        (
+            "master_put_start_requests_total",
+            "Objects in PutStart requests.",
+            &mm.put_start_requests,
+        ),
+        (
+            "master_put_end_requests_total",
+            "Objects in PutEnd requests.",
+            &mm.put_end_requests,
+        ),
+        (
+            "master_get_replica_list_requests_total",
+            "Objects in GetReplicaList requests.",
+            &mm.get_replica_list_requests,
+        ),
+        (
+            "master_exist_key_requests_total",
+            "Objects in Exist requests.",
+            &mm.exist_requests,
+        ),
+        (
+            "master_remove_requests_total",
+            "Remove requests.",
+            &mm.remove_requests,
+        ),
+        (
+            "master_mount_segment_requests_total",
+            "MountSegment requests.",
+            &mm.mount_requests,
+        ),
+        (
+            "master_heartbeat_requests_total",
+            "Heartbeats received.",
+            &mm.heartbeat_requests,
+        ),
+        (
+            "master_eviction_rounds_total",
+            "Eviction rounds run by this node as leader.",
+            &mm.eviction_rounds,
+        ),
+        (
+            "raft_leader_changes_total",
+            "Leader changes seen by this node.",
+            &mm.leader_changes,
+        ),
+    ] {
+        sample(&mut out, name, "counter", help, v.load(Relaxed));
+    }
+    sample(
+        &mut out,
+        "raft_term",
+        "gauge",
+        "Current Raft term.",
+        m.current_term,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP raft_role 1 for this node's current role.\n# TYPE raft_role gauge"
+    );
+    for r in ["leader", "follower", "candidate", "learner", "shutdown"] {
+        let _ = writeln!(
+            out,
+            "raft_role{{role=\"{r}\"}} {}",
+            u8::from(role_name(m.state) == r)
+        );
+    }
+    sample(
+        &mut out,
+        "raft_is_leader",
+        "gauge",
+        "1 when this node leads.",
+        u8::from(node.is_leader()),
+    );
+    sample(
+        &mut out,
+        "raft_last_log_index",
+        "gauge",
+        "Last log index on this node.",
+        m.last_log_index.unwrap_or(0),
+    );
+    sample(
+        &mut out,
+        "raft_applied_index",
+        "gauge",
+        "Last applied index on this node.",
+        m.last_applied.map(|l| l.index).unwrap_or(0),
+    );
+    sample(
+        &mut out,
+        "raft_snapshot_index",
+        "gauge",
+        "Index of the last snapshot.",
+        m.snapshot.map(|l| l.index).unwrap_or(0),
+    );
+    if let Some(repl) = &m.replication {
+        let last = m.last_log_index.unwrap_or(0);
+        let _ = writeln!(out, "# HELP raft_follower_lag Entries a follower is behind the leader's log.\n# TYPE raft_follower_lag gauge");
+        for (id, matched) in repl {
+            let lag = last.saturating_sub(matched.map(|l| l.index).unwrap_or(0));
+            let _ = writeln!(out, "raft_follower_lag{{follower=\"{id}\"}} {lag}");
+        }
+        sample(
+            &mut out,
+            "raft_commit_index",
+            "gauge",
+            "Highest index stored on a majority (leader view).",
+            {
+                let mut v: Vec<u64> = node
+                    .voters()
+                    .iter()
+                    .map(|id| {
+                        if *id == node.id {
+                            last
+                        } else {
+                            repl.get(id)
+                                .copied()
+                                .flatten()
+                                .map(|l| l.index)
+                                .unwrap_or(0)
+                        }
+                    })
+                    .collect();
+                v.sort_unstable();
+                v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(0)
+            },
+        );
+    }
+    mm.proposal_latency.render(
+        &mut out,
+        "raft_proposal_seconds",
+        "Time from proposing a write to its commit and apply.",
+    );
+    mm.read_index_latency.render(
+        &mut out,
+        "raft_read_index_seconds",
+        "Time to confirm leadership for a linearizable read.",
+    );
+    ([("content-type", "text/plain; version=0.0.4")], out)
+}
+
+fn health_json(node: &MasterNode) -> (bool, serde_json::Value) {
+    let m = node.metrics();
+    let leader = m.current_leader;
+    let voters = node.voters();
+    // A leader that a quorum acknowledged within two election timeouts.
+    let quorum = match m.state {
+        ServerState::Leader => m
+            .millis_since_quorum_ack
+            .is_some_and(|ms| ms <= 2 * node.config.election_timeout_max.as_millis() as u64),
+        _ => leader.is_some(),
+    };
+    let serving = leader.is_some() && m.state != ServerState::Shutdown;
+    (
+        serving && quorum,
+        json!({"status": if serving && quorum { "serving" } else { "no_quorum" }, "id": node.id,
+               "role": role_name(m.state), "term": m.current_term, "leader_id": leader,
+               "leader_addr": node.leader_hint().1, "quorum": quorum, "voters": voters.len(),
+               "degraded": false}),
+    )
+}
+
+async fn health(State(node): State<Arc<MasterNode>>) -> Response {
+    let (ok, body) = health_json(&node);
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn leader(State(node): State<Arc<MasterNode>>) -> Response {
+    let m = node.metrics();
+    match node.leader_hint() {
+        (Some(id), addr) => {
+            Json(json!({"leader_id": id, "leader_addr": addr, "term": m.current_term}))
+                .into_response()
+        }
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": "no leader known"})),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct KeyQuery {
+    key: String,
+}
+
+async fn query_key(State(node): State<Arc<MasterNode>>, Query(q): Query<KeyQuery>) -> Response {
+    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let Some(obj) = sm.state.objects.get(&q.key) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "OBJECT_NOT_FOUND", "key": q.key})),
+        )
+            .into_response();
+    };
+    let replicas: Vec<_> = obj
+        .replicas
+        .iter()
+        .map(|r| {
+            let seg = sm.state.segments.get(&r.segment_id);
+            json!({"segment_id": r.segment_id, "segment": seg.map(|s| s.spec.name.clone()),
+                   "endpoint": seg.map(|s| s.spec.endpoint.clone()), "offset": r.offset, "length": r.len})
+        })
+        .collect();
+    Json(json!({"key": q.key, "size": obj.size, "complete": obj.is_complete(), "checksum": obj.checksum,
+                "hard_pin": obj.hard_pin, "soft_pin_until_ms": obj.soft_pin_until_ms, "created_ms": obj.created_ms,
+                "writer": obj.writer, "replicas": replicas, "as_applied_on_node": node.id}))
+    .into_response()
+}
+
+async fn segments(State(node): State<Arc<MasterNode>>) -> Response {
+    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let list: Vec<_> = sm
+        .state
+        .segments
+        .values()
+        .map(|s| {
+            let a = sm.state.allocator(s.id);
+            json!({"id": s.id, "name": s.spec.name, "owner": s.owner, "endpoint": s.spec.endpoint,
+                   "hostname": s.spec.hostname, "shm": !s.spec.shm_path.is_empty(), "capacity": s.spec.capacity,
+                   "allocated": a.map(|a| a.allocated()).unwrap_or(0),
+                   "largest_free": a.map(|a| a.largest_free()).unwrap_or(0), "mounted_ms": s.mounted_ms})
+        })
+        .collect();
+    Json(json!({"segments": list})).into_response()
+}
+
+#[derive(Deserialize)]
+struct KeysQuery {
+    #[serde(default)]
+    prefix: String,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+async fn keys(State(node): State<Arc<MasterNode>>, Query(q): Query<KeysQuery>) -> Response {
+    let limit = q.limit.unwrap_or(1000).clamp(1, MAX_KEYS_PAGE);
+    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let objects: &BTreeMap<String, _> = &sm.state.objects;
+    let start = q.after.clone().unwrap_or_else(|| q.prefix.clone());
+    let mut page: Vec<&String> = objects
+        .range(start..)
+        .map(|(k, _)| k)
+        .filter(|k| Some(*k) != q.after.as_ref())
+        .take_while(|k| k.starts_with(&q.prefix))
+        .take(limit + 1)
+        .collect();
+    let next = if page.len() > limit {
+        page.truncate(limit);
+        page.last().map(|k| k.to_string())
+    } else {
+        None
+    };
+    Json(json!({"keys": page, "next": next})).into_response()
+}
+
+#[derive(Deserialize)]
+struct RemoveAllQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn remove_all(
+    State(node): State<Arc<MasterNode>>,
+    headers: HeaderMap,
+    Query(q): Query<RemoveAllQuery>,
+) -> Response {
+    if let Some(token) = node.config.admin_token.as_deref().filter(|t| !t.is_empty()) {
+        let given = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(token) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(json!({"error": "admin token required (Authorization: Bearer ...)"})),
+            )
+                .into_response();
+        }
+    }
+    match MasterApi::new(node.clone()).remove_all_admin(q.force).await {
+        Ok(n) => Json(json!({"removed": n})).into_response(),
+        Err(s) => {
+            let code = if s.error_code() == crescent_proto::ErrorCode::NotLeader {
+                StatusCode::MISDIRECTED_REQUEST
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (code, Json(json!({"error": s.error_code().as_str_name(), "message": s.message, "leader_addr": s.leader_addr}))).into_response()
+        }
+    }
+}
