@@ -150,6 +150,8 @@ fn which(name: &str) -> Option<PathBuf> {
 /// A `crescent-store` process.
 pub struct StoreProcess {
     pub endpoint: String,
+    /// Metrics/health HTTP address.
+    pub http: String,
     pub log_path: PathBuf,
     child: Option<Child>,
 }
@@ -347,6 +349,7 @@ impl LocalCluster {
     pub fn start_store(&mut self, segment_size: &str, extra: &[String]) -> anyhow::Result<usize> {
         let binary = find_binary("crescent-store")?;
         let port = free_port()?;
+        let http_port = free_port()?;
         let idx = self.stores.len();
         let log_path = self.root.join(format!("store-{idx}.log"));
         let log = std::fs::OpenOptions::new()
@@ -360,6 +363,8 @@ impl LocalCluster {
             format!("127.0.0.1:{port}"),
             "--segment-size".into(),
             segment_size.to_string(),
+            "--http".into(),
+            format!("127.0.0.1:{http_port}"),
         ];
         args.extend(extra.iter().cloned());
         let child = Command::new(&binary)
@@ -371,6 +376,7 @@ impl LocalCluster {
             .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", binary.display()))?;
         self.stores.push(StoreProcess {
             endpoint: format!("127.0.0.1:{port}"),
+            http: format!("127.0.0.1:{http_port}"),
             log_path,
             child: Some(child),
         });

@@ -119,4 +119,24 @@ async fn metrics_health_and_admin_endpoints() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"removed\":5"), "{body}");
     assert!(!client.exists("web/3").await.unwrap());
+
+    // The store's own metrics.
+    let store_http = cluster.stores[0].http.clone();
+    let (code, body) = http_request(&store_http, "GET", "/metrics", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    for name in [
+        "store_bytes_read_total",
+        "store_bytes_written_total",
+        "store_segment_mounted 1",
+        "store_transfer_seconds_count",
+    ] {
+        assert!(body.contains(name), "store /metrics lacks {name}:\n{body}");
+    }
+    let (code, body) = http_request(&store_http, "GET", "/health", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("\"mounted\":true"), "{body}");
 }

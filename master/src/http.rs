@@ -17,9 +17,9 @@ use openraft::ServerState;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::metrics::{label, sample};
 use crate::node::MasterNode;
 use crate::service::MasterApi;
+use crescent_proto::metrics::{label, sample};
 
 const MAX_KEYS_PAGE: usize = 10_000;
 

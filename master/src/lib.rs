@@ -15,7 +15,6 @@ pub mod config;
 pub mod etcd;
 pub mod http;
 pub mod leader;
-pub mod metrics;
 pub mod node;
 pub mod server;
 pub mod service;

@@ -2,6 +2,7 @@
 //! memory (read leases, heartbeats, access times) that is never replicated.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,22 @@ use openraft::{ServerState, SnapshotPolicy};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::MasterConfig;
+
+/// Counters the master exposes at `/metrics` (names follow Mooncake's).
+#[derive(Default)]
+pub struct MasterMetrics {
+    pub put_start_requests: AtomicU64,
+    pub put_end_requests: AtomicU64,
+    pub get_replica_list_requests: AtomicU64,
+    pub exist_requests: AtomicU64,
+    pub remove_requests: AtomicU64,
+    pub mount_requests: AtomicU64,
+    pub heartbeat_requests: AtomicU64,
+    pub leader_changes: AtomicU64,
+    pub eviction_rounds: AtomicU64,
+    pub proposal_latency: crescent_proto::metrics::Histogram,
+    pub read_index_latency: crescent_proto::metrics::Histogram,
+}
 
 /// Why a request could not be served here.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -74,7 +91,7 @@ pub struct MasterNode {
     pub transferring_to: Mutex<Option<(NodeId, Instant)>>,
     /// etcd membership, when started with --etcd.
     pub etcd: Option<Arc<crate::etcd::EtcdMembership>>,
-    pub counters: crate::metrics::MasterMetrics,
+    pub counters: MasterMetrics,
 }
 
 pub fn now_ms() -> u64 {

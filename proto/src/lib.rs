@@ -2,9 +2,11 @@
 //!
 //! Owns the protobuf messages and gRPC service stubs (`MasterService`,
 //! `ClusterService`, `RaftService`), the mapping of Mooncake-style error codes,
-//! and the parsing of human sizes (`16gb`) and durations (`10s`) that every
-//! binary accepts. It must not contain behaviour: no I/O, no state, no policy.
+//! the parsing of human sizes (`16gb`) and durations (`10s`) that every
+//! binary accepts, and Prometheus text rendering helpers. It must not contain
+//! behaviour: no I/O, no state, no policy.
 
+pub mod metrics;
 pub mod units;
 
 /// Generated protobuf types and tonic stubs (package `crescent`).

@@ -24,6 +24,8 @@ pub struct TransferStats {
     pub requests: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub connections: AtomicU64,
+    /// Time to serve one request (from its header to its answer being written).
+    pub transfer_latency: crescent_proto::metrics::Histogram,
 }
 
 /// Accepts connections forever (until the task is dropped).
@@ -81,6 +83,7 @@ async fn handle(
             Err(e) => return Err(e.into()),
         }
         let req = Request::decode(&hdr)?;
+        let started = std::time::Instant::now();
         stats.requests.fetch_add(1, Ordering::Relaxed);
         if !req.fits(segment.len()) {
             let resp = Response {
@@ -133,5 +136,6 @@ async fn handle(
                 w.write_all(&resp.encode()).await?;
             }
         }
+        stats.transfer_latency.observe(started.elapsed());
     }
 }

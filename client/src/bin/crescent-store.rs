@@ -45,6 +45,9 @@ struct Args {
     /// Heartbeat period.
     #[arg(long, env = "CRESCENT_HEARTBEAT_INTERVAL", default_value = "1s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
     heartbeat_interval: Duration,
+    /// Metrics/health HTTP address (empty disables it).
+    #[arg(long, env = "CRESCENT_STORE_HTTP", default_value = "0.0.0.0:9103")]
+    http: String,
     /// Log format: text or json. Filter with RUST_LOG.
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -99,6 +102,17 @@ fn main() -> anyhow::Result<()> {
             name = agent.name,
             "crescent-store started"
         );
+        if !args.http.is_empty() {
+            let listener = tokio::net::TcpListener::bind(&args.http)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {}: {e}", args.http))?;
+            let router = crescent_client::agent::http_router(agent.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    tracing::warn!(error = %e, "metrics HTTP server stopped");
+                }
+            });
+        }
         shutdown_signal().await;
         tracing::info!("shutting down");
         agent.shutdown().await;

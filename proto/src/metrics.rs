@@ -1,5 +1,5 @@
-//! Counters and histograms the master exposes at `/metrics` (Prometheus text).
-//! Names follow Mooncake's where the concept is the same.
+//! Prometheus text rendering shared by masters and stores: a fixed-bucket
+//! latency histogram and sample/label helpers (no I/O).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -10,7 +10,7 @@ const BUCKETS: [f64; 13] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Histogram {
     counts: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
@@ -47,21 +47,6 @@ impl Histogram {
         );
         let _ = writeln!(out, "{name}_count {count}");
     }
-}
-
-#[derive(Default)]
-pub struct MasterMetrics {
-    pub put_start_requests: AtomicU64,
-    pub put_end_requests: AtomicU64,
-    pub get_replica_list_requests: AtomicU64,
-    pub exist_requests: AtomicU64,
-    pub remove_requests: AtomicU64,
-    pub mount_requests: AtomicU64,
-    pub heartbeat_requests: AtomicU64,
-    pub leader_changes: AtomicU64,
-    pub eviction_rounds: AtomicU64,
-    pub proposal_latency: Histogram,
-    pub read_index_latency: Histogram,
 }
 
 /// Writes one sample with its HELP/TYPE header.
