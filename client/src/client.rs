@@ -544,17 +544,12 @@ impl ClientCore {
                 Error::Transfer(e.to_string())
             }),
             Route::Tcp(ep) => {
-                let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
-                let mut rest = buf;
-                let mut off = r.offset;
-                while !rest.is_empty() {
-                    let n = rest.len().min(MAX_TRANSFER as usize);
-                    let (head, tail) = rest.split_at_mut(n);
-                    reads.push((off, head));
-                    off += n as u64;
-                    rest = tail;
-                }
-                let lens: Vec<usize> = reads.iter().map(|(_, b)| b.len()).collect();
+                let step = MAX_TRANSFER as usize;
+                let mut reads: Vec<(u64, &mut [u8])> = buf
+                    .chunks_mut(step)
+                    .enumerate()
+                    .map(|(i, piece)| (r.offset + (i * step) as u64, piece))
+                    .collect();
                 let crcs = self
                     .tcp
                     .read_checksummed(ep, &mut reads)
@@ -563,7 +558,7 @@ impl ClientCore {
                         self.tcp.forget(ep);
                         Error::Transfer(e.to_string())
                     })?;
-                Ok(combine_crcs(&crcs, &lens, &reads))
+                Ok(combine_crcs(&crcs, &reads))
             }
         }
     }
@@ -1121,7 +1116,7 @@ type PendingWrite<'a> = (usize, u64, &'a [u8]);
 /// The crc32c of consecutive pieces. Objects over MAX_TRANSFER (1 GiB) arrive
 /// in several pieces; rather than combining crcs algebraically we re-hash the
 /// (rare) multi-piece case.
-fn combine_crcs(crcs: &[u32], _lens: &[usize], pieces: &[(u64, &mut [u8])]) -> u32 {
+fn combine_crcs(crcs: &[u32], pieces: &[(u64, &mut [u8])]) -> u32 {
     if crcs.len() == 1 {
         return crcs[0];
     }

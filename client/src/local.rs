@@ -61,6 +61,33 @@ pub struct MasterProcess {
 }
 
 impl MasterProcess {
+    /// A master `id` on loopback `port` (HTTP on `http`), data under `root`;
+    /// `flags` follow the common ones. Not started yet.
+    fn new(root: &Path, id: u64, port: u16, http: u16, flags: Vec<String>) -> anyhow::Result<Self> {
+        let data_dir = root.join(format!("master-{id}"));
+        std::fs::create_dir_all(&data_dir)?;
+        let mut args = vec![
+            "--node-id".into(),
+            id.to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--http".into(),
+            format!("127.0.0.1:{http}"),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        args.extend(flags);
+        Ok(Self {
+            id,
+            addr: format!("127.0.0.1:{port}"),
+            http: format!("127.0.0.1:{http}"),
+            log_path: root.join(format!("master-{id}.log")),
+            data_dir,
+            args,
+            child: None,
+        })
+    }
+
     pub fn is_running(&mut self) -> bool {
         match &mut self.child {
             Some(c) => matches!(c.try_wait(), Ok(None)),
@@ -251,31 +278,12 @@ impl LocalCluster {
         let mut masters = Vec::new();
         for (i, (port, http)) in ports.into_iter().enumerate() {
             let id = (i + 1) as u64;
-            let data_dir = root.join(format!("master-{id}"));
-            std::fs::create_dir_all(&data_dir)?;
-            let mut args = vec![
-                "--node-id".into(),
-                id.to_string(),
-                "--listen".into(),
-                format!("127.0.0.1:{port}"),
-                "--http".into(),
-                format!("127.0.0.1:{http}"),
-                "--data-dir".into(),
-                data_dir.display().to_string(),
-            ];
+            let mut flags = Vec::new();
             if static_peers {
-                args.extend(["--peers".to_string(), peers.clone()]);
+                flags.extend(["--peers".to_string(), peers.clone()]);
             }
-            args.extend(extra.iter().cloned());
-            masters.push(MasterProcess {
-                id,
-                addr: format!("127.0.0.1:{port}"),
-                http: format!("127.0.0.1:{http}"),
-                log_path: root.join(format!("master-{id}.log")),
-                data_dir,
-                args,
-                child: None,
-            });
+            flags.extend(extra.iter().cloned());
+            masters.push(MasterProcess::new(root, id, port, http, flags)?);
         }
         let mut cluster = Self {
             masters,
@@ -315,30 +323,11 @@ impl LocalCluster {
             self.masters.iter().all(|m| m.id != id),
             "node id {id} already used"
         );
+        let mut flags = vec!["--join".to_string()];
+        flags.extend(extra.iter().cloned());
         let (port, http) = (free_port()?, free_port()?);
-        let data_dir = self.root.join(format!("master-{id}"));
-        std::fs::create_dir_all(&data_dir)?;
-        let mut args = vec![
-            "--node-id".into(),
-            id.to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{port}"),
-            "--http".into(),
-            format!("127.0.0.1:{http}"),
-            "--data-dir".into(),
-            data_dir.display().to_string(),
-            "--join".into(),
-        ];
-        args.extend(extra.iter().cloned());
-        self.masters.push(MasterProcess {
-            id,
-            addr: format!("127.0.0.1:{port}"),
-            http: format!("127.0.0.1:{http}"),
-            log_path: self.root.join(format!("master-{id}.log")),
-            data_dir,
-            args,
-            child: None,
-        });
+        self.masters
+            .push(MasterProcess::new(&self.root, id, port, http, flags)?);
         let idx = self.masters.len() - 1;
         self.spawn(idx)?;
         Ok(self.masters[idx].addr.clone())

@@ -26,8 +26,7 @@ impl ClusterApi {
     }
 
     fn not_leader(&self) -> pb::Status {
-        let (id, addr) = self.node.leader_hint();
-        pb::Status::not_leader(id.filter(|l| *l != self.node.id), addr)
+        crate::service::node_status(&self.node.not_leader())
     }
 
     fn members(&self) -> Vec<pb::Member> {
@@ -310,7 +309,7 @@ impl ClusterService for ClusterApi {
 
 /// The commit index implied by the leader's replication view: the highest
 /// index stored on a majority of voters.
-fn committed_index(
+pub(crate) fn committed_index(
     replication: &std::collections::BTreeMap<NodeId, Option<openraft::LogId<NodeId>>>,
     voters: &BTreeSet<NodeId>,
     self_id: NodeId,

@@ -235,25 +235,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "raft_commit_index",
             "gauge",
             "Highest index stored on a majority (leader view).",
-            {
-                let mut v: Vec<u64> = node
-                    .voters()
-                    .iter()
-                    .map(|id| {
-                        if *id == node.id {
-                            last
-                        } else {
-                            repl.get(id)
-                                .copied()
-                                .flatten()
-                                .map(|l| l.index)
-                                .unwrap_or(0)
-                        }
-                    })
-                    .collect();
-                v.sort_unstable();
-                v.get((v.len().max(1) - 1) / 2).copied().unwrap_or(0)
-            },
+            crate::cluster::committed_index(repl, &node.voters(), node.id, m.last_log_index),
         );
     }
     mm.proposal_latency.render(

@@ -225,7 +225,9 @@ impl MasterNode {
             .map(|n| n.addr.clone())
     }
 
-    fn not_leader(&self) -> NodeError {
+    /// NOT_LEADER naming the leader this node knows (the successor while a
+    /// transfer is under way), never itself.
+    pub fn not_leader(&self) -> NodeError {
         if let Some((to, _)) = *self.transferring_to.lock().expect("lock poisoned") {
             return NodeError::NotLeader {
                 leader_id: Some(to),

@@ -266,10 +266,7 @@ impl MasterApi {
             return Ok(Vec::new());
         }
         if !self.node.is_leader() {
-            return Err(node_status(&NodeError::NotLeader {
-                leader_id: self.node.leader_hint().0.filter(|l| *l != self.node.id),
-                leader_addr: self.node.leader_hint().1,
-            }));
+            return Err(node_status(&self.node.not_leader()));
         }
         let mut results: Vec<Option<Result<(), MetaError>>> = vec![None; keys.len()];
         let mut to_remove: Vec<(usize, String)> = Vec::with_capacity(keys.len());
@@ -892,12 +889,8 @@ impl MasterService for MasterApi {
             });
         }
         if !self.node.is_leader() {
-            let (id, addr) = self.node.leader_hint();
             return ok(pb::HeartbeatResponse {
-                status: Some(pb::Status::not_leader(
-                    id.filter(|l| *l != self.node.id),
-                    addr,
-                )),
+                status: Some(node_status(&self.node.not_leader())),
                 result: 0,
             });
         }

@@ -54,6 +54,15 @@ pub enum ProtocolError {
     TooLarge(u64),
 }
 
+fn check_magic(b: &[u8; HEADER_LEN]) -> Result<(), ProtocolError> {
+    let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    if magic == MAGIC {
+        Ok(())
+    } else {
+        Err(ProtocolError::BadMagic(magic))
+    }
+}
+
 fn u64_at(b: &[u8; HEADER_LEN], at: usize) -> u64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[at..at + 8]);
@@ -72,10 +81,7 @@ impl Request {
     }
 
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, ProtocolError> {
-        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        if magic != MAGIC {
-            return Err(ProtocolError::BadMagic(magic));
-        }
+        check_magic(b)?;
         let op = match b[4] {
             1 => Op::Read,
             2 => Op::Write,
@@ -113,10 +119,7 @@ impl Response {
     }
 
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, ProtocolError> {
-        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        if magic != MAGIC {
-            return Err(ProtocolError::BadMagic(magic));
-        }
+        check_magic(b)?;
         let status = match b[4] {
             0 => Status::Ok,
             1 => Status::OutOfRange,
