@@ -1,7 +1,7 @@
 # Crescent: `make demo` starts a local cluster; `make test` runs every test.
 CARGO ?= cargo
 
-.PHONY: all deps build release test lint fmt demo bench-meta bench-data clean
+.PHONY: all deps build release images test lint fmt demo chaos bench-meta bench-data clean
 
 all: build
 
@@ -14,11 +14,22 @@ build: deps
 release: deps
 	$(CARGO) build --release --bins
 
-# Every test: unit, storage conformance, in-process and multi-process clusters.
-# Multi-process tests run the binaries, so they are built first.
+# The container image crescent:latest (and crescent:<version>), built locally
+# from the release binaries with `docker import`; no registry is used.
+images: release
+	./scripts/build-images.sh
+
+# Every test: unit, storage conformance, in-process and multi-process
+# clusters, the deploy files, docker-compose and the short chaos schedule.
+# Multi-process tests run the binaries, so they are built first; the
+# container tests use an image of those same (debug) binaries, tagged
+# crescent:test so a release image from `make images` is left alone.
+TEST_IMAGE ?= crescent:test
 test: deps
 	$(CARGO) build --bins
-	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+	PROFILE=debug IMAGE=$(TEST_IMAGE) ./scripts/build-images.sh
+	@export CRESCENT_IMAGE=$(TEST_IMAGE) CRESCENT_CHAOS_IMAGE=$(TEST_IMAGE); \
+	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast && \
 		$(CARGO) nextest run -p crescent-store --features rdma --no-fail-fast; \
 	else \
@@ -37,6 +48,14 @@ fmt:
 
 demo: release
 	./scripts/demo.sh
+
+# A long chaos soak: make chaos DURATION=30m SEED=42 (MODE=auto|containers|processes).
+DURATION ?= 30m
+SEED ?=
+MODE ?= auto
+chaos: images
+	./target/release/crescent-chaos run --schedule soak --duration $(DURATION) --mode $(MODE) \
+		$(if $(SEED),--seed $(SEED),) --out target/chaos-soak
 
 bench-meta: release
 	./target/release/crescentctl bench meta

@@ -184,6 +184,7 @@ impl StoreAgent {
 
     async fn mount(&self) -> Result<u64, crate::master::ClientError> {
         let id = self.master.mount_segment(self.spec.clone()).await?;
+        self.segment.set_mounted_id(id);
         self.segment_id.store(id, Ordering::Release);
         Ok(id)
     }

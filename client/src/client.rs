@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
-use crescent_store::protocol::MAX_TRANSFER;
+use crescent_store::protocol::{segment_tag, MAX_TRANSFER};
 use crescent_store::{ShmMapping, TcpTransport};
 
 use crate::agent::{AgentConfig, StoreAgent};
@@ -519,10 +519,13 @@ impl ClientCore {
                 let writes: Vec<(u64, &[u8])> = chunks(r.offset, data.len())
                     .map(|(off, start, end)| (off, &data[start..end]))
                     .collect();
-                self.tcp.write(ep, &writes).await.map_err(|e| {
-                    self.tcp.forget(ep);
-                    Error::Transfer(e.to_string())
-                })
+                self.tcp
+                    .write(ep, segment_tag(r.segment_id), &writes)
+                    .await
+                    .map_err(|e| {
+                        self.tcp.forget(ep);
+                        Error::Transfer(e.to_string())
+                    })
             }
         }
     }
@@ -552,7 +555,7 @@ impl ClientCore {
                     .collect();
                 let crcs = self
                     .tcp
-                    .read_checksummed(ep, &mut reads)
+                    .read_checksummed(ep, segment_tag(r.segment_id), &mut reads)
                     .await
                     .map_err(|e| {
                         self.tcp.forget(ep);
@@ -719,7 +722,9 @@ impl ClientCore {
             });
         }
         // Group writes per route so each store gets one pipelined exchange.
-        let mut tcp_groups: HashMap<String, Vec<PendingWrite<'_>>> = HashMap::new();
+        // Grouped by store address and segment: a restarted store serves a new
+        // segment at the same address, and each exchange carries one segment tag.
+        let mut tcp_groups: HashMap<(String, u64), Vec<PendingWrite<'_>>> = HashMap::new();
         let mut direct: Vec<(usize, &pb::ReplicaDescriptor)> = Vec::new();
         let mut started: Vec<usize> = Vec::new();
         for (pos, (&i, s)) in idx.iter().zip(&starts).enumerate() {
@@ -742,11 +747,10 @@ impl ClientCore {
                             Route::Tcp(ep) => {
                                 let data = items[i].1;
                                 for (off, a, b) in chunks(r.offset, data.len()) {
-                                    tcp_groups.entry(ep.to_string()).or_default().push((
-                                        i,
-                                        off,
-                                        &data[a..b],
-                                    ));
+                                    tcp_groups
+                                        .entry((ep.to_string(), r.segment_id))
+                                        .or_default()
+                                        .push((i, off, &data[a..b]));
                                 }
                             }
                             _ => direct.push((i, r)),
@@ -760,18 +764,19 @@ impl ClientCore {
                 results[i] = Some(Err(e));
             }
         }
-        let exchanges = tcp_groups.iter().map(|(ep, writes)| async move {
+        let exchanges = tcp_groups.iter().map(|(group, writes)| async move {
+            let (ep, segment_id) = (&group.0, group.1);
             let w: Vec<(u64, &[u8])> = writes.iter().map(|(_, off, d)| (*off, *d)).collect();
             let bytes: usize = w.iter().map(|(_, d)| d.len()).sum();
             self.stats
                 .tcp_bytes
                 .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
-            (ep, self.tcp.write(ep, &w).await)
+            (group, self.tcp.write(ep, segment_tag(segment_id), &w).await)
         });
-        for (ep, outcome) in futures::future::join_all(exchanges).await {
+        for (group, outcome) in futures::future::join_all(exchanges).await {
             if let Err(e) = outcome {
-                self.tcp.forget(ep);
-                for (i, _, _) in &tcp_groups[ep.as_str()] {
+                self.tcp.forget(&group.0);
+                for (i, _, _) in &tcp_groups[group] {
                     results[*i] = Some(Err(Error::Transfer(e.to_string())));
                 }
             }
@@ -974,7 +979,7 @@ impl ClientCore {
         bufs: &mut [&mut [u8]],
     ) -> Vec<Result<usize>> {
         let mut results: Vec<Option<Result<usize>>> = vec![None; keys.len()];
-        let mut tcp_groups: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut tcp_groups: HashMap<(String, u64), Vec<usize>> = HashMap::new();
         let mut singles: Vec<usize> = Vec::new();
         for (i, f) in found.iter().enumerate() {
             match f {
@@ -991,9 +996,10 @@ impl ClientCore {
                     match order.first() {
                         Some(first) if first.length == r.size && r.size <= MAX_TRANSFER => {
                             match self.route(first) {
-                                Route::Tcp(ep) => {
-                                    tcp_groups.entry(ep.to_string()).or_default().push(i)
-                                }
+                                Route::Tcp(ep) => tcp_groups
+                                    .entry((ep.to_string(), first.segment_id))
+                                    .or_default()
+                                    .push(i),
                                 _ => singles.push(i),
                             }
                         }
@@ -1006,7 +1012,8 @@ impl ClientCore {
         let mut by_index: Vec<Option<&mut [u8]>> =
             bufs.iter_mut().map(|b| Some(&mut **b)).collect();
         let mut exchanges = Vec::new();
-        for (ep, idxs) in &tcp_groups {
+        for ((ep, segment_id), idxs) in &tcp_groups {
+            let tag = segment_tag(*segment_id);
             let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
             for &i in idxs {
                 let r = found[i].as_ref().expect("grouped only found objects");
@@ -1016,7 +1023,7 @@ impl ClientCore {
             }
             exchanges.push(async move {
                 let mut reads = reads;
-                let outcome = self.tcp.read_checksummed(ep, &mut reads).await;
+                let outcome = self.tcp.read_checksummed(ep, tag, &mut reads).await;
                 (ep, idxs, outcome)
             });
         }

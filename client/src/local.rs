@@ -100,72 +100,189 @@ impl MasterProcess {
     }
 }
 
-/// A single-member etcd on loopback (Debian's `etcd-server`), for tests and demos.
+/// An etcd cluster on loopback (Debian's `etcd-server`) of one or more
+/// members, for tests, demos and chaos runs. Members can be killed and
+/// restarted with their data.
 pub struct LocalEtcd {
+    /// The first member's client endpoint (`host:port`).
     pub endpoint: String,
-    child: Option<Child>,
+    members: Vec<EtcdMember>,
     _dir: tempfile::TempDir,
 }
 
+struct EtcdMember {
+    args: Vec<String>,
+    client: String,
+    log_path: PathBuf,
+    child: Option<Child>,
+}
+
 impl LocalEtcd {
+    /// One member.
     pub fn start() -> anyhow::Result<Self> {
-        let bin = which("etcd")
-            .ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
+        Self::start_cluster(1)
+    }
+
+    /// `n` members forming one cluster.
+    pub fn start_cluster(n: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
         let dir = tempfile::Builder::new()
             .prefix("crescent-etcd-")
             .tempdir()?;
-        let (client, peer) = (free_port()?, free_port()?);
-        let log = std::fs::File::create(dir.path().join("etcd.log"))?;
-        let child = Command::new(bin)
-            .args([
-                "--name",
-                "crescent-test",
-                "--data-dir",
-                &dir.path().join("data").display().to_string(),
-                "--listen-client-urls",
-                &format!("http://127.0.0.1:{client}"),
-                "--advertise-client-urls",
-                &format!("http://127.0.0.1:{client}"),
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-cluster",
-                &format!("crescent-test=http://127.0.0.1:{peer}"),
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        let endpoint = format!("127.0.0.1:{client}");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(&endpoint).is_err() {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "etcd did not start listening on {endpoint}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        let mut ports = Vec::new();
+        for _ in 0..n {
+            ports.push((free_port()?, free_port()?));
         }
-        Ok(Self {
-            endpoint,
-            child: Some(child),
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("etcd-{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let mut members = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let name = format!("etcd-{i}");
+            let args = vec![
+                "--name".to_string(),
+                name.clone(),
+                "--data-dir".into(),
+                dir.path().join(&name).display().to_string(),
+                "--listen-client-urls".into(),
+                format!("http://127.0.0.1:{client}"),
+                "--advertise-client-urls".into(),
+                format!("http://127.0.0.1:{client}"),
+                "--listen-peer-urls".into(),
+                format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls".into(),
+                format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster".into(),
+                initial.join(","),
+                "--initial-cluster-token".into(),
+                "crescent-local".into(),
+            ];
+            members.push(EtcdMember {
+                args,
+                client: format!("127.0.0.1:{client}"),
+                log_path: dir.path().join(format!("{name}.log")),
+                child: None,
+            });
+        }
+        let mut etcd = Self {
+            endpoint: members[0].client.clone(),
+            members,
             _dir: dir,
-        })
+        };
+        for i in 0..n {
+            etcd.spawn(i)?;
+        }
+        for m in &etcd.members {
+            wait_listening(&m.client, Duration::from_secs(15))?;
+        }
+        Ok(etcd)
     }
 
-    /// `etcd://<endpoint>/<cluster>`.
+    fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
+        let bin = which("etcd")
+            .ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
+        let m = &mut self.members[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log_path)?;
+        m.child = Some(
+            Command::new(bin)
+                .args(&m.args)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()?,
+        );
+        Ok(())
+    }
+
+    /// Every member's client endpoint, comma-separated (`--etcd` takes this).
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| m.client.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// SIGKILL member `i` and reap it.
+    pub fn kill(&mut self, i: usize) -> anyhow::Result<()> {
+        let m = self
+            .members
+            .get_mut(i)
+            .ok_or_else(|| anyhow::anyhow!("no etcd member {i}"))?;
+        if let Some(mut c) = m.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts a killed member again with its data.
+    pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(i < self.members.len(), "no etcd member {i}");
+        if self.members[i].child.is_none() {
+            self.spawn(i)?;
+            wait_listening(&self.members[i].client, Duration::from_secs(15))?;
+        }
+        Ok(())
+    }
+
+    /// `etcd://<endpoints>/<cluster>`.
     pub fn url(&self, cluster: &str) -> String {
-        format!("etcd://{}/{cluster}", self.endpoint)
+        format!("etcd://{}/{cluster}", self.endpoints())
     }
 }
 
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        for m in &mut self.members {
+            if let Some(mut c) = m.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
         }
     }
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_listening(addr: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while std::net::TcpStream::connect(addr).is_err() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "nothing listening on {addr} after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Sends `signal` to a child process (SIGSTOP/SIGCONT for pauses).
+fn signal(child: &Option<Child>, signal: libc::c_int) -> anyhow::Result<()> {
+    let pid = child
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("process is not running"))?
+        .id();
+    // SAFETY: kill(2) on a pid we spawned and have not reaped.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    anyhow::ensure!(
+        rc == 0,
+        "kill({pid}, {signal}): {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -180,16 +297,42 @@ pub struct StoreProcess {
     /// Metrics/health HTTP address.
     pub http: String,
     pub log_path: PathBuf,
+    binary: PathBuf,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl StoreProcess {
-    /// SIGKILL and reap.
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", self.binary.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL and reap. Its memory, and every replica in it, is gone.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts a killed store again on the same address (with a new, empty segment).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        if self.child.is_none() {
+            self.spawn()?;
+        }
+        Ok(())
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -341,10 +484,6 @@ impl LocalCluster {
         let http_port = free_port()?;
         let idx = self.stores.len();
         let log_path = self.root.join(format!("store-{idx}.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)?;
         let mut args = vec![
             "--master".to_string(),
             self.masters_arg(),
@@ -356,19 +495,16 @@ impl LocalCluster {
             format!("127.0.0.1:{http_port}"),
         ];
         args.extend(extra.iter().cloned());
-        let child = Command::new(&binary)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", binary.display()))?;
-        self.stores.push(StoreProcess {
+        let mut store = StoreProcess {
             endpoint: format!("127.0.0.1:{port}"),
             http: format!("127.0.0.1:{http_port}"),
             log_path,
-            child: Some(child),
-        });
+            binary,
+            args,
+            child: None,
+        };
+        store.spawn()?;
+        self.stores.push(store);
         Ok(idx)
     }
 
@@ -422,6 +558,22 @@ impl LocalCluster {
             c.wait()?;
         }
         Ok(())
+    }
+
+    /// SIGSTOP one master: it keeps its sockets but answers nothing.
+    pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
+        let m = self
+            .by_id(id)
+            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
+        signal(&m.child, libc::SIGSTOP)
+    }
+
+    /// SIGCONT a paused master.
+    pub fn resume(&mut self, id: u64) -> anyhow::Result<()> {
+        let m = self
+            .by_id(id)
+            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
+        signal(&m.child, libc::SIGCONT)
     }
 
     /// Starts a killed master again with the same id, address and data dir.

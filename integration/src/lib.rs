@@ -1,13 +1,18 @@
-//! Helpers for tests that start real Crescent processes.
+//! The test harness for every test that starts more than one real Crescent
+//! process: free loopback ports, temp dirs, etcd (one member or a cluster),
+//! N masters, stores, readiness waits, SIGKILL, SIGSTOP/SIGCONT pauses,
+//! restarts and log tails, plus `crescentctl` and a tiny HTTP client.
 //!
-//! Owns nothing but test plumbing: locating the built binaries and running
-//! `crescentctl`. Process control itself (free ports, temp dirs, SIGKILL,
-//! restart) lives in `crescent_client::local`, which benchmarks share. It must
-//! never be linked into a production binary.
+//! The process control itself lives in `crescent_client::local` (the
+//! `crescentctl bench failover` command shares it) and is re-exported here so
+//! tests and the chaos suite have one place to import from. Test plumbing
+//! only: it must never be linked into a production binary.
 
 use std::process::Command;
 
-pub use crescent_client::local::{find_binary, LocalCluster};
+pub use crescent_client::local::{
+    find_binary, free_port, wait_listening, LocalCluster, LocalEtcd, MasterProcess, StoreProcess,
+};
 
 /// Runs `crescentctl` with `args`; returns (exit success, stdout, stderr).
 pub fn crescentctl(args: &[&str]) -> anyhow::Result<(bool, String, String)> {

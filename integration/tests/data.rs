@@ -7,6 +7,7 @@ use std::time::Duration;
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
 use crescent_integration::LocalCluster;
 use crescent_proto::ErrorCode;
+use crescent_store::protocol::segment_tag;
 use crescent_store::TcpTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -127,18 +128,26 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
     let tcp = TcpTransport::new();
     let garbage = vec![0xAAu8; 1000];
     for r in &desc.replicas[..1] {
-        tcp.write(&r.endpoint, &[(r.offset + 5000, &garbage[..])])
-            .await
-            .unwrap();
+        tcp.write(
+            &r.endpoint,
+            segment_tag(r.segment_id),
+            &[(r.offset + 5000, &garbage[..])],
+        )
+        .await
+        .unwrap();
     }
     let before = c.stats.checksum_failures.load(Ordering::Relaxed);
     assert_eq!(c.get("two").await.unwrap(), value);
     // Corrupt the only replica of "one": CHECKSUM_MISMATCH, never wrong bytes.
     let one = c.master().get_replica_list("one").await.unwrap();
     let r = &one.replicas[0];
-    tcp.write(&r.endpoint, &[(r.offset, &garbage[..])])
-        .await
-        .unwrap();
+    tcp.write(
+        &r.endpoint,
+        segment_tag(r.segment_id),
+        &[(r.offset, &garbage[..])],
+    )
+    .await
+    .unwrap();
     assert_eq!(
         c.get("one").await,
         Err(Error::ChecksumMismatch("one".into()))
@@ -191,11 +200,24 @@ async fn garbage_to_a_store_port_closes_only_that_connection() {
     let tcp = TcpTransport::new();
     let mut buf = [0u8; 16];
     let out_of_range = tcp
-        .read(&endpoint, &mut [(u64::MAX - 8, &mut buf[..])])
+        .read(&endpoint, 0, &mut [(u64::MAX - 8, &mut buf[..])])
         .await;
     assert!(out_of_range.is_err());
-    let beyond = tcp.write(&endpoint, &[(1 << 40, &buf[..])]).await;
+    let beyond = tcp.write(&endpoint, 0, &[(1 << 40, &buf[..])]).await;
     assert!(beyond.is_err());
+    // A request naming another segment (as after a store restart) is refused,
+    // and its bytes are not written.
+    let wrong = tcp.write(&endpoint, 0x00AB_CDEF, &[(0, &buf[..])]).await;
+    assert!(
+        matches!(
+            wrong,
+            Err(crescent_store::TransferError::Refused {
+                status: crescent_store::protocol::Status::WrongSegment,
+                ..
+            })
+        ),
+        "{wrong:?}"
+    );
     // Everyone else is still served.
     assert_eq!(c.get("k").await.unwrap(), value);
 }

@@ -135,6 +135,13 @@ pub struct MasterConfig {
     /// Log format: text or json. Filter with RUST_LOG.
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+
+    /// TEST ONLY; breaks the durability guarantee. Acknowledges PutEnd before
+    /// it commits (the commit is proposed 50 ms later, in the background), so
+    /// the chaos suite can show that its checker catches lost acknowledged
+    /// writes. Hidden from --help; never set it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_ACK_BEFORE_COMMIT", hide = true)]
+    pub unsafe_ack_before_commit: bool,
 }
 
 impl MasterConfig {

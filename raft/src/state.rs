@@ -480,7 +480,12 @@ impl MetaState {
                     ..
                 } => {
                     if now < discard_at_ms {
-                        return Err(MetaError::ObjectAlreadyExists(key.to_string()));
+                        // Not "already exists": the other writer may still fail
+                        // and revoke, and a client treats "exists" as success,
+                        // so answering it here would acknowledge a put whose
+                        // bytes may never become readable (found by the chaos
+                        // checker). The caller retries or reports the error.
+                        return Err(MetaError::ReplicaNotReady(key.to_string()));
                     }
                     // Zombie put: take the key over, but keep its space out of
                     // reach until the old writer can no longer be writing.

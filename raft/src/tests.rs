@@ -364,10 +364,11 @@ fn zombie_put_is_taken_over_and_reclaimed() {
     let mut s = MetaState::new();
     mount(&mut s, 1, "seg", "store", 64 * MB);
     put(&mut s, 1_000, "dead", 1, "k", MB, 1);
-    // Within the discard timeout: the key is still taken.
+    // Within the discard timeout: the key is still being written, which is
+    // not the success-like "already exists".
     assert_eq!(
         first_item(&put(&mut s, 20_000, "live", 1, "k", MB, 1)),
-        Err(MetaError::ObjectAlreadyExists("k".into()))
+        Err(MetaError::ReplicaNotReady("k".into()))
     );
     // After it: taken over, and the zombie's space stays parked.
     first_item(&put(&mut s, 31_001, "live", 2, "k", MB, 1)).unwrap();

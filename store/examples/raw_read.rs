@@ -34,10 +34,10 @@ fn main() {
                         .collect();
                     if crc {
                         std::hint::black_box(
-                            t.read_checksummed(&ep, &mut reads).await.expect("read"),
+                            t.read_checksummed(&ep, 0, &mut reads).await.expect("read"),
                         );
                     } else {
-                        t.read(&ep, &mut reads).await.expect("read");
+                        t.read(&ep, 0, &mut reads).await.expect("read");
                     }
                 }
                 let gbps = (n << 20) as f64 / start.elapsed().as_secs_f64() / 1e9;

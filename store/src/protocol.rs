@@ -1,9 +1,14 @@
 //! The transfer wire format: fixed 32-byte headers, payload bytes straight after.
 //!
 //! ```text
-//! request:  magic u32 | op u8 | 0 u8 | 0 u16 | request_id u64 | offset u64 | len u64   [+ len bytes for WRITE]
+//! request:  magic u32 | op u8 | segment_tag u24 | request_id u64 | offset u64 | len u64   [+ len bytes for WRITE]
 //! response: magic u32 | status u8 | 0 u8 x3 | request_id u64 | len u64 | 0 u64        [+ len bytes for READ]
 //! ```
+//! `segment_tag` is the low 24 bits of the master-assigned id of the segment
+//! the client means (0 = unchecked). A store restarted on the same address
+//! serves a new segment: without the tag it would accept reads and writes
+//! meant for its previous incarnation's replicas, and writes would overwrite
+//! other objects (found by the chaos suite).
 //! All integers little-endian. Requests on one connection are answered in
 //! order, so a client may pipeline many before reading any answer. Pure: no I/O.
 
@@ -23,6 +28,8 @@ pub enum Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     pub op: Op,
+    /// Which segment the client means (see the module comment); 0 = any.
+    pub segment_tag: u32,
     pub request_id: u64,
     pub offset: u64,
     pub len: u64,
@@ -33,6 +40,13 @@ pub enum Status {
     Ok = 0,
     OutOfRange = 1,
     BadRequest = 2,
+    /// The request names a segment this store does not (or no longer) serve.
+    WrongSegment = 3,
+}
+
+/// The tag a client sends for segment `id`.
+pub fn segment_tag(id: u64) -> u32 {
+    (id & 0x00FF_FFFF) as u32
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +88,7 @@ impl Request {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = self.op as u8;
+        b[5..8].copy_from_slice(&(self.segment_tag & 0x00FF_FFFF).to_le_bytes()[..3]);
         b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
@@ -94,6 +109,7 @@ impl Request {
         }
         Ok(Self {
             op,
+            segment_tag: u32::from_le_bytes([b[5], b[6], b[7], 0]),
             request_id: u64_at(b, 8),
             offset: u64_at(b, 16),
             len,
@@ -124,6 +140,7 @@ impl Response {
             0 => Status::Ok,
             1 => Status::OutOfRange,
             2 => Status::BadRequest,
+            3 => Status::WrongSegment,
             other => return Err(ProtocolError::UnknownStatus(other)),
         };
         let len = u64_at(b, 16);
@@ -145,9 +162,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn request_roundtrip(id in any::<u64>(), off in any::<u64>(), len in 0..=MAX_TRANSFER, op in 1u8..=3) {
+        fn request_roundtrip(id in any::<u64>(), off in any::<u64>(), len in 0..=MAX_TRANSFER, op in 1u8..=3, tag in 0u32..(1 << 24)) {
             let op = match op { 1 => Op::Read, 2 => Op::Write, _ => Op::Ping };
-            let r = Request { op, request_id: id, offset: off, len };
+            let r = Request { op, segment_tag: tag, request_id: id, offset: off, len };
             prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
 
@@ -162,6 +179,7 @@ mod tests {
     fn rejects_bad_headers() {
         let mut b = Request {
             op: Op::Read,
+            segment_tag: 0,
             request_id: 1,
             offset: 0,
             len: 8,
@@ -174,6 +192,7 @@ mod tests {
         ));
         let mut b = Request {
             op: Op::Read,
+            segment_tag: 0,
             request_id: 1,
             offset: 0,
             len: 8,
@@ -183,6 +202,7 @@ mod tests {
         assert_eq!(Request::decode(&b), Err(ProtocolError::UnknownOp(9)));
         let b = Request {
             op: Op::Read,
+            segment_tag: 0,
             request_id: 1,
             offset: 0,
             len: MAX_TRANSFER + 1,
@@ -198,6 +218,7 @@ mod tests {
     fn range_checks_do_not_overflow() {
         let r = Request {
             op: Op::Read,
+            segment_tag: 0,
             request_id: 0,
             offset: u64::MAX,
             len: 2,
@@ -205,6 +226,7 @@ mod tests {
         assert!(!r.fits(u64::MAX));
         let r = Request {
             op: Op::Read,
+            segment_tag: 0,
             request_id: 0,
             offset: 10,
             len: 10,

@@ -49,6 +49,9 @@ pub struct Segment {
     ptr: *mut u8,
     len: u64,
     shm_path: Option<PathBuf>,
+    /// Transfer tag of the master-assigned id this segment is mounted under
+    /// (0 until mounted); requests naming another segment are refused.
+    tag: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: the mapping lives as long as the Segment; access goes through raw
@@ -57,6 +60,20 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
+    /// Records the master-assigned id this segment is mounted under, so the
+    /// transfer server refuses requests meant for another segment.
+    pub fn set_mounted_id(&self, id: u64) {
+        self.tag.store(
+            crate::protocol::segment_tag(id),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// The transfer tag requests must carry (0 until mounted).
+    pub fn tag(&self) -> u32 {
+        self.tag.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Anonymous memory; pages are allocated on first touch.
     pub fn anonymous(size: u64) -> Result<Arc<Self>, SegmentError> {
         check_size(size)?;
@@ -71,6 +88,7 @@ impl Segment {
             ptr,
             len: size,
             shm_path: None,
+            tag: Default::default(),
         }))
     }
 
@@ -113,6 +131,7 @@ impl Segment {
             ptr,
             len: size,
             shm_path: Some(path),
+            tag: Default::default(),
         }))
     }
 

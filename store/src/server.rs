@@ -59,6 +59,8 @@ enum ConnError {
     Io(#[from] std::io::Error),
     #[error("protocol error: {0}")]
     Protocol(#[from] crate::protocol::ProtocolError),
+    #[error("request for segment tag {asked:#x}, but this store serves {serving:#x}")]
+    WrongSegment { asked: u32, serving: u32 },
     #[error("request [{offset}, +{len}) outside the {size}-byte segment")]
     OutOfRange { offset: u64, len: u64, size: u64 },
 }
@@ -85,6 +87,22 @@ async fn handle(
         let req = Request::decode(&hdr)?;
         let started = std::time::Instant::now();
         stats.requests.fetch_add(1, Ordering::Relaxed);
+        if req.op != Op::Ping && req.segment_tag != 0 && req.segment_tag != segment.tag() {
+            // Meant for a segment this process does not serve (typically the
+            // previous incarnation of a restarted store). Refuse and close:
+            // a write's payload is not read, so the stream cannot continue.
+            let resp = Response {
+                status: Status::WrongSegment,
+                request_id: req.request_id,
+                len: 0,
+            };
+            w.write_all(&resp.encode()).await?;
+            w.flush().await?;
+            return Err(ConnError::WrongSegment {
+                asked: req.segment_tag,
+                serving: segment.tag(),
+            });
+        }
         if !req.fits(segment.len()) {
             let resp = Response {
                 status: Status::OutOfRange,

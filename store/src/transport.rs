@@ -118,13 +118,19 @@ impl TcpTransport {
         self.io_timeout + Duration::from_millis(bytes / 100_000)
     }
 
-    /// Reads `[offset, offset+buf.len())` into each buffer, pipelined on one connection.
+    /// Reads `[offset, offset+buf.len())` into each buffer, pipelined on one
+    /// connection. `segment_tag` ([`segment_tag`](crate::protocol::segment_tag)
+    /// of the replica's segment id, or 0) makes a store that serves another
+    /// segment refuse instead of answering with someone else's bytes.
     pub async fn read(
         &self,
         endpoint: &str,
+        segment_tag: u32,
         reads: &mut [(u64, &mut [u8])],
     ) -> Result<(), TransferError> {
-        self.read_checksummed(endpoint, reads).await.map(|_| ())
+        self.read_checksummed(endpoint, segment_tag, reads)
+            .await
+            .map(|_| ())
     }
 
     /// Like [`read`](Self::read), also returning each buffer's crc32c, computed
@@ -132,6 +138,7 @@ impl TcpTransport {
     pub async fn read_checksummed(
         &self,
         endpoint: &str,
+        segment_tag: u32,
         reads: &mut [(u64, &mut [u8])],
     ) -> Result<Vec<u32>, TransferError> {
         if reads.is_empty() {
@@ -148,6 +155,7 @@ impl TcpTransport {
             .map(|(i, (off, buf))| {
                 Request {
                     op: Op::Read,
+                    segment_tag,
                     request_id: first_id + i as u64,
                     offset: *off,
                     len: buf.len() as u64,
@@ -185,6 +193,7 @@ impl TcpTransport {
     pub async fn write(
         &self,
         endpoint: &str,
+        segment_tag: u32,
         writes: &[(u64, &[u8])],
     ) -> Result<(), TransferError> {
         if writes.is_empty() {
@@ -199,6 +208,7 @@ impl TcpTransport {
             for (i, (off, buf)) in writes.iter().enumerate() {
                 let h = Request {
                     op: Op::Write,
+                    segment_tag,
                     request_id: first_id + i as u64,
                     offset: *off,
                     len: buf.len() as u64,

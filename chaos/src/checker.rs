@@ -1,0 +1,470 @@
+//! The checker: pure functions over a recorded history. No I/O, no clock.
+//!
+//! It fails a run on
+//! - a get returning bytes that are not what some put of that key wrote
+//!   (corrupt bytes, or another key's value);
+//! - an acknowledged put whose object a later get found missing while no
+//!   remove of that key could have run in between (a lost write);
+//! - two masters reporting themselves leader in the same term;
+//! - a per-key history of put/get/exists/remove that is not linearizable
+//!   against the model of a Crescent object (Wing & Gong search with
+//!   memoisation, in the manner of Porcupine and Knossos).
+//!
+//! The object model: a key is absent or holds one value. A put of an absent
+//! key stores its value; a put of a present key succeeds and changes nothing
+//! (objects are immutable, "already exists" counts as success). A remove of
+//! a present key makes it absent; of an absent key it answers not-found. Get
+//! and exists observe. An operation whose outcome is unknown may take effect
+//! at any moment after its invocation, or never.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::history::{Op, OpKind, Outcome, RoleSample};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationKind {
+    WrongBytes,
+    LostWrite,
+    TwoLeaders,
+    NotLinearizable,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub key: Option<String>,
+    pub detail: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct CheckResult {
+    pub violations: Vec<Violation>,
+    pub keys_checked: usize,
+    /// Keys whose linearizability search ran out of budget (not violations,
+    /// but not proven either).
+    pub inconclusive_keys: Vec<String>,
+}
+
+/// Default per-key search budget (distinct search states).
+pub const DEFAULT_BUDGET: usize = 2_000_000;
+
+pub fn check(ops: &[Op], samples: &[RoleSample], budget: usize) -> CheckResult {
+    let mut result = CheckResult::default();
+    result.violations.extend(two_leaders(samples));
+    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in ops {
+        by_key.entry(op.key.as_str()).or_default().push(op);
+    }
+    result.keys_checked = by_key.len();
+    for (key, ops) in by_key {
+        result.violations.extend(wrong_bytes(key, &ops));
+        result.violations.extend(lost_writes(key, &ops));
+        // Reported even when a specific violation above explains it: this is
+        // the general proof, and it also catches stale reads.
+        match linearizable(&ops, budget) {
+            Some(true) => {}
+            Some(false) => {
+                result.violations.push(Violation {
+                    kind: ViolationKind::NotLinearizable,
+                    key: Some(key.to_string()),
+                    detail: format!("{} operations admit no linearization", ops.len()),
+                });
+            }
+            None => result.inconclusive_keys.push(key.to_string()),
+        }
+    }
+    result
+}
+
+/// Two masters leading in one term.
+pub fn two_leaders(samples: &[RoleSample]) -> Vec<Violation> {
+    let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.leader) {
+        leaders.entry(s.term).or_default().insert(s.node);
+    }
+    leaders
+        .into_iter()
+        .filter(|(_, nodes)| nodes.len() > 1)
+        .map(|(term, nodes)| Violation {
+            kind: ViolationKind::TwoLeaders,
+            key: None,
+            detail: format!("term {term} has leaders {nodes:?}"),
+        })
+        .collect()
+}
+
+fn wrong_bytes(key: &str, ops: &[&Op]) -> Vec<Violation> {
+    let put_values: HashSet<u64> = ops
+        .iter()
+        .filter_map(|o| match o.kind {
+            OpKind::Put { value } => Some(value),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for op in ops {
+        match &op.outcome {
+            Outcome::Corrupt { detail } => out.push(Violation {
+                kind: ViolationKind::WrongBytes,
+                key: Some(key.to_string()),
+                detail: format!("process {} read corrupt bytes: {detail}", op.process),
+            }),
+            Outcome::Found { value } if !put_values.contains(value) => out.push(Violation {
+                kind: ViolationKind::WrongBytes,
+                key: Some(key.to_string()),
+                detail: format!(
+                    "process {} read value {value}, never put to this key",
+                    op.process
+                ),
+            }),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn lost_writes(key: &str, ops: &[&Op]) -> Vec<Violation> {
+    let removes: Vec<&&Op> = ops
+        .iter()
+        .filter(|o| {
+            o.kind == OpKind::Remove && matches!(o.outcome, Outcome::Ok | Outcome::Unknown { .. })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for put in ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Put { .. }) && o.outcome == Outcome::Ok)
+    {
+        let lost = ops.iter().find(|g| {
+            g.kind == OpKind::Get
+                && g.outcome == Outcome::Missing
+                && g.invoke_us > put.complete_us
+                && !removes.iter().any(|r| {
+                    let r_end = match r.outcome {
+                        Outcome::Unknown { .. } => u64::MAX,
+                        _ => r.complete_us,
+                    };
+                    r.invoke_us < g.complete_us && r_end >= put.invoke_us
+                })
+        });
+        if let Some(g) = lost {
+            out.push(Violation {
+                kind: ViolationKind::LostWrite,
+                key: Some(key.to_string()),
+                detail: format!(
+                    "put by process {} acknowledged at {} us; get by process {} at {} us found nothing, with no remove in between",
+                    put.process, put.complete_us, g.process, g.invoke_us
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// The model's state: absent, or present with a value id.
+type State = Option<u64>;
+
+struct Entry {
+    invoke: u64,
+    complete: u64,
+    kind: OpKind,
+    outcome: Outcome,
+}
+
+/// The model's transition, or None when `e`'s outcome is impossible from `s`.
+fn step(s: State, e: &Entry) -> Option<State> {
+    match (&e.kind, &e.outcome) {
+        (OpKind::Put { value }, _) => Some(s.or(Some(*value))),
+        (OpKind::Get, Outcome::Found { value }) => (s == Some(*value)).then_some(s),
+        (OpKind::Get, Outcome::Missing) => s.is_none().then_some(s),
+        (OpKind::Exists, Outcome::Present { exists }) => (s.is_some() == *exists).then_some(s),
+        (OpKind::Remove, Outcome::Ok) => s.is_some().then_some(None),
+        (OpKind::Remove, Outcome::Missing) => s.is_none().then_some(s),
+        (OpKind::Remove, Outcome::Unknown { .. }) => Some(None),
+        _ => Some(s),
+    }
+}
+
+/// Entries that constrain the search: failures had no effect and failed
+/// reads tell nothing, so both are left out; unknown writes never complete.
+fn entries(ops: &[&Op]) -> Vec<Entry> {
+    let mut v: Vec<Entry> = ops
+        .iter()
+        .filter_map(|o| {
+            let keep = !matches!(
+                (&o.kind, &o.outcome),
+                (_, Outcome::Fail { .. } | Outcome::Corrupt { .. })
+                    | (OpKind::Get | OpKind::Exists, Outcome::Unknown { .. })
+            );
+            keep.then(|| Entry {
+                invoke: o.invoke_us,
+                complete: match o.outcome {
+                    Outcome::Unknown { .. } => u64::MAX,
+                    _ => o.complete_us.max(o.invoke_us),
+                },
+                kind: o.kind.clone(),
+                outcome: o.outcome.clone(),
+            })
+        })
+        .collect();
+    v.sort_by_key(|e| (e.invoke, e.complete));
+    v
+}
+
+/// Is there an order of the key's operations, each at a point between its
+/// invocation and completion, that the model accepts? None when the search
+/// exceeded `budget` states.
+pub fn linearizable(ops: &[&Op], budget: usize) -> Option<bool> {
+    let entries = entries(ops);
+    let mut search = Search {
+        done: vec![0u64; entries.len().div_ceil(64)],
+        remaining: entries.len(),
+        seen: HashSet::new(),
+        budget,
+        gave_up: false,
+        entries: &entries,
+    };
+    let ok = search.dfs(None);
+    if ok {
+        Some(true)
+    } else if search.gave_up {
+        None
+    } else {
+        Some(false)
+    }
+}
+
+struct Search<'a> {
+    entries: &'a [Entry],
+    done: Vec<u64>,
+    remaining: usize,
+    seen: HashSet<(Vec<u64>, State)>,
+    budget: usize,
+    gave_up: bool,
+}
+
+impl Search<'_> {
+    fn is_done(&self, i: usize) -> bool {
+        self.done[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn flip(&mut self, i: usize) {
+        self.done[i / 64] ^= 1 << (i % 64);
+    }
+
+    fn dfs(&mut self, state: State) -> bool {
+        if self.remaining == 0 {
+            return true;
+        }
+        if self.gave_up || !self.seen.insert((self.done.clone(), state)) {
+            return false;
+        }
+        if self.seen.len() > self.budget {
+            self.gave_up = true;
+            return false;
+        }
+        // Whatever is linearized next must have been invoked before every
+        // pending operation completed.
+        let min_complete = (0..self.entries.len())
+            .filter(|&i| !self.is_done(i))
+            .map(|i| self.entries[i].complete)
+            .min()
+            .unwrap_or(u64::MAX);
+        for i in 0..self.entries.len() {
+            let e = &self.entries[i];
+            if e.invoke > min_complete {
+                break;
+            }
+            if self.is_done(i) {
+                continue;
+            }
+            if let Some(next) = step(state, e) {
+                self.flip(i);
+                self.remaining -= 1;
+                if self.dfs(next) {
+                    return true;
+                }
+                self.flip(i);
+                self.remaining += 1;
+            }
+        }
+        false
+    }
+}
+
+/// Counts of outcomes by kind, for the summary.
+pub fn outcome_counts(ops: &[Op]) -> HashMap<&'static str, u64> {
+    let mut m = HashMap::new();
+    for op in ops {
+        let k = match op.outcome {
+            Outcome::Ok | Outcome::Found { .. } | Outcome::Missing | Outcome::Present { .. } => {
+                "ok"
+            }
+            Outcome::Fail { .. } | Outcome::Corrupt { .. } => "failed",
+            Outcome::Unknown { .. } => "unknown",
+        };
+        *m.entry(k).or_insert(0) += 1;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(process: u32, kind: OpKind, invoke: u64, complete: u64, outcome: Outcome) -> Op {
+        Op {
+            process,
+            key: "k".into(),
+            kind,
+            invoke_us: invoke,
+            complete_us: complete,
+            outcome,
+        }
+    }
+    fn put(p: u32, v: u64, i: u64, c: u64, o: Outcome) -> Op {
+        op(p, OpKind::Put { value: v }, i, c, o)
+    }
+    fn get(p: u32, i: u64, c: u64, o: Outcome) -> Op {
+        op(p, OpKind::Get, i, c, o)
+    }
+    fn unknown() -> Outcome {
+        Outcome::Unknown {
+            error: "timeout".into(),
+        }
+    }
+    fn kinds(ops: &[Op]) -> Vec<ViolationKind> {
+        check(ops, &[], DEFAULT_BUDGET)
+            .violations
+            .into_iter()
+            .map(|v| v.kind)
+            .collect()
+    }
+
+    #[test]
+    fn a_sequential_history_passes() {
+        let h = vec![
+            get(1, 0, 1, Outcome::Missing),
+            put(1, 7, 2, 3, Outcome::Ok),
+            get(2, 4, 5, Outcome::Found { value: 7 }),
+            put(2, 8, 6, 7, Outcome::Ok), // already exists: no change
+            get(1, 8, 9, Outcome::Found { value: 7 }),
+            op(1, OpKind::Remove, 10, 11, Outcome::Ok),
+            op(
+                2,
+                OpKind::Exists,
+                12,
+                13,
+                Outcome::Present { exists: false },
+            ),
+        ];
+        assert!(kinds(&h).is_empty());
+    }
+
+    #[test]
+    fn a_lost_acknowledged_put_is_caught() {
+        let h = vec![
+            put(1, 7, 0, 10, Outcome::Ok),
+            get(2, 20, 30, Outcome::Missing),
+        ];
+        let k = kinds(&h);
+        assert!(k.contains(&ViolationKind::LostWrite), "{k:?}");
+        assert!(k.contains(&ViolationKind::NotLinearizable), "{k:?}");
+    }
+
+    #[test]
+    fn a_concurrent_remove_explains_a_missing_read() {
+        let h = vec![
+            put(1, 7, 0, 10, Outcome::Ok),
+            op(3, OpKind::Remove, 15, u64::MAX - 1, unknown()),
+            get(2, 20, 30, Outcome::Missing),
+        ];
+        assert!(kinds(&h).is_empty());
+    }
+
+    #[test]
+    fn an_unknown_put_may_land_late_or_never() {
+        let late = vec![
+            put(1, 7, 0, 5, unknown()),
+            get(2, 10, 11, Outcome::Missing),
+            get(2, 12, 13, Outcome::Found { value: 7 }),
+        ];
+        assert!(kinds(&late).is_empty());
+        let never = vec![put(1, 7, 0, 5, unknown()), get(2, 10, 11, Outcome::Missing)];
+        assert!(kinds(&never).is_empty());
+        // ... but once seen it cannot disappear without a remove.
+        let flicker = vec![
+            put(1, 7, 0, 5, unknown()),
+            get(2, 10, 11, Outcome::Found { value: 7 }),
+            get(2, 12, 13, Outcome::Missing),
+        ];
+        assert!(kinds(&flicker).contains(&ViolationKind::NotLinearizable));
+    }
+
+    #[test]
+    fn overlapping_operations_may_take_either_order() {
+        let h = vec![
+            put(1, 7, 0, 100, Outcome::Ok),
+            get(2, 10, 20, Outcome::Missing),
+            get(3, 30, 40, Outcome::Found { value: 7 }),
+        ];
+        assert!(kinds(&h).is_empty());
+    }
+
+    #[test]
+    fn a_stale_read_after_a_newer_value_is_not_linearizable() {
+        // 7 is put, removed, 8 put; a later read of 7 is stale.
+        let h = vec![
+            put(1, 7, 0, 1, Outcome::Ok),
+            op(1, OpKind::Remove, 2, 3, Outcome::Ok),
+            put(1, 8, 4, 5, Outcome::Ok),
+            get(2, 6, 7, Outcome::Found { value: 7 }),
+        ];
+        assert_eq!(kinds(&h), vec![ViolationKind::NotLinearizable]);
+    }
+
+    #[test]
+    fn foreign_or_corrupt_bytes_are_caught() {
+        let h = vec![
+            put(1, 7, 0, 1, Outcome::Ok),
+            get(2, 2, 3, Outcome::Found { value: 9 }),
+        ];
+        assert!(kinds(&h).contains(&ViolationKind::WrongBytes));
+        let h = vec![
+            put(1, 7, 0, 1, Outcome::Ok),
+            get(2, 2, 3, Outcome::Corrupt { detail: "x".into() }),
+        ];
+        assert!(kinds(&h).contains(&ViolationKind::WrongBytes));
+    }
+
+    #[test]
+    fn two_leaders_in_one_term_are_caught() {
+        let s = |node, term, leader| RoleSample {
+            node,
+            term,
+            leader,
+            at_us: 0,
+        };
+        assert!(two_leaders(&[s(1, 3, true), s(2, 4, true), s(2, 3, false)]).is_empty());
+        assert_eq!(two_leaders(&[s(1, 3, true), s(2, 3, true)]).len(), 1);
+    }
+
+    #[test]
+    fn many_concurrent_unknowns_stay_within_budget() {
+        let mut h = Vec::new();
+        for i in 0..40u64 {
+            h.push(put(i as u32, i, i * 10, i * 10 + 5, unknown()));
+            h.push(get(
+                100,
+                i * 10 + 6,
+                i * 10 + 7,
+                Outcome::Found { value: 0 },
+            ));
+        }
+        let refs: Vec<&Op> = h.iter().collect();
+        assert_eq!(linearizable(&refs, DEFAULT_BUDGET), Some(true));
+    }
+}

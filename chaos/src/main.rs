@@ -1,0 +1,195 @@
+//! `crescent-chaos`: run a chaos schedule against a real cluster and check it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use crescent_chaos::run::{ModeChoice, RunConfig, ScheduleKind};
+use crescent_chaos::workload::{run_worker, WorkerConfig};
+use crescent_proto::units::parse_duration;
+
+#[derive(Parser)]
+#[command(
+    name = "crescent-chaos",
+    version,
+    about = "Fault injection with a checked history against a real Crescent cluster"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Deploy a cluster, run the workload and the fault schedule, check the
+    /// history, print the summary and write report.json. Exits 1 on any violation.
+    Run {
+        /// containers (a Docker engine and `make images` needed), processes, or auto.
+        #[arg(long, env = "CRESCENT_CHAOS_MODE", value_enum, default_value = "auto")]
+        mode: ModeChoice,
+        /// ci: the fixed short mix; soak: random faults until --duration.
+        #[arg(
+            long,
+            env = "CRESCENT_CHAOS_SCHEDULE",
+            value_enum,
+            default_value = "ci"
+        )]
+        schedule: ScheduleKind,
+        /// How long a soak injects faults (the ci schedule ignores it).
+        #[arg(long, env = "CRESCENT_CHAOS_DURATION", default_value = "5m", value_parser = duration)]
+        duration: Duration,
+        /// Seed of the schedule and the workload; random when omitted (and printed).
+        #[arg(long, env = "CRESCENT_CHAOS_SEED")]
+        seed: Option<u64>,
+        /// Directory for histories, logs and report.json.
+        #[arg(long, env = "CRESCENT_CHAOS_OUT", default_value = "target/chaos")]
+        out: PathBuf,
+        /// Image for container mode (built by `make images`).
+        #[arg(long, env = "CRESCENT_CHAOS_IMAGE", default_value = "crescent:latest")]
+        image: String,
+        /// Workload processes (containers in container mode).
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// Logical clients per worker, each with one operation in flight.
+        #[arg(long, default_value_t = 4)]
+        tasks: u32,
+        /// TEST ONLY: start masters with --unsafe-ack-before-commit, which
+        /// breaks durability on purpose; the run must then fail.
+        #[arg(long, hide = true)]
+        unsafe_ack_before_commit: bool,
+    },
+    /// Re-check a recorded run directory.
+    Check { dir: PathBuf },
+    /// (internal) One workload process; started by `run`.
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        master: String,
+        #[arg(long)]
+        worker: u32,
+        #[arg(long, default_value_t = 4)]
+        tasks: u32,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        stop_file: PathBuf,
+        #[arg(long, default_value = "1h", value_parser = duration)]
+        max_duration: Duration,
+    },
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main(Cli::parse()).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("crescent-chaos: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    match cli.command {
+        Cmd::Run {
+            mode,
+            schedule,
+            duration,
+            seed,
+            out,
+            image,
+            workers,
+            tasks,
+            unsafe_ack_before_commit,
+        } => {
+            let seed = seed.unwrap_or_else(rand::random);
+            let mut master_flags = vec!["--client-ttl".to_string(), "3s".to_string()];
+            if unsafe_ack_before_commit {
+                master_flags.push("--unsafe-ack-before-commit".into());
+            }
+            let report = crescent_chaos::run::run(RunConfig {
+                mode,
+                schedule,
+                duration,
+                seed,
+                out: out.clone(),
+                image,
+                workers,
+                tasks,
+                master_flags,
+            })
+            .await?;
+            println!("{}", report.table());
+            println!(
+                "chaos: {} in {:.0} s (mode {:?}, seed {}); report: {}",
+                if report.passed { "PASSED" } else { "FAILED" },
+                report.duration_s,
+                report.mode,
+                report.seed,
+                out.join("report.json").display()
+            );
+            Ok(if report.passed {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::from(1)
+            })
+        }
+        Cmd::Check { dir } => {
+            let r = crescent_chaos::run::recheck(dir).await?;
+            println!(
+                "{} keys checked, {} violations, {} inconclusive",
+                r.keys_checked,
+                r.violations.len(),
+                r.inconclusive_keys.len()
+            );
+            for v in &r.violations {
+                println!(
+                    "  {:?} {}: {}",
+                    v.kind,
+                    v.key.as_deref().unwrap_or("-"),
+                    v.detail
+                );
+            }
+            Ok(if r.violations.is_empty() {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::from(1)
+            })
+        }
+        Cmd::Worker {
+            master,
+            worker,
+            tasks,
+            seed,
+            out,
+            stop_file,
+            max_duration,
+        } => {
+            run_worker(WorkerConfig {
+                master,
+                worker,
+                tasks,
+                seed,
+                out,
+                stop_file,
+                max_duration,
+                op_timeout: Duration::from_secs(10),
+                replicas: 2,
+            })
+            .await?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+    }
+}

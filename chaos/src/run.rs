@@ -1,0 +1,454 @@
+//! The orchestrator: deploy, start the workload, inject the seeded faults
+//! one after another (each healed and recovered from before the next),
+//! sample every master's term and role throughout, then check the history.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crescent_client::MasterClient;
+use crescent_proto::pb;
+use serde::Serialize;
+
+use crate::checker::{self, CheckResult};
+use crate::deploy::{
+    container_mode_blocker, ContainerDeployment, Deployment, Mode, ProcessDeployment, WorkerPlan,
+};
+use crate::history::{now_us, read_lines, Op, Recorder, RoleSample};
+use crate::report::{self, Report};
+use crate::schedule::{ci_schedule, soak_schedule, Fault, FaultKind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeChoice {
+    /// Containers when a Docker engine answers and the image exists, else processes.
+    Auto,
+    Containers,
+    Processes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// The fixed CI mix (10 leader kills, 2 pauses, 2 leader partitions ...).
+    Ci,
+    /// Weighted random faults until --duration is up.
+    Soak,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub mode: ModeChoice,
+    pub schedule: ScheduleKind,
+    pub duration: Duration,
+    pub seed: u64,
+    pub out: PathBuf,
+    pub image: String,
+    pub workers: u32,
+    pub tasks: u32,
+    /// Extra master flags (the test-only unsafe switch goes here).
+    pub master_flags: Vec<String>,
+}
+
+/// What happened to one injected fault.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    pub kind: FaultKind,
+    pub target: String,
+    pub start_us: u64,
+    pub healed_us: u64,
+    /// When a leader was known again with every master answering; None if
+    /// the cluster did not recover within the limit.
+    pub recovered_us: Option<u64>,
+}
+
+const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+
+pub async fn run(cfg: RunConfig) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(&cfg.out)?;
+    let (mode, reason) = choose_mode(&cfg);
+    println!("chaos: mode = {mode:?} ({reason})");
+    println!(
+        "chaos: seed = {} (reproduce with --seed {}), schedule = {:?}",
+        cfg.seed, cfg.seed, cfg.schedule
+    );
+    let started = now_us();
+    let mut dep: Box<dyn Deployment> = match mode {
+        Mode::Containers => Box::new(ContainerDeployment::start(&cfg.image, &cfg.master_flags)?),
+        Mode::Processes => Box::new(ProcessDeployment::start(&cfg.master_flags)?),
+    };
+    let result = drive(&cfg, dep.as_mut()).await;
+    dep.collect_logs(&cfg.out);
+    dep.teardown();
+    let (faults, samples, evicted) = result?;
+    let mut ops: Vec<Op> = Vec::new();
+    for i in 0..cfg.workers {
+        let path = cfg.out.join(format!("history-{i}.jsonl"));
+        ops.extend(read_lines::<Op>(&path)?);
+    }
+    let mut rec = Recorder::create(&cfg.out.join("roles.jsonl"))?;
+    for s in &samples {
+        rec.record(s)?;
+    }
+    let check = check_in_thread(ops.clone(), samples).await?;
+    let report = report::build(report::Inputs {
+        mode,
+        mode_reason: reason,
+        seed: cfg.seed,
+        schedule: cfg.schedule,
+        started_us: started,
+        ended_us: now_us(),
+        faults,
+        ops: &ops,
+        check,
+        evicted_keys: evicted,
+    });
+    std::fs::write(
+        cfg.out.join("report.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    Ok(report)
+}
+
+/// Re-checks a recorded run directory (histories and role samples).
+pub async fn recheck(dir: PathBuf) -> anyhow::Result<CheckResult> {
+    let mut ops = Vec::new();
+    for e in std::fs::read_dir(&dir)? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.starts_with("history-") && name.ends_with(".jsonl") {
+            ops.extend(read_lines::<Op>(&p)?);
+        }
+    }
+    let samples = read_lines::<RoleSample>(&dir.join("roles.jsonl")).unwrap_or_default();
+    check_in_thread(ops, samples).await
+}
+
+async fn check_in_thread(ops: Vec<Op>, samples: Vec<RoleSample>) -> anyhow::Result<CheckResult> {
+    // The search recurses once per operation of a key: give it a deep stack.
+    let handle = std::thread::Builder::new()
+        .name("checker".into())
+        .stack_size(512 << 20)
+        .spawn(move || checker::check(&ops, &samples, checker::DEFAULT_BUDGET))?;
+    tokio::task::spawn_blocking(move || handle.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the checker panicked"))
+}
+
+fn choose_mode(cfg: &RunConfig) -> (Mode, String) {
+    match cfg.mode {
+        ModeChoice::Processes => (
+            Mode::Processes,
+            "asked for processes; partitions are skipped".into(),
+        ),
+        ModeChoice::Containers => (
+            Mode::Containers,
+            format!("asked for containers, image {}", cfg.image),
+        ),
+        ModeChoice::Auto => match container_mode_blocker(&cfg.image) {
+            None => (
+                Mode::Containers,
+                format!("a Docker engine answered and image {} exists", cfg.image),
+            ),
+            Some(why) => (Mode::Processes, format!("{why}; partitions are skipped")),
+        },
+    }
+}
+
+type Driven = (Vec<FaultRecord>, Vec<RoleSample>, Option<u64>);
+
+async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driven> {
+    let addrs: Vec<(u64, String)> = dep
+        .master_ids()
+        .into_iter()
+        .map(|id| (id, dep.master_addr(id)))
+        .collect();
+    let probe = Prober::new(&addrs)?;
+    probe
+        .wait_ready(2, Duration::from_secs(90))
+        .await
+        .map_err(|e| anyhow::anyhow!("cluster did not come up: {e}"))?;
+    println!("chaos: cluster up (3 etcd members, 3 masters, 2 stores)");
+
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = tokio::spawn(sample_roles(probe.clone(), samples.clone()));
+
+    let plan = WorkerPlan {
+        workers: cfg.workers,
+        tasks: cfg.tasks,
+        seed: cfg.seed,
+        dir: cfg.out.clone(),
+        // A safety net only; the stop file ends them.
+        max_duration: cfg.duration + Duration::from_secs(600),
+    };
+    dep.start_workers(&plan)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let network = dep.network_control();
+    let faults: Box<dyn Iterator<Item = Fault>> = match cfg.schedule {
+        ScheduleKind::Ci => Box::new(ci_schedule(cfg.seed, network).into_iter()),
+        ScheduleKind::Soak => Box::new(soak_schedule(cfg.seed, network)),
+    };
+    let deadline = Instant::now() + cfg.duration;
+    let mut records = Vec::new();
+    let mut outcome = Ok(());
+    for (n, fault) in faults.enumerate() {
+        if cfg.schedule == ScheduleKind::Soak && Instant::now() >= deadline {
+            break;
+        }
+        match inject(dep, &probe, &fault).await {
+            Ok(rec) => {
+                println!(
+                    "chaos: #{:<3} {:<20} {:<12} held {:>5} ms, recovered {}",
+                    n + 1,
+                    fault.kind.name(),
+                    rec.target,
+                    fault.hold.as_millis(),
+                    match rec.recovered_us {
+                        Some(r) => format!("{} ms after the fault", (r - rec.start_us) / 1000),
+                        None => "NOT within 60 s".into(),
+                    }
+                );
+                let stuck = rec.recovered_us.is_none();
+                records.push(rec);
+                if stuck {
+                    outcome = Err(anyhow::anyhow!("the cluster did not recover; stopping"));
+                    break;
+                }
+            }
+            Err(e) => {
+                outcome = Err(e.context(format!("injecting {}", fault.kind.name())));
+                break;
+            }
+        }
+        tokio::time::sleep(fault.settle).await;
+    }
+    // Let the workload run on a healthy cluster for a moment: reads after
+    // the last fault are what expose a lost write.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stopped = dep.stop_workers(&plan, Duration::from_secs(60));
+    sampler.abort();
+    let evicted = probe.evicted_keys(dep).await;
+    outcome?;
+    stopped?;
+    let samples = samples.lock().expect("lock poisoned").clone();
+    Ok((records, samples, evicted))
+}
+
+async fn inject(
+    dep: &mut dyn Deployment,
+    probe: &Prober,
+    fault: &Fault,
+) -> anyhow::Result<FaultRecord> {
+    let ids = dep.master_ids();
+    let pick_master = |p: u64| ids[(p % ids.len() as u64) as usize];
+    let start_us = now_us();
+    let target;
+    match fault.kind {
+        FaultKind::KillLeader | FaultKind::KillRandomMaster => {
+            let id = if fault.kind == FaultKind::KillLeader {
+                probe.leader(Duration::from_secs(20)).await?
+            } else {
+                pick_master(fault.pick)
+            };
+            target = format!("master {id}");
+            dep.kill_master(id)?;
+            tokio::time::sleep(fault.hold).await;
+            dep.start_master(id)?;
+        }
+        FaultKind::PauseMaster => {
+            let id = if fault.pick.is_multiple_of(2) {
+                probe.leader(Duration::from_secs(20)).await?
+            } else {
+                pick_master(fault.pick / 2)
+            };
+            target = format!("master {id}");
+            dep.pause_master(id)?;
+            tokio::time::sleep(fault.hold).await;
+            dep.resume_master(id)?;
+        }
+        FaultKind::PartitionLeader | FaultKind::PartitionFollower => {
+            let leader = probe.leader(Duration::from_secs(20)).await?;
+            let id = if fault.kind == FaultKind::PartitionLeader {
+                leader
+            } else {
+                let followers: Vec<u64> = ids.iter().copied().filter(|i| *i != leader).collect();
+                followers[(fault.pick % followers.len() as u64) as usize]
+            };
+            target = format!("master {id}");
+            dep.isolate_master(id)?;
+            tokio::time::sleep(fault.hold).await;
+            dep.heal_master(id)?;
+        }
+        FaultKind::KillStore => {
+            // Only the second store: every object keeps a replica on the
+            // first (see the README's guarantees: a store's memory is its data).
+            target = "store 1".into();
+            dep.kill_store(1)?;
+            tokio::time::sleep(fault.hold).await;
+            dep.start_store(1)?;
+        }
+        FaultKind::KillEtcdMember => {
+            let i = (fault.pick % dep.etcd_members() as u64) as usize;
+            target = format!("etcd {i}");
+            dep.kill_etcd(i)?;
+            tokio::time::sleep(fault.hold).await;
+            dep.start_etcd(i)?;
+        }
+        FaultKind::RollingRestart => {
+            target = "everything".into();
+            for i in 0..dep.etcd_members() {
+                dep.kill_etcd(i)?;
+                dep.start_etcd(i)?;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            // Followers first, the leader last: one election, not three.
+            let leader = probe.leader(Duration::from_secs(20)).await?;
+            let mut order: Vec<u64> = ids.iter().copied().filter(|i| *i != leader).collect();
+            order.push(leader);
+            for id in order {
+                dep.kill_master(id)?;
+                dep.start_master(id)?;
+                probe.wait_recovered(RECOVERY_LIMIT).await?;
+            }
+            dep.kill_store(1)?;
+            dep.start_store(1)?;
+        }
+    }
+    let healed_us = now_us();
+    let recovered_us = probe
+        .wait_recovered(RECOVERY_LIMIT)
+        .await
+        .ok()
+        .map(|_| now_us());
+    Ok(FaultRecord {
+        kind: fault.kind,
+        target,
+        start_us,
+        healed_us,
+        recovered_us,
+    })
+}
+
+async fn sample_roles(probe: Prober, out: Arc<Mutex<Vec<RoleSample>>>) {
+    loop {
+        let view = probe.poll().await;
+        {
+            let mut out = out.lock().expect("lock poisoned");
+            for (id, s) in view {
+                if let Some(s) = s {
+                    out.push(RoleSample {
+                        node: id,
+                        term: s.term,
+                        leader: s.role == pb::Role::Leader as i32,
+                        at_us: now_us(),
+                    });
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+/// Polls masters' GetStatus directly (no leader following).
+#[derive(Clone)]
+struct Prober {
+    client: Arc<MasterClient>,
+    addrs: Vec<(u64, String)>,
+}
+
+impl Prober {
+    fn new(addrs: &[(u64, String)]) -> anyhow::Result<Self> {
+        let list = addrs
+            .iter()
+            .map(|(_, a)| a.clone())
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(Self {
+            client: Arc::new(MasterClient::new(&list)?),
+            addrs: addrs.to_vec(),
+        })
+    }
+
+    async fn poll(&self) -> Vec<(u64, Option<pb::GetStatusResponse>)> {
+        let calls = self.addrs.iter().map(|(id, addr)| async move {
+            let r = tokio::time::timeout(
+                Duration::from_millis(500),
+                self.client.call_node(addr, |ch| async move {
+                    MasterClient::cluster(ch)
+                        .get_status(pb::GetStatusRequest {})
+                        .await
+                }),
+            )
+            .await;
+            (*id, r.ok().and_then(Result::ok))
+        });
+        futures::future::join_all(calls).await
+    }
+
+    /// The leader of the highest term among the masters that answer.
+    async fn leader(&self, within: Duration) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + within;
+        loop {
+            let view = self.poll().await;
+            if let Some(s) = view
+                .iter()
+                .filter_map(|(_, s)| s.as_ref())
+                .filter(|s| s.role == pb::Role::Leader as i32)
+                .max_by_key(|s| s.term)
+            {
+                return Ok(s.id);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no leader within {within:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every master answers, agrees on one leader and term, and the leader
+    /// sees at least `segments` mounted segments.
+    async fn wait_ready(&self, segments: u64, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let view = self.poll().await;
+            let all: Vec<&pb::GetStatusResponse> =
+                view.iter().filter_map(|(_, s)| s.as_ref()).collect();
+            let leader = all.iter().find(|s| s.role == pb::Role::Leader as i32);
+            if let Some(l) = leader {
+                let agreed = all.len() == self.addrs.len()
+                    && all.iter().all(|s| s.term == l.term && s.leader_id == l.id)
+                    && all.iter().all(|s| s.applied + 1000 >= l.committed);
+                if agreed && l.segment_count >= segments {
+                    return Ok(());
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "not ready within {within:?} ({} of {} masters answer, leader {:?})",
+                all.len(),
+                self.addrs.len(),
+                leader.map(|l| l.id)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_recovered(&self, within: Duration) -> anyhow::Result<()> {
+        self.wait_ready(1, within).await
+    }
+
+    /// `master_evicted_key_count` from the leader's /metrics.
+    async fn evicted_keys(&self, dep: &dyn Deployment) -> Option<u64> {
+        let leader = self.leader(Duration::from_secs(10)).await.ok()?;
+        let (status, body) =
+            crescent_integration::http_request(&dep.master_http(leader), "GET", "/metrics", &[])
+                .await
+                .ok()?;
+        if status != 200 {
+            return None;
+        }
+        body.lines()
+            .find(|l| l.starts_with("master_evicted_key_count "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+}

@@ -1,0 +1,190 @@
+//! Seeded fault schedules. Pure: the same seed gives the same faults, the
+//! same targets (by role: "the leader", "a random master") and durations.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL the leader, restart it after `hold`.
+    KillLeader,
+    /// SIGKILL a master chosen at random (leader or not).
+    KillRandomMaster,
+    /// SIGSTOP a master (the leader every other time) for longer than the
+    /// election timeout, then SIGCONT.
+    PauseMaster,
+    /// Cut the leader off the network (a 1|2 split), heal after `hold`.
+    PartitionLeader,
+    /// Cut a follower off (the other 1|2 split).
+    PartitionFollower,
+    /// SIGKILL the second store (its replicas are lost), restart it empty.
+    KillStore,
+    /// SIGKILL one member of the 3-member etcd cluster, restart it.
+    KillEtcdMember,
+    /// Restart every etcd member, master and the second store, one by one.
+    RollingRestart,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 8] = [
+        FaultKind::KillLeader,
+        FaultKind::KillRandomMaster,
+        FaultKind::PauseMaster,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionFollower,
+        FaultKind::KillStore,
+        FaultKind::KillEtcdMember,
+        FaultKind::RollingRestart,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillLeader => "kill leader",
+            FaultKind::KillRandomMaster => "kill random master",
+            FaultKind::PauseMaster => "pause master",
+            FaultKind::PartitionLeader => "partition leader",
+            FaultKind::PartitionFollower => "partition follower",
+            FaultKind::KillStore => "kill store",
+            FaultKind::KillEtcdMember => "kill etcd member",
+            FaultKind::RollingRestart => "rolling restart",
+        }
+    }
+
+    pub fn needs_network_control(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionLeader | FaultKind::PartitionFollower
+        )
+    }
+}
+
+/// One planned fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fault {
+    pub kind: FaultKind,
+    /// How long the fault lasts before it is healed (restart, SIGCONT, reconnect).
+    #[serde(with = "millis")]
+    pub hold: Duration,
+    /// Quiet time after the cluster has recovered, before the next fault.
+    #[serde(with = "millis")]
+    pub settle: Duration,
+    /// Picks among candidates ("a random master", "which etcd member").
+    pub pick: u64,
+}
+
+mod millis {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
+    let hold_ms = match kind {
+        // Longer than the 300 ms maximum election timeout, several times over.
+        FaultKind::PauseMaster => rng.random_range(1_000..2_500),
+        FaultKind::PartitionLeader | FaultKind::PartitionFollower => rng.random_range(2_000..5_000),
+        FaultKind::RollingRestart => 0,
+        _ => rng.random_range(500..2_500),
+    };
+    Fault {
+        kind,
+        hold: Duration::from_millis(hold_ms),
+        settle: Duration::from_millis(rng.random_range(300..1_200)),
+        pick: rng.random(),
+    }
+}
+
+/// The short CI schedule: 10 leader kills, 2 random-master kills, 2 pauses,
+/// 2 leader partitions and 1 follower partition (when the network can be
+/// controlled), a store kill, an etcd member kill and a rolling restart, in
+/// a seeded order.
+pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut kinds = Vec::new();
+    kinds.extend([FaultKind::KillLeader; 10]);
+    kinds.extend([FaultKind::KillRandomMaster; 2]);
+    kinds.extend([FaultKind::PauseMaster; 2]);
+    if network_control {
+        kinds.extend([FaultKind::PartitionLeader; 2]);
+        kinds.push(FaultKind::PartitionFollower);
+    }
+    kinds.push(FaultKind::KillStore);
+    kinds.push(FaultKind::KillEtcdMember);
+    kinds.push(FaultKind::RollingRestart);
+    kinds.shuffle(&mut rng);
+    kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
+}
+
+/// An endless soak schedule: faults drawn with weights (leader faults most
+/// often); the runner stops drawing when its time is up.
+pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let weighted: Vec<(FaultKind, u32)> = vec![
+        (FaultKind::KillLeader, 8),
+        (FaultKind::KillRandomMaster, 3),
+        (FaultKind::PauseMaster, 3),
+        (FaultKind::PartitionLeader, 3),
+        (FaultKind::PartitionFollower, 1),
+        (FaultKind::KillStore, 1),
+        (FaultKind::KillEtcdMember, 1),
+        (FaultKind::RollingRestart, 1),
+    ]
+    .into_iter()
+    .filter(|(k, _)| network_control || !k.needs_network_control())
+    .collect();
+    let total: u32 = weighted.iter().map(|(_, w)| w).sum();
+    std::iter::from_fn(move || {
+        let mut x = rng.random_range(0..total);
+        let kind = weighted
+            .iter()
+            .find(|(_, w)| {
+                if x < *w {
+                    true
+                } else {
+                    x -= w;
+                    false
+                }
+            })
+            .map(|(k, _)| *k)
+            .unwrap_or(FaultKind::KillLeader);
+        Some(fault(&mut rng, kind))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ci_schedule_is_reproducible_and_complete() {
+        let a = ci_schedule(7, true);
+        assert_eq!(a, ci_schedule(7, true));
+        assert_ne!(a, ci_schedule(8, true));
+        let count = |k| a.iter().filter(|f| f.kind == k).count();
+        assert_eq!(count(FaultKind::KillLeader), 10);
+        assert_eq!(count(FaultKind::PauseMaster), 2);
+        assert_eq!(count(FaultKind::PartitionLeader), 2);
+        assert!(a
+            .iter()
+            .filter(|f| f.kind == FaultKind::PauseMaster)
+            .all(|f| f.hold > Duration::from_millis(300)));
+        let without = ci_schedule(7, false);
+        assert!(without.iter().all(|f| !f.kind.needs_network_control()));
+    }
+
+    #[test]
+    fn the_soak_schedule_respects_network_control() {
+        let faults: Vec<Fault> = soak_schedule(3, false).take(200).collect();
+        assert!(faults.iter().all(|f| !f.kind.needs_network_control()));
+        let with: Vec<Fault> = soak_schedule(3, true).take(200).collect();
+        assert!(with.iter().any(|f| f.kind.needs_network_control()));
+    }
+}

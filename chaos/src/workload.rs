@@ -1,0 +1,247 @@
+//! A workload worker: several logical clients (tasks) sharing one Crescent
+//! `Client`, each issuing one operation at a time on its own keys and on a
+//! few shared ones, recording every operation to a JSON-lines history.
+//!
+//! Keys rotate (private keys by generation, shared keys by 10 s epoch) so no
+//! key's history grows too long for the linearizability search, and old
+//! private generations are removed so the pool stays far below the eviction
+//! watermark: an evicted key would look like a lost write.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
+use crescent_proto::ErrorCode;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::Mutex;
+
+use crate::history::{decode_value, now_us, value_bytes, Op, OpKind, Outcome, Recorder};
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub master: String,
+    pub worker: u32,
+    pub tasks: u32,
+    pub seed: u64,
+    pub out: PathBuf,
+    /// The worker stops when this file appears (or at `max_duration`).
+    pub stop_file: PathBuf,
+    pub max_duration: Duration,
+    /// An operation that has not completed after this long is recorded as
+    /// unknown (it may still take effect).
+    pub op_timeout: Duration,
+    pub replicas: u32,
+}
+
+const PRIVATE_KEYS: u64 = 12;
+const SHARED_KEYS: u64 = 6;
+const OPS_PER_GENERATION: u64 = 150;
+const SHARED_EPOCH_US: u64 = 10_000_000;
+
+pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
+    let client_cfg = ClientConfig {
+        master: cfg.master.clone(),
+        // The checker needs every acknowledged write in the cluster: never
+        // fall back to the local-only cache during the run.
+        degrade_after: Duration::ZERO,
+        master_deadline: cfg.op_timeout.saturating_sub(Duration::from_secs(1)),
+        default_replicas: cfg.replicas,
+        ..ClientConfig::default()
+    };
+    let client = Arc::new(connect_with_retry(client_cfg, Duration::from_secs(60)).await?);
+    let recorder = Arc::new(Mutex::new(Recorder::create(&cfg.out)?));
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..cfg.tasks {
+        let (client, recorder, cfg) = (client.clone(), recorder.clone(), cfg.clone());
+        tasks.push(tokio::spawn(async move {
+            let process = cfg.worker * 100 + t;
+            let mut rng = StdRng::seed_from_u64(cfg.seed ^ ((process as u64) << 32));
+            let mut counter: u64 = 0;
+            while !cfg.stop_file.exists() && started.elapsed() < cfg.max_duration {
+                let op = one_op(&client, &cfg, process, &mut rng, &mut counter).await;
+                if let Some(op) = op {
+                    if let Err(e) = recorder.lock().await.record(&op) {
+                        tracing::error!(error = %e, "cannot record history");
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(1..4))).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    client.close().await;
+    Ok(())
+}
+
+async fn connect_with_retry(cfg: ClientConfig, within: Duration) -> anyhow::Result<Client> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match Client::connect(cfg.clone()).await {
+            Ok(c) => return Ok(c),
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "cluster not ready; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Picks and runs one operation; None when there was nothing to record.
+async fn one_op(
+    client: &Client,
+    cfg: &WorkerConfig,
+    process: u32,
+    rng: &mut StdRng,
+    counter: &mut u64,
+) -> Option<Op> {
+    *counter += 1;
+    let generation = *counter / OPS_PER_GENERATION;
+    // The first operations of a generation remove the previous one's keys.
+    let step = *counter % OPS_PER_GENERATION;
+    if generation > 0 && step < PRIVATE_KEYS {
+        let key = format!("p{process}-g{}-k{step}", generation - 1);
+        return Some(
+            timed(cfg, process, key.clone(), OpKind::Remove, async {
+                remove_outcome(client.remove(&key, true).await)
+            })
+            .await,
+        );
+    }
+    let key = if rng.random_bool(0.25) {
+        let epoch = now_us() / SHARED_EPOCH_US;
+        format!("shared-e{epoch}-k{}", rng.random_range(0..SHARED_KEYS))
+    } else {
+        format!(
+            "p{process}-g{generation}-k{}",
+            rng.random_range(0..PRIVATE_KEYS)
+        )
+    };
+    let roll: f64 = rng.random();
+    let op = if roll < 0.35 {
+        let value = ((process as u64) << 40) | *counter;
+        let len = rng.random_range(64..4096);
+        let bytes = value_bytes(value, len);
+        let rc = ReplicateConfig {
+            replica_num: cfg.replicas,
+            ..Default::default()
+        };
+        timed(cfg, process, key.clone(), OpKind::Put { value }, async {
+            put_outcome(client.put(&key, &bytes, &rc).await)
+        })
+        .await
+    } else if roll < 0.75 {
+        timed(cfg, process, key.clone(), OpKind::Get, async {
+            get_outcome(client.get(&key).await)
+        })
+        .await
+    } else if roll < 0.87 {
+        timed(cfg, process, key.clone(), OpKind::Exists, async {
+            match client.exists(&key).await {
+                Ok(exists) => Outcome::Present { exists },
+                Err(e) => Outcome::Fail {
+                    error: e.to_string(),
+                },
+            }
+        })
+        .await
+    } else {
+        let force = rng.random_bool(0.5);
+        timed(cfg, process, key.clone(), OpKind::Remove, async {
+            remove_outcome(client.remove(&key, force).await)
+        })
+        .await
+    };
+    Some(op)
+}
+
+async fn timed(
+    cfg: &WorkerConfig,
+    process: u32,
+    key: String,
+    kind: OpKind,
+    f: impl std::future::Future<Output = Outcome>,
+) -> Op {
+    let invoke_us = now_us();
+    let outcome = match tokio::time::timeout(cfg.op_timeout, f).await {
+        Ok(o) => o,
+        Err(_) => Outcome::Unknown {
+            error: format!("no answer within {:?}", cfg.op_timeout),
+        },
+    };
+    Op {
+        process,
+        key,
+        kind,
+        invoke_us,
+        complete_us: now_us(),
+        outcome,
+    }
+}
+
+/// Errors after which the operation certainly had no effect: the state
+/// machine refused it. Anything else may have committed. INVALID_PARAMS is
+/// not here: a retry older than the master's deduplication window gets it,
+/// and the original attempt may have been applied.
+fn definite_refusal(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::ReplicaIsNotReady
+            | ErrorCode::NoAvailableHandle
+            | ErrorCode::ObjectHasLease
+            | ErrorCode::ObjectPinned
+            | ErrorCode::InvalidKey
+    )
+}
+
+fn put_outcome(r: Result<(), Error>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Ok,
+        Err(Error::Master { code, message }) if definite_refusal(code) => Outcome::Fail {
+            error: format!("{}: {message}", code.as_str_name()),
+        },
+        Err(e) => Outcome::Unknown {
+            error: e.to_string(),
+        },
+    }
+}
+
+fn remove_outcome(r: Result<(), Error>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Ok,
+        Err(Error::NotFound(_)) => Outcome::Missing,
+        Err(Error::Master { code, message }) if definite_refusal(code) => Outcome::Fail {
+            error: format!("{}: {message}", code.as_str_name()),
+        },
+        Err(e) => Outcome::Unknown {
+            error: e.to_string(),
+        },
+    }
+}
+
+fn get_outcome(r: Result<Vec<u8>, Error>) -> Outcome {
+    match r {
+        Ok(bytes) => match decode_value(&bytes) {
+            Ok(value) => Outcome::Found { value },
+            Err(detail) => Outcome::Corrupt { detail },
+        },
+        Err(Error::NotFound(_)) => Outcome::Missing,
+        // Still being written: not readable, which a reader sees as absent.
+        Err(Error::Master {
+            code: ErrorCode::ReplicaIsNotReady,
+            ..
+        }) => Outcome::Missing,
+        Err(Error::ChecksumMismatch(k)) => Outcome::Corrupt {
+            detail: format!("every replica of {k:?} failed its checksum"),
+        },
+        Err(e) => Outcome::Fail {
+            error: e.to_string(),
+        },
+    }
+}
