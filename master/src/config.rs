@@ -99,9 +99,15 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_SOFT_PIN_TTL", default_value = "30m", value_parser = duration)]
     pub soft_pin_ttl: Duration,
 
-    /// A client silent this long has its segments unmounted.
+    /// A client silent this long has its segments expired: no new replicas
+    /// go there and reads skip them until the client re-mounts.
     #[arg(long, env = "CRESCENT_CLIENT_TTL", default_value = "10s", value_parser = duration)]
     pub client_ttl: Duration,
+
+    /// An expired segment not re-mounted within this grace is removed for
+    /// good, with the replicas only it held.
+    #[arg(long, env = "CRESCENT_EXPIRED_SEGMENT_GRACE", default_value = "60s", value_parser = duration)]
+    pub expired_segment_grace: Duration,
 
     /// Usage (0..1) above which the leader evicts.
     #[arg(long, env = "CRESCENT_EVICTION_HIGH_WATERMARK", default_value_t = 0.90, value_parser = ratio)]

@@ -337,7 +337,7 @@ async fn segments(State(node): State<Arc<MasterNode>>) -> Response {
             json!({"id": s.id, "name": s.spec.name, "owner": s.owner, "endpoint": s.spec.endpoint,
                    "hostname": s.spec.hostname, "shm": !s.spec.shm_path.is_empty(), "capacity": s.spec.capacity,
                    "allocated": a.map(|a| a.allocated()).unwrap_or(0),
-                   "largest_free": a.map(|a| a.largest_free()).unwrap_or(0), "mounted_ms": s.mounted_ms})
+                   "largest_free": a.map(|a| a.largest_free()).unwrap_or(0), "mounted_ms": s.mounted_ms, "expired_ms": s.expired_ms})
         })
         .collect();
     Json(json!({"segments": list})).into_response()

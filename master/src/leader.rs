@@ -188,6 +188,7 @@ async fn liveness_loop(node: Arc<MasterNode>) {
             sm.state
                 .segments
                 .values()
+                .filter(|s| s.is_live())
                 .map(|s| s.owner.clone())
                 .collect()
         };
@@ -202,6 +203,28 @@ async fn liveness_loop(node: Arc<MasterNode>) {
                 })
                 .collect()
         };
+        let gone = node
+            .shared
+            .sm
+            .read()
+            .expect("state lock poisoned")
+            .state
+            .expired_segments(
+                crate::node::now_ms(),
+                node.config.expired_segment_grace.as_millis() as u64,
+            );
+        for segment_id in gone {
+            match node.propose(None, Op::UnmountSegment { segment_id }).await {
+                Ok(_) => tracing::info!(
+                    segment_id,
+                    grace = ?node.config.expired_segment_grace,
+                    "expired segment not re-mounted within its grace; removed"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, segment_id, "could not remove expired segment")
+                }
+            }
+        }
         for client_id in dead {
             match node
                 .propose(
@@ -212,11 +235,12 @@ async fn liveness_loop(node: Arc<MasterNode>) {
                 )
                 .await
             {
+                Ok(Response::Count(0)) => {}
                 Ok(Response::Count(n)) => tracing::info!(
                     client_id,
                     segments = n,
                     ttl = ?ttl,
-                    "client missed its heartbeats; segments unmounted"
+                    "client missed its heartbeats; segments expired until it re-mounts"
                 ),
                 Ok(other) => tracing::warn!(?other, "unexpected unmount result"),
                 Err(e) => tracing::warn!(error = %e, client_id, "could not unmount silent client"),

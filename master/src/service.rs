@@ -929,7 +929,7 @@ impl MasterService for MasterApi {
                 sm.state
                     .segments
                     .get(id)
-                    .is_none_or(|s| s.owner != r.client_id)
+                    .is_none_or(|s| s.owner != r.client_id || !s.is_live())
             })
         };
         ok(pb::HeartbeatResponse {

@@ -118,6 +118,8 @@ pub enum MetaError {
     NoAvailableHandle(u64),
     #[error("object {0:?} is still being written")]
     ReplicaNotReady(String),
+    #[error("every replica of {0:?} is on a store that missed its heartbeats")]
+    ReplicasUnavailable(String),
     #[error("object {0:?} is being written by another client")]
     InvalidWrite(String),
     #[error("segment {0} not found")]
@@ -137,6 +139,7 @@ impl MetaError {
             MetaError::ObjectPinned(_) => ErrorCode::ObjectPinned,
             MetaError::NoAvailableHandle(_) => ErrorCode::NoAvailableHandle,
             MetaError::ReplicaNotReady(_) => ErrorCode::ReplicaIsNotReady,
+            MetaError::ReplicasUnavailable(_) => ErrorCode::ReplicasUnavailable,
             MetaError::InvalidWrite(_) => ErrorCode::InvalidWrite,
             MetaError::SegmentNotFound(_) => ErrorCode::SegmentNotFound,
             MetaError::SegmentAlreadyExists(_) => ErrorCode::SegmentAlreadyExists,
@@ -210,6 +213,18 @@ pub struct Segment {
     pub spec: SegmentSpec,
     pub owner: String,
     pub mounted_ms: u64,
+    /// Set when its owner missed its heartbeats: no new replicas go there and
+    /// lookups skip it, but its replicas are kept, because a live store that
+    /// merely could not reach the leader for a while (failover, partition)
+    /// still holds every byte. A re-mount by the same owner clears it; the
+    /// leader removes the segment for good after a grace period.
+    pub expired_ms: Option<u64>,
+}
+
+impl Segment {
+    pub fn is_live(&self) -> bool {
+        self.expired_ms.is_none()
+    }
 }
 
 /// Space that must not be reused before `release_at_ms` (a writer may still be
@@ -319,6 +334,19 @@ impl MetaState {
         self.segments.values().find(|s| s.spec.name == name)
     }
 
+    /// Segments that expired at least `grace_ms` before `now_ms`: the leader
+    /// removes them (and the replicas only they held) for good.
+    pub fn expired_segments(&self, now_ms: u64, grace_ms: u64) -> Vec<SegmentId> {
+        self.segments
+            .values()
+            .filter(|s| {
+                s.expired_ms
+                    .is_some_and(|t| now_ms.saturating_sub(t) >= grace_ms)
+            })
+            .map(|s| s.id)
+            .collect()
+    }
+
     /// Complete replicas of a readable object.
     pub fn lookup(&self, key: &str) -> Result<ObjectView, MetaError> {
         let obj = self
@@ -328,10 +356,23 @@ impl MetaState {
         if !obj.is_complete() {
             return Err(MetaError::ReplicaNotReady(key.to_string()));
         }
+        let replicas: Vec<Replica> = obj
+            .replicas
+            .iter()
+            .filter(|r| {
+                self.segments
+                    .get(&r.segment_id)
+                    .is_some_and(Segment::is_live)
+            })
+            .cloned()
+            .collect();
+        if replicas.is_empty() {
+            return Err(MetaError::ReplicasUnavailable(key.to_string()));
+        }
         Ok(ObjectView {
             size: obj.size,
             checksum: obj.checksum,
-            replicas: obj.replicas.clone(),
+            replicas,
         })
     }
 
@@ -382,16 +423,15 @@ impl MetaState {
             Op::MountSegment { spec, owner } => Response::Mounted(self.mount(now, spec, owner)),
             Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
             Op::UnmountClient { client_id } => {
-                let ids: Vec<SegmentId> = self
-                    .segments
-                    .values()
-                    .filter(|s| &s.owner == client_id)
-                    .map(|s| s.id)
-                    .collect();
-                for id in &ids {
-                    let _ = self.unmount(*id);
+                // Expire, not unmount: see `Segment::expired_ms`.
+                let mut n = 0;
+                for s in self.segments.values_mut() {
+                    if &s.owner == client_id && s.expired_ms.is_none() {
+                        s.expired_ms = Some(now);
+                        n += 1;
+                    }
                 }
-                Response::Count(ids.len() as u64)
+                Response::Count(n)
             }
             Op::ReclaimStalePuts => Response::Count(self.reclaim(now)),
         };
@@ -428,7 +468,7 @@ impl MetaState {
                 "replica_num must be at least 1".into(),
             ));
         }
-        if config.replica_num as usize > self.segments.len() {
+        if config.replica_num as usize > self.segments.values().filter(|s| s.is_live()).count() {
             return Response::Rejected(MetaError::InvalidParams(format!(
                 "replica_num {} exceeds the {} mounted segments",
                 config.replica_num,
@@ -550,7 +590,7 @@ impl MetaState {
     fn placement_order(&self, seed: u64, preferred: &[String]) -> Vec<SegmentId> {
         let mut order: Vec<SegmentId> = Vec::with_capacity(self.segments.len());
         for name in preferred {
-            if let Some(s) = self.segment_by_name(name) {
+            if let Some(s) = self.segment_by_name(name).filter(|s| s.is_live()) {
                 if !order.contains(&s.id) {
                     order.push(s.id);
                 }
@@ -558,9 +598,9 @@ impl MetaState {
         }
         let rest: Vec<SegmentId> = self
             .segments
-            .keys()
-            .copied()
-            .filter(|id| !order.contains(id))
+            .values()
+            .filter(|s| s.is_live() && !order.contains(&s.id))
+            .map(|s| s.id)
             .collect();
         if !rest.is_empty() {
             let start = (seed % rest.len() as u64) as usize;
@@ -679,6 +719,13 @@ impl MetaState {
             )));
         }
         if let Some(existing) = self.segment_by_name(&spec.name) {
+            if existing.owner != owner && existing.expired_ms.is_some() {
+                // A new process took over the name of one that stopped
+                // heartbeating: the old memory is gone, and so are its replicas.
+                let old = existing.id;
+                let _ = self.unmount(old);
+                return self.mount(now, spec, owner);
+            }
             if existing.owner != owner {
                 return Err(MetaError::SegmentAlreadyExists(spec.name.clone()));
             }
@@ -689,9 +736,11 @@ impl MetaState {
                 )));
             }
             let id = existing.id;
-            // Re-mount by the same owner: refresh its transport details.
+            // Re-mount by the same owner: refresh its transport details and
+            // take it back into service if it had expired (its bytes are intact).
             if let Some(seg) = self.segments.get_mut(&id) {
                 seg.spec = spec.clone();
+                seg.expired_ms = None;
             }
             return Ok(id);
         }
@@ -704,6 +753,7 @@ impl MetaState {
                 spec: spec.clone(),
                 owner: owner.to_string(),
                 mounted_ms: now,
+                expired_ms: None,
             },
         );
         self.allocators.insert(id, Allocator::new(spec.capacity));

@@ -399,7 +399,7 @@ fn zombie_put_is_taken_over_and_reclaimed() {
 }
 
 #[test]
-fn unmounting_drops_replicas_and_orphans() {
+fn silent_clients_segments_expire_and_come_back_on_remount() {
     let mut s = MetaState::new();
     let a = mount(&mut s, 1, "a", "store-a", 64 * MB);
     mount(&mut s, 1, "b", "store-b", 64 * MB);
@@ -421,27 +421,87 @@ fn unmounting_drops_replicas_and_orphans() {
     ));
     put_end(&mut s, 10, "c", 4, "only-a");
     assert_eq!(s.lookup("only-a").unwrap().replicas[0].segment_id, a);
+    let expire = |s: &mut MetaState| {
+        s.apply(&Command {
+            now_ms: 20,
+            seed: 0,
+            origin: None,
+            op: Op::UnmountClient {
+                client_id: "store-a".into(),
+            },
+        })
+    };
+    // A silent client's segments expire: reads skip them, nothing is dropped.
+    assert_eq!(expire(&mut s), Response::Count(1));
+    assert_eq!(expire(&mut s), Response::Count(0), "already expired");
+    assert_eq!(s.lookup("two").unwrap().replicas.len(), 1);
+    assert!(matches!(
+        s.lookup("only-a"),
+        Err(MetaError::ReplicasUnavailable(_))
+    ));
+    assert!(s.exists("only-a"));
+    assert_eq!(s.expired_segments(25, 10), Vec::<SegmentId>::new());
+    assert_eq!(s.expired_segments(30, 10), vec![a]);
+    // New replicas avoid it: two replicas need two live segments.
+    let r = s.apply(&cmd(
+        21,
+        "c",
+        5,
+        Op::PutStart {
+            items: vec![("new".into(), 100)],
+            config: ReplicateConfig {
+                replica_num: 2,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    ));
+    assert!(
+        matches!(first_item(&r), Err(MetaError::InvalidParams(_))),
+        "{r:?}"
+    );
+    // The same store re-mounts: same id, everything readable again.
+    assert_eq!(mount(&mut s, 22, "a", "store-a", 64 * MB), a);
+    assert_eq!(s.lookup("two").unwrap().replicas.len(), 2);
+    assert_eq!(s.lookup("only-a").unwrap().replicas[0].segment_id, a);
+    // Expired past its grace, the leader removes it for good.
+    expire(&mut s);
     let r = s.apply(&Command {
-        now_ms: 20,
+        now_ms: 90,
         seed: 0,
         origin: None,
-        op: Op::UnmountClient {
-            client_id: "store-a".into(),
-        },
+        op: Op::UnmountSegment { segment_id: a },
     });
-    assert_eq!(r, Response::Count(1));
+    assert_eq!(r, Response::Done(Ok(())));
     assert_eq!(s.lookup("two").unwrap().replicas.len(), 1);
     assert!(matches!(
         s.lookup("only-a"),
         Err(MetaError::ObjectNotFound(_))
     ));
     let r = s.apply(&Command {
-        now_ms: 20,
+        now_ms: 91,
         seed: 0,
         origin: None,
         op: Op::UnmountSegment { segment_id: a },
     });
     assert_eq!(r, Response::Done(Err(MetaError::SegmentNotFound(a))));
+}
+
+#[test]
+fn a_new_process_takes_over_an_expired_segment_name() {
+    let mut s = MetaState::new();
+    let old = mount(&mut s, 1, "seg", "old-process", 64 * MB);
+    s.apply(&Command {
+        now_ms: 5,
+        seed: 0,
+        origin: None,
+        op: Op::UnmountClient {
+            client_id: "old-process".into(),
+        },
+    });
+    let new = mount(&mut s, 6, "seg", "new-process", 64 * MB);
+    assert_ne!(new, old);
+    assert_eq!(s.segments.len(), 1);
 }
 
 #[test]
