@@ -66,22 +66,41 @@ enum Cmd {
     Check { dir: PathBuf },
     /// (internal) One workload process; started by `run`.
     #[command(hide = true)]
-    Worker {
-        #[arg(long)]
-        master: String,
-        #[arg(long)]
-        worker: u32,
-        #[arg(long, default_value_t = 4)]
-        tasks: u32,
-        #[arg(long)]
-        seed: u64,
-        #[arg(long)]
-        out: PathBuf,
-        #[arg(long)]
-        stop_file: PathBuf,
-        #[arg(long, default_value = "1h", value_parser = duration)]
-        max_duration: Duration,
-    },
+    Worker(WorkerArgs),
+}
+
+#[derive(clap::Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    master: String,
+    #[arg(long)]
+    worker: u32,
+    #[arg(long, default_value_t = 4)]
+    tasks: u32,
+    #[arg(long)]
+    seed: u64,
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long)]
+    stop_file: PathBuf,
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    max_duration: Duration,
+}
+
+impl From<WorkerArgs> for WorkerConfig {
+    fn from(a: WorkerArgs) -> Self {
+        WorkerConfig {
+            master: a.master,
+            worker: a.worker,
+            tasks: a.tasks,
+            seed: a.seed,
+            out: a.out,
+            stop_file: a.stop_file,
+            max_duration: a.max_duration,
+            op_timeout: Duration::from_secs(10),
+            replicas: 2,
+        }
+    }
 }
 
 #[tokio::main]
@@ -168,27 +187,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 std::process::ExitCode::from(1)
             })
         }
-        Cmd::Worker {
-            master,
-            worker,
-            tasks,
-            seed,
-            out,
-            stop_file,
-            max_duration,
-        } => {
-            run_worker(WorkerConfig {
-                master,
-                worker,
-                tasks,
-                seed,
-                out,
-                stop_file,
-                max_duration,
-                op_timeout: Duration::from_secs(10),
-                replicas: 2,
-            })
-            .await?;
+        Cmd::Worker(args) => {
+            run_worker(args.into()).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
     }

@@ -508,6 +508,19 @@ impl LocalCluster {
         Ok(idx)
     }
 
+    /// Waits for a leader, starts one store of `segment_size` and waits until
+    /// its segment is mounted: the set-up most tests begin with. Returns the
+    /// leader's (id, address, term) as [`wait_for_leader`](Self::wait_for_leader).
+    pub async fn with_mounted_store(
+        &mut self,
+        segment_size: &str,
+    ) -> anyhow::Result<(u64, String, u64)> {
+        let leader = self.wait_for_leader(Duration::from_secs(15)).await?;
+        self.start_store(segment_size, &[])?;
+        self.wait_for_segments(1, Duration::from_secs(15)).await?;
+        Ok(leader)
+    }
+
     /// Waits until `n` segments are mounted (as the leader reports).
     pub async fn wait_for_segments(&self, n: u64, timeout: Duration) -> anyhow::Result<()> {
         let client = MasterClient::new(&self.masters_arg())?;

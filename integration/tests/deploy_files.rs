@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use crescent_integration::{find_binary, http_request, LocalCluster};
 use serde_yaml::Value;
@@ -1101,15 +1100,7 @@ async fn grafana_dashboard_uses_exported_metrics() {
 
     // What the binaries really export.
     let mut cluster = LocalCluster::start(1, &[]).unwrap();
-    cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    cluster.start_store("64mb", &[]).unwrap();
-    cluster
-        .wait_for_segments(1, Duration::from_secs(15))
-        .await
-        .unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
     let mut exported = BTreeSet::new();
     for addr in [
         cluster.masters[0].http.clone(),

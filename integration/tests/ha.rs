@@ -120,15 +120,7 @@ async fn store_reregisters_with_a_new_leader() {
     // A short client TTL: a store whose heartbeats did not reach the new leader
     // would lose its segment two seconds after the failover.
     let mut cluster = LocalCluster::start(3, &["--client-ttl".into(), "2s".into()]).unwrap();
-    let (leader, _, _) = cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    cluster.start_store("64mb", &[]).unwrap();
-    cluster
-        .wait_for_segments(1, Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (leader, _, _) = cluster.with_mounted_store("64mb").await.unwrap();
     let client = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         ..Default::default()
@@ -154,15 +146,7 @@ async fn store_reregisters_with_a_new_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_degrades_to_local_only_and_recovers() {
     let mut cluster = LocalCluster::start(3, &[]).unwrap();
-    cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    cluster.start_store("64mb", &[]).unwrap();
-    cluster
-        .wait_for_segments(1, Duration::from_secs(15))
-        .await
-        .unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
     let client = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         degrade_after: Duration::from_secs(1),

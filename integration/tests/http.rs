@@ -1,7 +1,6 @@
 //! The masters' admin/metrics HTTP: Prometheus names operators already graph,
 //! health, leader, admin reads and the guarded remove_all.
 
-use std::time::Duration;
 
 use crescent_client::{Client, ClientConfig, ReplicateConfig};
 use crescent_integration::{http_request, LocalCluster};
@@ -9,15 +8,7 @@ use crescent_integration::{http_request, LocalCluster};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_admin_endpoints() {
     let mut cluster = LocalCluster::start(3, &["--admin-token".into(), "s3cret".into()]).unwrap();
-    let (leader, _, _) = cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    cluster.start_store("64mb", &[]).unwrap();
-    cluster
-        .wait_for_segments(1, Duration::from_secs(15))
-        .await
-        .unwrap();
+    let (leader, _, _) = cluster.with_mounted_store("64mb").await.unwrap();
     let client = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         ..Default::default()
