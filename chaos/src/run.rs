@@ -63,8 +63,10 @@ pub struct FaultRecord {
 
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 
-pub async fn run(cfg: RunConfig) -> anyhow::Result<Report> {
+pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&cfg.out)?;
+    // Absolute: container mode bind-mounts it into the workers.
+    cfg.out = std::fs::canonicalize(&cfg.out)?;
     let (mode, reason) = choose_mode(&cfg);
     println!("chaos: mode = {mode:?} ({reason})");
     println!(

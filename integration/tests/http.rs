@@ -1,7 +1,6 @@
 //! The masters' admin/metrics HTTP: Prometheus names operators already graph,
 //! health, leader, admin reads and the guarded remove_all.
 
-
 use crescent_client::{Client, ClientConfig, ReplicateConfig};
 use crescent_integration::{http_request, LocalCluster};
 
