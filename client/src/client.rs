@@ -117,6 +117,27 @@ pub struct ClientCore {
     local_only: Mutex<LocalCache>,
     /// Recent GetReplicaList answers, usable while degraded until their lease ends.
     descriptors: Mutex<HashMap<String, (pb::GetReplicaListResponse, Instant)>>,
+    /// Keys with a put in flight from this client. The master tells writers
+    /// apart by client id, so two concurrent puts of one key from one client
+    /// could have one's PutEnd complete the other's object (after a forced
+    /// remove in between) with the wrong checksum; found by the chaos soak.
+    puts_in_flight: Mutex<std::collections::HashSet<String>>,
+}
+
+/// Holds a key in `puts_in_flight` until dropped.
+struct PutSlot<'a> {
+    core: &'a ClientCore,
+    key: String,
+}
+
+impl Drop for PutSlot<'_> {
+    fn drop(&mut self) {
+        self.core
+            .puts_in_flight
+            .lock()
+            .expect("lock poisoned")
+            .remove(&self.key);
+    }
 }
 
 /// A connected client. Dereferences to [`ClientCore`] for every operation.
@@ -220,6 +241,7 @@ impl Client {
             last_master_ok: Mutex::new(Instant::now()),
             local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
             descriptors: Mutex::new(HashMap::new()),
+            puts_in_flight: Mutex::new(Default::default()),
             config,
         });
         let monitor = tokio::spawn(monitor_loop(Arc::downgrade(&core)));
@@ -644,7 +666,27 @@ impl ClientCore {
         }
     }
 
+    /// Claims `key` for one put from this client, or says another is in flight.
+    fn claim_put(&self, key: &str) -> Result<PutSlot<'_>> {
+        if !self
+            .puts_in_flight
+            .lock()
+            .expect("lock poisoned")
+            .insert(key.to_string())
+        {
+            return Err(Error::Master {
+                code: ErrorCode::ReplicaIsNotReady,
+                message: format!("a put of {key:?} from this client is still in flight"),
+            });
+        }
+        Ok(PutSlot {
+            core: self,
+            key: key.to_string(),
+        })
+    }
+
     async fn put_cluster(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
+        let _slot = self.claim_put(key)?;
         let checksum = crc32c::crc32c(value);
         let replicas = match self
             .master
@@ -693,9 +735,15 @@ impl ClientCore {
             return Ok(Vec::new());
         }
         let mut results: Vec<Option<Result<()>>> = vec![None; items.len()];
-        for (i, (_, v)) in items.iter().enumerate() {
+        let mut slots = Vec::with_capacity(items.len());
+        for (i, (k, v)) in items.iter().enumerate() {
             if v.is_empty() {
                 results[i] = Some(Err(Error::InvalidArgument("value is empty".into())));
+                continue;
+            }
+            match self.claim_put(k) {
+                Ok(slot) => slots.push(slot),
+                Err(e) => results[i] = Some(Err(e)),
             }
         }
         let idx: Vec<usize> = (0..items.len()).filter(|i| results[*i].is_none()).collect();

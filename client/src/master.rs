@@ -13,6 +13,10 @@ use crescent_proto::ErrorCode;
 use rand::Rng;
 use tonic::transport::{Channel, Endpoint};
 
+/// How long an attempt waits on its target before asking the other masters
+/// whether leadership has moved (see `leader_moved_away_from`).
+const LEADER_MOVE_CHECK_AFTER: Duration = Duration::from_millis(500);
+
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ClientError {
     /// The master answered with an error code (Mooncake's names).
@@ -340,7 +344,19 @@ impl MasterClient {
             Ok(c) => c,
             Err(e) => return Attempt::Retry(e.to_string()),
         };
-        match tokio::time::timeout(attempt_timeout, f(channel)).await {
+        let call = tokio::time::timeout(attempt_timeout, f(channel));
+        let outcome = tokio::select! {
+            r = call => r,
+            // A leader cut off by a partition answers nothing (packets are
+            // dropped, no reset) until the attempt times out. If the other
+            // masters meanwhile follow a new leader, go there: the request
+            // carries its (client_id, seq), so a retry is applied once even
+            // if the first attempt did commit.
+            moved = self.leader_moved_away_from(target) => {
+                return Attempt::Redirect(Some(moved));
+            }
+        };
+        match outcome {
             Err(_) => Attempt::Retry("attempt timed out".into()),
             Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
             Ok(Ok(resp)) => {
@@ -363,6 +379,37 @@ impl MasterClient {
                     _ => Attempt::Done(resp),
                 }
             }
+        }
+    }
+
+    /// Resolves once another master names a leader other than `target`;
+    /// never while `target` still leads. Starts looking only after
+    /// [`LEADER_MOVE_CHECK_AFTER`]: a healthy leader answers long before.
+    async fn leader_moved_away_from(&self, target: &str) -> String {
+        tokio::time::sleep(LEADER_MOVE_CHECK_AFTER).await;
+        loop {
+            let others: Vec<String> = self.seeds().into_iter().filter(|s| s != target).collect();
+            let asks = others.iter().map(|addr| async move {
+                let ch = self.channel(addr).ok()?;
+                let call =
+                    async move { Self::cluster(ch).get_leader(pb::GetLeaderRequest {}).await };
+                let r = tokio::time::timeout(Duration::from_millis(300), call)
+                    .await
+                    .ok()?
+                    .ok()?
+                    .into_inner();
+                (r.leader_id != 0 && !r.leader_addr.is_empty() && r.leader_addr != target)
+                    .then_some(r.leader_addr)
+            });
+            if let Some(addr) = futures::future::join_all(asks)
+                .await
+                .into_iter()
+                .flatten()
+                .next()
+            {
+                return addr;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 
