@@ -373,15 +373,8 @@ impl Prober {
 
     async fn poll(&self) -> Vec<(u64, Option<pb::GetStatusResponse>)> {
         let calls = self.addrs.iter().map(|(id, addr)| async move {
-            let r = tokio::time::timeout(
-                Duration::from_millis(500),
-                self.client.call_node(addr, |ch| async move {
-                    MasterClient::cluster(ch)
-                        .get_status(pb::GetStatusRequest {})
-                        .await
-                }),
-            )
-            .await;
+            let r = tokio::time::timeout(Duration::from_millis(500), self.client.node_status(addr))
+                .await;
             (*id, r.ok().and_then(Result::ok))
         });
         futures::future::join_all(calls).await

@@ -527,13 +527,7 @@ impl LocalCluster {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(l) = client.get_leader().await {
-                let r = client
-                    .call_node(&l.leader_addr, |ch| async move {
-                        MasterClient::cluster(ch)
-                            .get_status(crescent_proto::pb::GetStatusRequest {})
-                            .await
-                    })
-                    .await;
+                let r = client.node_status(&l.leader_addr).await;
                 if let Ok(s) = r {
                     if s.segment_count >= n {
                         return Ok(());
@@ -608,13 +602,7 @@ impl LocalCluster {
         let deadline = Instant::now() + timeout;
         loop {
             for m in &self.masters {
-                let r = client
-                    .call_node(&m.addr, |ch| async move {
-                        MasterClient::cluster(ch)
-                            .get_status(crescent_proto::pb::GetStatusRequest {})
-                            .await
-                    })
-                    .await;
+                let r = client.node_status(&m.addr).await;
                 if let Ok(s) = r {
                     if s.role == crescent_proto::pb::Role::Leader as i32 {
                         return Ok((s.id, s.addr, s.term));

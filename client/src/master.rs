@@ -427,6 +427,14 @@ impl MasterClient {
         }
     }
 
+    /// One master's own view (role, term, indexes, counts), without leader following.
+    pub async fn node_status(&self, addr: &str) -> Result<pb::GetStatusResponse, ClientError> {
+        self.call_node(addr, |ch| async move {
+            Self::cluster(ch).get_status(pb::GetStatusRequest {}).await
+        })
+        .await
+    }
+
     pub fn master(ch: Channel) -> MasterServiceClient<Channel> {
         MasterServiceClient::new(ch)
             .max_decoding_message_size(crescent_proto::MAX_GRPC_MESSAGE_BYTES)

@@ -33,15 +33,7 @@ async fn voters(client: &MasterClient) -> usize {
 }
 
 async fn key_count(client: &MasterClient, addr: &str) -> Option<u64> {
-    client
-        .call_node(addr, |ch| async move {
-            MasterClient::cluster(ch)
-                .get_status(pb::GetStatusRequest {})
-                .await
-        })
-        .await
-        .ok()
-        .map(|s| s.key_count)
+    client.node_status(addr).await.ok().map(|s| s.key_count)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,13 +94,7 @@ async fn three_masters_survive_leader_sigkill() {
     let addr = cluster.by_id(leader).unwrap().addr.clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
-        let s = client
-            .call_node(&addr, |ch| async move {
-                MasterClient::cluster(ch)
-                    .get_status(pb::GetStatusRequest {})
-                    .await
-            })
-            .await;
+        let s = client.node_status(&addr).await;
         if let Ok(s) = s {
             if s.key_count == 101 {
                 break;
@@ -198,11 +192,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         ErrorCode::InvalidParams
     );
     let status = client
-        .call_node(&cluster.masters[0].addr.clone(), |ch| async move {
-            MasterClient::cluster(ch)
-                .get_status(pb::GetStatusRequest {})
-                .await
-        })
+        .node_status(&cluster.masters[0].addr.clone())
         .await
         .unwrap();
     assert_eq!(status.key_count, 1, "bad input changed the state");
@@ -324,11 +314,7 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
         let _ = client.heartbeat(vec![seg], Duration::from_secs(1)).await;
         client.get_replica_list("obj-0").await.unwrap();
         let st = client
-            .call_node(&cluster.masters[0].addr.clone(), |ch| async move {
-                MasterClient::cluster(ch)
-                    .get_status(pb::GetStatusRequest {})
-                    .await
-            })
+            .node_status(&cluster.masters[0].addr.clone())
             .await
             .unwrap();
         if st.key_count <= 8 {

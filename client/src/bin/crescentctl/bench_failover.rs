@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use crescent_client::local::{LocalCluster, LocalEtcd};
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
-use crescent_proto::pb;
 use serde_json::json;
 
 #[derive(Args, Debug)]
@@ -143,13 +142,7 @@ pub async fn run(args: FailoverArgs, json_out: bool) -> anyhow::Result<()> {
             .unwrap_or_default();
         let caught_up = Instant::now() + Duration::from_secs(20);
         loop {
-            let s = probe
-                .call_node(&addr, |ch| async move {
-                    MasterClient::cluster(ch)
-                        .get_status(pb::GetStatusRequest {})
-                        .await
-                })
-                .await;
+            let s = probe.node_status(&addr).await;
             if let Ok(s) = s {
                 if s.leader_id != 0 && s.applied + 50 >= s.last_log_index && s.applied > 0 {
                     break;

@@ -99,13 +99,7 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for (addr, id) in &addrs {
-        let r = client
-            .call_node(addr, |ch| async move {
-                MasterClient::cluster(ch)
-                    .get_status(pb::GetStatusRequest {})
-                    .await
-            })
-            .await;
+        let r = client.node_status(addr).await;
         rows.push((addr.clone(), *id, r));
     }
     // Quorum: a majority of the voters (as the leader sees them) report the same leader.
