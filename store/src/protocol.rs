@@ -77,6 +77,15 @@ fn check_magic(b: &[u8; HEADER_LEN]) -> Result<(), ProtocolError> {
     }
 }
 
+/// The transfer length at `at`, refused above [`MAX_TRANSFER`].
+fn len_at(b: &[u8; HEADER_LEN], at: usize) -> Result<u64, ProtocolError> {
+    let len = u64_at(b, at);
+    if len > MAX_TRANSFER {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    Ok(len)
+}
+
 fn u64_at(b: &[u8; HEADER_LEN], at: usize) -> u64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[at..at + 8]);
@@ -103,10 +112,7 @@ impl Request {
             3 => Op::Ping,
             other => return Err(ProtocolError::UnknownOp(other)),
         };
-        let len = u64_at(b, 24);
-        if len > MAX_TRANSFER {
-            return Err(ProtocolError::TooLarge(len));
-        }
+        let len = len_at(b, 24)?;
         Ok(Self {
             op,
             segment_tag: u32::from_le_bytes([b[5], b[6], b[7], 0]),
@@ -143,10 +149,7 @@ impl Response {
             3 => Status::WrongSegment,
             other => return Err(ProtocolError::UnknownStatus(other)),
         };
-        let len = u64_at(b, 16);
-        if len > MAX_TRANSFER {
-            return Err(ProtocolError::TooLarge(len));
-        }
+        let len = len_at(b, 16)?;
         Ok(Self {
             status,
             request_id: u64_at(b, 8),

@@ -74,22 +74,26 @@ impl Segment {
         self.tag.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Anonymous memory; pages are allocated on first touch.
-    pub fn anonymous(size: u64) -> Result<Arc<Self>, SegmentError> {
-        check_size(size)?;
-        let mut map = MmapOptions::new()
-            .len(size as usize)
-            .map_anon()
-            .map_err(|source| SegmentError::Map { size, source })?;
+    fn from_map(mut map: MmapMut, size: u64, shm_path: Option<PathBuf>) -> Arc<Self> {
         advise_huge(&map);
         let ptr = map.as_mut_ptr();
-        Ok(Arc::new(Self {
+        Arc::new(Self {
             map,
             ptr,
             len: size,
-            shm_path: None,
+            shm_path,
             tag: Default::default(),
-        }))
+        })
+    }
+
+    /// Anonymous memory; pages are allocated on first touch.
+    pub fn anonymous(size: u64) -> Result<Arc<Self>, SegmentError> {
+        check_size(size)?;
+        let map = MmapOptions::new()
+            .len(size as usize)
+            .map_anon()
+            .map_err(|source| SegmentError::Map { size, source })?;
+        Ok(Self::from_map(map, size, None))
     }
 
     /// A file in `dir` (normally `/dev/shm`) that same-host clients can map.
@@ -122,17 +126,9 @@ impl Segment {
         file.set_len(size).map_err(shm_err)?;
         // SAFETY: the file was just created by us with the right length; other
         // mappers are same-host clients sharing it by design.
-        let mut map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }
+        let map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }
             .map_err(|source| SegmentError::Map { size, source })?;
-        advise_huge(&map);
-        let ptr = map.as_mut_ptr();
-        Ok(Arc::new(Self {
-            map,
-            ptr,
-            len: size,
-            shm_path: Some(path),
-            tag: Default::default(),
-        }))
+        Ok(Self::from_map(map, size, Some(path)))
     }
 
     pub fn len(&self) -> u64 {

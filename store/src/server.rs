@@ -65,6 +65,22 @@ enum ConnError {
     OutOfRange { offset: u64, len: u64, size: u64 },
 }
 
+/// Answers a request with a refusal and flushes it; the caller then closes
+/// the connection.
+async fn refuse<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    status: Status,
+    request_id: u64,
+) -> std::io::Result<()> {
+    let resp = Response {
+        status,
+        request_id,
+        len: 0,
+    };
+    w.write_all(&resp.encode()).await?;
+    w.flush().await
+}
+
 async fn handle(
     segment: Arc<Segment>,
     stream: TcpStream,
@@ -91,26 +107,14 @@ async fn handle(
             // Meant for a segment this process does not serve (typically the
             // previous incarnation of a restarted store). Refuse and close:
             // a write's payload is not read, so the stream cannot continue.
-            let resp = Response {
-                status: Status::WrongSegment,
-                request_id: req.request_id,
-                len: 0,
-            };
-            w.write_all(&resp.encode()).await?;
-            w.flush().await?;
+            refuse(&mut w, Status::WrongSegment, req.request_id).await?;
             return Err(ConnError::WrongSegment {
                 asked: req.segment_tag,
                 serving: segment.tag(),
             });
         }
         if !req.fits(segment.len()) {
-            let resp = Response {
-                status: Status::OutOfRange,
-                request_id: req.request_id,
-                len: 0,
-            };
-            w.write_all(&resp.encode()).await?;
-            w.flush().await?;
+            refuse(&mut w, Status::OutOfRange, req.request_id).await?;
             return Err(ConnError::OutOfRange {
                 offset: req.offset,
                 len: req.len,
