@@ -296,7 +296,7 @@ impl Search<'_> {
 }
 
 /// Counts of outcomes by kind, for the summary.
-pub fn outcome_counts(ops: &[Op]) -> HashMap<&'static str, u64> {
+pub fn outcome_counts<'a>(ops: impl IntoIterator<Item = &'a Op>) -> HashMap<&'static str, u64> {
     let mut m = HashMap::new();
     for op in ops {
         let k = match op.outcome {

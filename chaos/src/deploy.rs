@@ -107,6 +107,12 @@ impl ProcessDeployment {
     }
 }
 
+impl ProcessDeployment {
+    fn master(&self, id: u64) -> Option<&crescent_integration::MasterProcess> {
+        self.cluster.masters.iter().find(|m| m.id == id)
+    }
+}
+
 impl Deployment for ProcessDeployment {
     fn mode(&self) -> Mode {
         Mode::Processes
@@ -118,20 +124,10 @@ impl Deployment for ProcessDeployment {
         self.cluster.masters.iter().map(|m| m.id).collect()
     }
     fn master_addr(&self, id: u64) -> String {
-        self.cluster
-            .masters
-            .iter()
-            .find(|m| m.id == id)
-            .map(|m| m.addr.clone())
-            .unwrap_or_default()
+        self.master(id).map(|m| m.addr.clone()).unwrap_or_default()
     }
     fn master_http(&self, id: u64) -> String {
-        self.cluster
-            .masters
-            .iter()
-            .find(|m| m.id == id)
-            .map(|m| m.http.clone())
-            .unwrap_or_default()
+        self.master(id).map(|m| m.http.clone()).unwrap_or_default()
     }
     fn kill_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.kill(id)

@@ -107,13 +107,11 @@ pub fn build(i: Inputs<'_>) -> Report {
         if f.recovered_us.is_none() {
             e.2 += 1;
         }
-        let window: Vec<Op> = i
-            .ops
-            .iter()
-            .filter(|o| o.invoke_us >= f.start_us && o.invoke_us < end)
-            .cloned()
-            .collect();
-        let c = outcome_counts(&window);
+        let c = outcome_counts(
+            i.ops
+                .iter()
+                .filter(|o| o.invoke_us >= f.start_us && o.invoke_us < end),
+        );
         for (slot, name) in ["ok", "failed", "unknown"].iter().enumerate() {
             e.3[slot] += c.get(name).copied().unwrap_or(0);
         }

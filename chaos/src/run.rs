@@ -91,7 +91,7 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     for s in &samples {
         rec.record(s)?;
     }
-    let check = check_in_thread(ops.clone(), samples).await?;
+    let (check, ops) = check_in_thread(ops, samples).await?;
     let report = report::build(report::Inputs {
         mode,
         mode_reason: reason,
@@ -122,15 +122,22 @@ pub async fn recheck(dir: PathBuf) -> anyhow::Result<CheckResult> {
         }
     }
     let samples = read_lines::<RoleSample>(&dir.join("roles.jsonl")).unwrap_or_default();
-    check_in_thread(ops, samples).await
+    Ok(check_in_thread(ops, samples).await?.0)
 }
 
-async fn check_in_thread(ops: Vec<Op>, samples: Vec<RoleSample>) -> anyhow::Result<CheckResult> {
-    // The search recurses once per operation of a key: give it a deep stack.
+/// Checks on a thread with a deep stack (the search recurses once per
+/// operation of a key) and hands the history back for the report.
+async fn check_in_thread(
+    ops: Vec<Op>,
+    samples: Vec<RoleSample>,
+) -> anyhow::Result<(CheckResult, Vec<Op>)> {
     let handle = std::thread::Builder::new()
         .name("checker".into())
         .stack_size(512 << 20)
-        .spawn(move || checker::check(&ops, &samples, checker::DEFAULT_BUDGET))?;
+        .spawn(move || {
+            let result = checker::check(&ops, &samples, checker::DEFAULT_BUDGET);
+            (result, ops)
+        })?;
     tokio::task::spawn_blocking(move || handle.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the checker panicked"))
