@@ -321,12 +321,15 @@ impl ClientCore {
         }
     }
 
-    fn remember_descriptor(&self, key: &str, r: &pb::GetReplicaListResponse) {
+    /// Holds `r` for degraded reads while its read lease lasts. The lease is
+    /// counted from `asked` (when the request was sent), not from the answer:
+    /// the master started it later than that, so ours ends first.
+    fn remember_descriptor(&self, key: &str, r: &pb::GetReplicaListResponse, asked: Instant) {
         let mut d = self.descriptors.lock().expect("lock poisoned");
         if d.len() >= MAX_DESCRIPTORS {
             d.clear();
         }
-        let until = Instant::now() + Duration::from_millis(r.lease_ttl_ms);
+        let until = asked + Duration::from_millis(r.lease_ttl_ms);
         d.insert(key.to_string(), (r.clone(), until));
     }
 
@@ -884,10 +887,11 @@ impl ClientCore {
 
     /// GetReplicaList, remembering the answer for degraded reads.
     async fn lookup(&self, key: &str) -> Result<pb::GetReplicaListResponse> {
+        let asked = Instant::now();
         match self.master.get_replica_list(key).await {
             Ok(found) => {
                 self.mark_master_ok();
-                self.remember_descriptor(key, &found);
+                self.remember_descriptor(key, &found, asked);
                 Ok(found)
             }
             Err(e) => {

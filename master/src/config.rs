@@ -148,6 +148,14 @@ pub struct MasterConfig {
     /// writes. Hidden from --help; never set it in production.
     #[arg(long, env = "CRESCENT_UNSAFE_ACK_BEFORE_COMMIT", hide = true)]
     pub unsafe_ack_before_commit: bool,
+
+    /// TEST ONLY; breaks the read-lease guarantee. A new leader does not
+    /// wait out its predecessor's leases, and a forced remove frees a leased
+    /// object's space at once, so a reader holding its descriptor can read
+    /// the next put's bytes. The chaos suite shows its checker catches that.
+    /// Hidden from --help; never set it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_FORGET_LEASES", hide = true)]
+    pub unsafe_forget_leases: bool,
 }
 
 impl MasterConfig {

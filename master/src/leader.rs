@@ -93,7 +93,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
     loop {
         tick.tick().await;
         // Leases granted by the previous leader may still be in force.
-        if leading_for(&node) < node.config.lease_ttl {
+        if node.may_hold_predecessor_leases() {
             continue;
         }
         let (victims, failures) = {

@@ -306,12 +306,27 @@ impl MasterNode {
         }
     }
 
-    /// Grants read leases and records access (leader memory).
-    pub fn grant_leases<'a>(&self, keys: impl Iterator<Item = &'a str>) {
+    /// True while leases granted by an earlier leader may still be in force:
+    /// for one lease TTL after this node's leader memory was reset for the
+    /// current term, and before that reset has happened at all. A lease's
+    /// holder sent its request before the old leader's read index was
+    /// confirmed by a quorum, and so before any later leader was elected; so
+    /// its lease ends before this grace does.
+    pub fn may_hold_predecessor_leases(&self) -> bool {
+        if self.config.unsafe_forget_leases {
+            return false;
+        }
+        let term = self.raft.metrics().borrow().current_term;
+        let mem = self.leader_mem.lock().expect("lock poisoned");
+        mem.term != term || mem.since.elapsed() < self.config.lease_ttl
+    }
+
+    /// Grants read leases and records access, under the caller's lock on
+    /// leader memory (taken together with the lookup that found the keys).
+    pub fn grant_leases<'a>(&self, mem: &mut LeaderMemory, keys: impl Iterator<Item = &'a str>) {
         let now = Instant::now();
         let exp = now + self.config.lease_ttl;
         let ms = now_ms();
-        let mut mem = self.leader_mem.lock().expect("lock poisoned");
         for k in keys {
             mem.leases.insert(k.to_string(), exp);
             mem.last_access_ms.insert(k.to_string(), ms);

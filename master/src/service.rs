@@ -272,9 +272,15 @@ impl MasterApi {
         }
     }
 
-    /// Removes keys; without force, keys under a read lease are refused here
-    /// (leases are leader memory) and the rest are marked so no new lease is
-    /// granted on them until the removal is applied.
+    /// Removes keys. Without force, keys that may be under a read lease are
+    /// refused: those this leader leased, those another remove or an eviction
+    /// is about to take, and every key during the first lease TTL of a new
+    /// leader (its predecessor's leases are unknown to it). With force they
+    /// go, but their space is not reused for a lease TTL. The verdict is
+    /// proposed with the keys, never answered before proposing: a retry of
+    /// this request must get the answer of its first attempt, which only the
+    /// replicated dedup table knows (the first attempt may still be in
+    /// flight here, or have been proposed by a previous leader).
     async fn remove_keys(
         &self,
         header: Option<pb::RequestHeader>,
@@ -288,45 +294,49 @@ impl MasterApi {
         if !self.node.is_leader() {
             return Err(node_status(&self.node.not_leader()));
         }
-        let mut results: Vec<Option<Result<(), MetaError>>> = vec![None; keys.len()];
-        let mut to_remove: Vec<(usize, String)> = Vec::with_capacity(keys.len());
+        let mut leased = std::collections::BTreeSet::new();
+        // Keys this call marked doomed, so it unmarks only its own.
+        let mut doomed_here = Vec::new();
         {
+            let in_grace = self.node.may_hold_predecessor_leases();
             let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
             let now = Instant::now();
-            for (i, k) in keys.into_iter().enumerate() {
-                if !force && (mem.is_leased(&k, now) || mem.doomed.contains(&k)) {
-                    results[i] = Some(Err(MetaError::ObjectHasLease(k)));
-                } else {
-                    if !force {
-                        mem.doomed.insert(k.clone());
-                    }
-                    to_remove.push((i, k));
+            for k in &keys {
+                if in_grace || mem.is_leased(k, now) || (!force && mem.doomed.contains(k)) {
+                    leased.insert(k.clone());
+                } else if mem.doomed.insert(k.clone()) {
+                    // Until applied, lookups answer "not found" instead of
+                    // leasing a descriptor whose space is about to be freed.
+                    doomed_here.push(k.clone());
                 }
             }
         }
-        let proposed: Vec<String> = to_remove.iter().map(|(_, k)| k.clone()).collect();
-        let outcome = if proposed.is_empty() {
-            Ok(Response::Items(Vec::new()))
+        let n = keys.len();
+        // A forced removal of a leased object parks its space for a lease TTL.
+        let hold_ms = if self.node.config.unsafe_forget_leases {
+            0
         } else {
-            self.node
-                .propose(
-                    Some(origin),
-                    Op::Remove {
-                        keys: proposed.clone(),
-                        force,
-                    },
-                )
-                .await
+            self.node.config.lease_ttl.as_millis() as u64
         };
+        let outcome = self
+            .node
+            .propose(
+                Some(origin),
+                Op::Remove {
+                    keys: keys.clone(),
+                    force,
+                    leased,
+                    hold_ms,
+                },
+            )
+            .await;
         {
             let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
-            for k in &proposed {
-                if !force {
-                    mem.doomed.remove(k);
-                }
+            for k in &doomed_here {
+                mem.doomed.remove(k);
             }
             if let Ok(Response::Items(v)) = &outcome {
-                for (k, r) in proposed.iter().zip(v) {
+                for (k, r) in keys.iter().zip(v) {
                     if r.is_ok() {
                         mem.leases.remove(k);
                         mem.last_access_ms.remove(k);
@@ -335,12 +345,7 @@ impl MasterApi {
             }
         }
         match outcome {
-            Ok(Response::Items(v)) if v.len() == to_remove.len() => {
-                for ((i, _), r) in to_remove.into_iter().zip(v) {
-                    results[i] = Some(r);
-                }
-                Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
-            }
+            Ok(Response::Items(v)) if v.len() == n => Ok(v),
             Ok(Response::Rejected(e)) => Err(meta_status(&e)),
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(node_status(&e)),
@@ -362,8 +367,9 @@ impl MasterApi {
         let mut found = Vec::new();
         let out: Vec<pb::GetReplicaListResponse> = {
             let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            let mem = self.node.leader_mem.lock().expect("lock poisoned");
-            keys.iter()
+            let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
+            let answers: Vec<pb::GetReplicaListResponse> = keys
+                .iter()
                 .map(|k| match sm.state.lookup(k) {
                     Ok(_) if mem.doomed.contains(k) => pb::GetReplicaListResponse {
                         status: Some(meta_status(&MetaError::ObjectNotFound(k.clone()))),
@@ -388,9 +394,12 @@ impl MasterApi {
                         ..Default::default()
                     },
                 })
-                .collect()
+                .collect();
+            // Granted before the lock is let go: a remove that takes it next
+            // must see these leases (see `remove_keys`).
+            self.node.grant_leases(&mut mem, found.into_iter());
+            answers
         };
-        self.node.grant_leases(found.into_iter());
         Ok(out)
     }
 

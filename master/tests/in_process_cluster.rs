@@ -1,6 +1,12 @@
-//! Three masters in one process, talking real gRPC on loopback: elect, write,
-//! stop the leader, check the new leader holds every committed object, restart
-//! the old leader and check it catches up.
+//! Three masters in one process, talking real gRPC on loopback.
+//!
+//! - `elect_write_fail_over_and_catch_up`: elect, write, stop the leader,
+//!   check the new leader holds every committed object, restart the old
+//!   leader and check it catches up.
+//! - `a_retried_remove_gets_the_answer_of_its_first_attempt` and
+//!   `a_new_leader_honours_its_predecessors_leases`: issue 18, where a 30-minute
+//!   chaos soak lost acknowledged writes because a remove answered
+//!   OBJECT_HAS_LEASE took effect.
 
 use std::time::{Duration, Instant};
 
@@ -9,9 +15,10 @@ use crescent_client::MasterClient;
 use crescent_master::config::MasterConfig;
 use crescent_master::server::RunningMaster;
 use crescent_proto::pb;
+use crescent_proto::ErrorCode;
 use tokio::net::TcpListener;
 
-fn config(id: u64, port: u16, peers: &str, dir: &std::path::Path) -> MasterConfig {
+fn config(id: u64, port: u16, peers: &str, dir: &std::path::Path, lease_ttl: &str) -> MasterConfig {
     MasterConfig::parse_from([
         "crescent-master".to_string(),
         "--node-id".into(),
@@ -27,6 +34,8 @@ fn config(id: u64, port: u16, peers: &str, dir: &std::path::Path) -> MasterConfi
         "40".into(),
         "--http".into(),
         "127.0.0.1:0".into(),
+        "--lease-ttl".into(),
+        lease_ttl.into(),
     ])
 }
 
@@ -48,37 +57,82 @@ async fn leader_of(nodes: &[Option<RunningMaster>], timeout: Duration) -> usize 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn elect_write_fail_over_and_catch_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let ports: Vec<u16> = listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect();
-    let peers = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut nodes: Vec<Option<RunningMaster>> = Vec::new();
-    for (i, l) in listeners.into_iter().enumerate() {
-        let cfg = config(i as u64 + 1, ports[i], &peers, dir.path());
-        nodes.push(Some(RunningMaster::start(cfg, l).await.unwrap()));
-    }
-    let leader = leader_of(&nodes, Duration::from_secs(10)).await;
+/// Three masters on loopback ports, in a temporary data directory.
+struct Cluster {
+    dir: tempfile::TempDir,
+    ports: Vec<u16>,
+    peers: String,
+    lease_ttl: String,
+    nodes: Vec<Option<RunningMaster>>,
+}
 
-    let all = ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let client = MasterClient::new(&all).unwrap();
-    let seg = client
+impl Cluster {
+    async fn start(lease_ttl: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        let peers = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::new();
+        for (i, l) in listeners.into_iter().enumerate() {
+            let cfg = config(i as u64 + 1, ports[i], &peers, dir.path(), lease_ttl);
+            nodes.push(Some(RunningMaster::start(cfg, l).await.unwrap()));
+        }
+        Self {
+            dir,
+            ports,
+            peers,
+            lease_ttl: lease_ttl.into(),
+            nodes,
+        }
+    }
+
+    fn addrs(&self) -> String {
+        self.ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    async fn leader(&self) -> usize {
+        leader_of(&self.nodes, Duration::from_secs(10)).await
+    }
+
+    /// Restarts node index `i` from its data directory.
+    async fn restart(&mut self, i: usize) {
+        let listener = TcpListener::bind(("127.0.0.1", self.ports[i]))
+            .await
+            .unwrap();
+        let cfg = config(
+            i as u64 + 1,
+            self.ports[i],
+            &self.peers,
+            self.dir.path(),
+            &self.lease_ttl,
+        );
+        self.nodes[i] = Some(RunningMaster::start(cfg, listener).await.unwrap());
+    }
+
+    async fn stop(self) {
+        for n in self.nodes.into_iter().flatten() {
+            n.stop().await;
+        }
+    }
+}
+
+async fn mount(client: &MasterClient) -> u64 {
+    client
         .mount_segment(pb::SegmentSpec {
             name: "seg".into(),
             endpoint: "127.0.0.1:1".into(),
@@ -86,30 +140,41 @@ async fn elect_write_fail_over_and_catch_up() {
             ..Default::default()
         })
         .await
+        .unwrap()
+}
+
+async fn put(client: &MasterClient, key: &str, checksum: u32) {
+    client
+        .put_start(
+            key,
+            4096,
+            pb::ReplicateConfig {
+                replica_num: 1,
+                ..Default::default()
+            },
+        )
+        .await
         .unwrap();
+    client.put_end(key, checksum).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_write_fail_over_and_catch_up() {
+    let mut cluster = Cluster::start("10s").await;
+    let leader = cluster.leader().await;
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    let seg = mount(&client).await;
     let mut acked = Vec::new();
     for i in 0..200 {
         let key = format!("key-{i}");
-        client
-            .put_start(
-                &key,
-                4096,
-                pb::ReplicateConfig {
-                    replica_num: 1,
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        client.put_end(&key, i).await.unwrap();
+        put(&client, &key, i).await;
         acked.push(key);
     }
 
     // Stop the leader; a new one must hold every acknowledged object.
-    let old = nodes[leader].take().unwrap();
-    let old_id = old.node.id;
+    let old = cluster.nodes[leader].take().unwrap();
     old.stop().await;
-    let new_leader = leader_of(&nodes, Duration::from_secs(10)).await;
+    let new_leader = cluster.leader().await;
     assert_ne!(new_leader, leader);
     for (i, key) in acked.iter().enumerate() {
         let r = client.get_replica_list(key).await.unwrap();
@@ -120,29 +185,14 @@ async fn elect_write_fail_over_and_catch_up() {
     // More writes while the old leader is away.
     for i in 200..260 {
         let key = format!("key-{i}");
-        client
-            .put_start(
-                &key,
-                4096,
-                pb::ReplicateConfig {
-                    replica_num: 1,
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        client.put_end(&key, i).await.unwrap();
+        put(&client, &key, i).await;
     }
 
     // The old leader rejoins from its data dir and catches up.
-    let listener = TcpListener::bind(("127.0.0.1", ports[leader]))
-        .await
-        .unwrap();
-    let cfg = config(old_id, ports[leader], &peers, dir.path());
-    nodes[leader] = Some(RunningMaster::start(cfg, listener).await.unwrap());
+    cluster.restart(leader).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let rejoined = nodes[leader].as_ref().unwrap();
+        let rejoined = cluster.nodes[leader].as_ref().unwrap();
         let count = rejoined.node.shared.sm.read().unwrap().state.objects.len();
         if count == 260 && !rejoined.node.is_leader() {
             break;
@@ -154,7 +204,7 @@ async fn elect_write_fail_over_and_catch_up() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The leader purged the log it missed, so it was sent a snapshot.
-    let m = nodes[leader].as_ref().unwrap().node.metrics();
+    let m = cluster.nodes[leader].as_ref().unwrap().node.metrics();
     assert!(
         m.snapshot.is_some_and(|s| s.index > 100),
         "no snapshot installed: {:?}",
@@ -163,7 +213,8 @@ async fn elect_write_fail_over_and_catch_up() {
     // Every node holds the same state.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let states: Vec<_> = nodes
+        let states: Vec<_> = cluster
+            .nodes
             .iter()
             .map(|n| {
                 n.as_ref()
@@ -183,7 +234,126 @@ async fn elect_write_fail_over_and_catch_up() {
         assert!(Instant::now() < deadline, "replicas diverge");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for n in nodes.into_iter().flatten() {
-        n.stop().await;
+    cluster.stop().await;
+}
+
+/// Waits until the leader no longer covers for its predecessor's leases.
+async fn past_takeover_grace(cluster: &Cluster) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let i = cluster.leader().await;
+        if !cluster.nodes[i]
+            .as_ref()
+            .unwrap()
+            .node
+            .may_hold_predecessor_leases()
+        {
+            return i;
+        }
+        assert!(Instant::now() < deadline, "leader still in its lease grace");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+fn raw_remove(key: &str, header: &pb::RequestHeader) -> pb::RemoveRequest {
+    pb::RemoveRequest {
+        header: Some(header.clone()),
+        key: key.into(),
+        force: false,
+    }
+}
+
+/// A retry (same client id and request seq) of a remove that succeeded must
+/// be answered OK, even though the key now holds a new, leased object; and
+/// the new object must survive. Before the fix the retry was refused with
+/// OBJECT_HAS_LEASE from leader memory before dedup was consulted, which in
+/// the soak (first attempt still in flight) meant a remove answered "has a
+/// lease" that took effect: 12 lost writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_remove_gets_the_answer_of_its_first_attempt() {
+    let cluster = Cluster::start("1s").await;
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    mount(&client).await;
+    let leader = past_takeover_grace(&cluster).await;
+    let mut raw = MasterClient::master(
+        client
+            .channel(&cluster.nodes[leader].as_ref().unwrap().addr.to_string())
+            .unwrap(),
+    );
+    put(&client, "k", 1).await;
+    let header = pb::RequestHeader {
+        client_id: "remover".into(),
+        request_seq: 7,
+    };
+    let first = raw
+        .remove(raw_remove("k", &header))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.status.unwrap().error_code(), ErrorCode::Ok);
+
+    put(&client, "k", 2).await;
+    let leased = client.get_replica_list("k").await.unwrap();
+    assert_eq!(leased.checksum, 2);
+    let retry = raw
+        .remove(raw_remove("k", &header))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        retry.status.unwrap().error_code(),
+        ErrorCode::Ok,
+        "a retry must get its first attempt's answer"
+    );
+    let still = client.get_replica_list("k").await.unwrap();
+    assert_eq!(still.checksum, 2, "the retry removed the new object");
+    // A new request is refused: the new object is leased.
+    let fresh = pb::RequestHeader {
+        client_id: "remover".into(),
+        request_seq: 8,
+    };
+    let refused = raw
+        .remove(raw_remove("k", &fresh))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        refused.status.unwrap().error_code(),
+        ErrorCode::ObjectHasLease
+    );
+    assert!(client.exists("k").await.unwrap());
+    cluster.stop().await;
+}
+
+/// A lease granted by a leader that then dies still protects the object:
+/// its successor refuses non-forced removes until a lease TTL has passed
+/// since it took over. Before the fix the new leader, with empty lease
+/// memory, removed it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_honours_its_predecessors_leases() {
+    let mut cluster = Cluster::start("5s").await;
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    mount(&client).await;
+    let leader = past_takeover_grace(&cluster).await;
+    put(&client, "leased", 1).await;
+    client.get_replica_list("leased").await.unwrap();
+
+    cluster.nodes[leader].take().unwrap().stop().await;
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    let e = client.remove("leased", false).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ObjectHasLease, "{e:?}");
+    // (Not `client.exists`: a lookup grants a lease of its own.)
+    let exists = |c: &Cluster| {
+        let node = &c.nodes[new_leader].as_ref().unwrap().node;
+        let sm = node.shared.sm.read().unwrap();
+        sm.state.exists("leased")
+    };
+    assert!(exists(&cluster));
+    // Once a lease TTL has passed since the takeover, it may go.
+    past_takeover_grace(&cluster).await;
+    client.remove("leased", false).await.unwrap();
+    assert!(!exists(&cluster));
+    cluster.restart(leader).await;
+    cluster.stop().await;
 }

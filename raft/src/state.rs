@@ -7,7 +7,7 @@
 //! deliberately absent: it lives in the master's memory and reaches this state
 //! only as explicit commands (`Evict`, `UnmountClient`, `ReclaimStalePuts`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crescent_proto::ErrorCode;
 use serde::{Deserialize, Serialize};
@@ -84,6 +84,17 @@ pub enum Op {
     Remove {
         keys: Vec<String>,
         force: bool,
+        /// Keys the leader could not rule out being under a read lease when it
+        /// proposed (leases are leader memory): answered OBJECT_HAS_LEASE.
+        /// The verdict travels in the entry, not in a reply sent before
+        /// proposing, so a retry of the same request gets the first attempt's
+        /// answer from the dedup table whichever leader judged it.
+        leased: BTreeSet<String>,
+        /// How long the space of a `leased` object removed with force stays
+        /// unallocated (the leader's lease TTL): a reader holding its
+        /// descriptor may still be reading, and must find the old bytes, not
+        /// the next put's.
+        hold_ms: u64,
     },
     /// Chosen by the leader's eviction policy; applied only to objects still evictable.
     Evict {
@@ -416,9 +427,19 @@ impl MetaState {
             Op::PutRevoke { keys } => {
                 Response::Items(keys.iter().map(|k| self.put_revoke(writer, k)).collect())
             }
-            Op::Remove { keys, force } => {
-                Response::Items(keys.iter().map(|k| self.remove(now, k, *force)).collect())
-            }
+            Op::Remove {
+                keys,
+                force,
+                leased,
+                hold_ms,
+            } => Response::Items(
+                keys.iter()
+                    .map(|k| {
+                        let hold_until = leased.contains(k).then_some(now + hold_ms);
+                        self.remove(now, k, *force, hold_until)
+                    })
+                    .collect(),
+            ),
             Op::Evict { keys } => Response::Count(self.evict(keys)),
             Op::MountSegment { spec, owner } => Response::Mounted(self.mount(now, spec, owner)),
             Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
@@ -657,7 +678,16 @@ impl MetaState {
         Ok(())
     }
 
-    fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<(), MetaError> {
+    /// `leased_until`: set when the leader could not rule out a read lease
+    /// on `key`, ending then. Such an object is kept unless forced, and a
+    /// forced removal parks its space until then.
+    fn remove(
+        &mut self,
+        now: u64,
+        key: &str,
+        force: bool,
+        leased_until: Option<u64>,
+    ) -> Result<(), MetaError> {
         let obj = self
             .objects
             .get(key)
@@ -666,12 +696,25 @@ impl MetaState {
             if !obj.is_complete() {
                 return Err(MetaError::ReplicaNotReady(key.to_string()));
             }
+            if leased_until.is_some() {
+                return Err(MetaError::ObjectHasLease(key.to_string()));
+            }
             if obj.hard_pin {
                 return Err(MetaError::ObjectPinned(key.to_string()));
             }
         }
         let obj = self.objects.remove(key).expect("checked above");
-        self.retire(now, obj);
+        match (leased_until, &obj.phase) {
+            (Some(until), PutPhase::Complete { .. }) if until > now => {
+                for replica in obj.replicas {
+                    self.pending_release.push(PendingRelease {
+                        replica,
+                        release_at_ms: until,
+                    });
+                }
+            }
+            _ => self.retire(now, obj),
+        }
         Ok(())
     }
 

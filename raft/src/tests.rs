@@ -134,10 +134,19 @@ fn workload(n: usize) -> Vec<Command> {
             4..=6 => Op::PutEnd {
                 items: vec![(key, rnd() as u32)],
             },
-            7 => Op::Remove {
-                keys: vec![key],
-                force: rnd() % 2 == 0,
-            },
+            7 => {
+                let leased = if rnd() % 3 == 0 {
+                    [key.clone()].into()
+                } else {
+                    Default::default()
+                };
+                Op::Remove {
+                    keys: vec![key],
+                    force: rnd() % 2 == 0,
+                    leased,
+                    hold_ms: rnd() % 20_000,
+                }
+            }
             8 => Op::Evict { keys: vec![key] },
             _ => Op::PutRevoke { keys: vec![key] },
         };
@@ -275,6 +284,8 @@ fn remove_rules() {
             Op::Remove {
                 keys: vec![key.into()],
                 force,
+                leased: Default::default(),
+                hold_ms: 0,
             },
         )))
     };
@@ -322,6 +333,118 @@ fn remove_rules() {
         op: Op::ReclaimStalePuts,
     });
     assert_eq!(s.total_allocated(), 0);
+}
+
+/// The leader's lease verdict travels in the entry: a leased key is refused
+/// (unless forced), and a retry of the same request gets the first attempt's
+/// answer even when its own verdict differs. Issue 18: a remove answered
+/// OBJECT_HAS_LEASE by a retry while its first attempt committed and removed
+/// the object; the verdict used to be given before proposing.
+#[test]
+fn remove_verdict_is_replicated_and_a_retry_gets_the_first_answer() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    for (seq, key) in [(1, "a"), (3, "b")] {
+        put(&mut s, 10, "w", seq, key, 100, 1);
+        put_end(&mut s, 11, "w", seq + 1, key);
+    }
+    let rm = |s: &mut MetaState, seq, key: &str, force, leased: &[&str]| {
+        first_item(&s.apply(&cmd(
+            20,
+            "remover",
+            seq,
+            Op::Remove {
+                keys: vec![key.into()],
+                force,
+                leased: leased.iter().map(|k| k.to_string()).collect(),
+                hold_ms: 10_000,
+            },
+        )))
+    };
+    assert_eq!(
+        rm(&mut s, 1, "a", false, &["a"]),
+        Err(MetaError::ObjectHasLease("a".into()))
+    );
+    assert!(s.exists("a"), "a refused remove changes nothing");
+    // Retry of request 1 judged unleased by another leader: still refused.
+    assert_eq!(
+        rm(&mut s, 1, "a", false, &[]),
+        Err(MetaError::ObjectHasLease("a".into()))
+    );
+    assert!(s.exists("a"));
+    // The first attempt of request 2 removes b; its retry, judged leased, is
+    // answered OK (what happened), not OBJECT_HAS_LEASE.
+    assert_eq!(rm(&mut s, 2, "b", false, &[]), Ok(()));
+    assert_eq!(rm(&mut s, 2, "b", false, &["b"]), Ok(()));
+    assert!(!s.exists("b"));
+    // Force ignores the lease verdict.
+    assert_eq!(rm(&mut s, 3, "a", true, &["a"]), Ok(()));
+    assert!(!s.exists("a"));
+}
+
+/// The soak's wrong_bytes (issue 18): a forced remove freed the space of an
+/// object a reader had just looked up under a lease; the next put took that
+/// range and the reader's bytes failed their checksum. A forced removal of a
+/// possibly-leased object now parks its space until the lease has run out.
+#[test]
+fn space_of_a_leased_object_removed_with_force_is_not_reused_until_the_lease_ends() {
+    let mut s = MetaState::new();
+    mount(&mut s, 0, "a", "oa", 4 * MB);
+    mount(&mut s, 0, "b", "ob", 4 * MB);
+    first_item(&put(&mut s, 10, "w", 1, "k", 4000, 2)).unwrap();
+    first_item(&put_end(&mut s, 20, "w", 2, "k")).unwrap();
+    let reader_view = s.lookup("k").unwrap().replicas.clone();
+    let overlaps = |got: &[Replica]| {
+        got.iter().any(|g| {
+            reader_view.iter().any(|r| {
+                g.segment_id == r.segment_id
+                    && g.offset < r.offset + r.len
+                    && r.offset < g.offset + g.len
+            })
+        })
+    };
+    let remove = Op::Remove {
+        keys: vec!["k".into()],
+        force: true,
+        leased: ["k".to_string()].into(),
+        hold_ms: 10_000,
+    };
+    first_item(&s.apply(&cmd(30, "x", 1, remove))).unwrap();
+    assert!(!s.exists("k"), "forced: removed at once");
+    let Response::PutStart(v) = put(&mut s, 31, "y", 1, "k2", 4000, 2) else {
+        panic!("put_start answered something else")
+    };
+    assert!(
+        !overlaps(v[0].as_ref().unwrap()),
+        "a range a leased reader may still read was handed out again"
+    );
+    // Reclaimed once the lease has run out, and then reusable.
+    s.apply(&Command {
+        now_ms: 30 + 10_000,
+        seed: 0,
+        origin: None,
+        op: Op::ReclaimStalePuts,
+    });
+    assert!(s.pending_release.is_empty());
+    let Response::PutStart(v) = put(&mut s, 10_050, "y", 2, "k3", 4000, 2) else {
+        panic!("put_start answered something else")
+    };
+    assert!(
+        overlaps(v[0].as_ref().unwrap()),
+        "best fit reuses the freed range"
+    );
+
+    // Not leased: freed at once (the next put reuses it).
+    first_item(&put_end(&mut s, 10_060, "y", 3, "k3")).unwrap();
+    let before = s.total_allocated();
+    let remove = Op::Remove {
+        keys: vec!["k3".into()],
+        force: true,
+        leased: Default::default(),
+        hold_ms: 10_000,
+    };
+    first_item(&s.apply(&cmd(10_070, "x", 2, remove))).unwrap();
+    assert!(s.total_allocated() < before);
 }
 
 #[test]
