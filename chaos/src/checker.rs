@@ -130,7 +130,8 @@ fn lost_writes(key: &str, ops: &[&Op]) -> Vec<Violation> {
     let removes: Vec<&&Op> = ops
         .iter()
         .filter(|o| {
-            o.kind == OpKind::Remove && matches!(o.outcome, Outcome::Ok | Outcome::Unknown { .. })
+            matches!(o.kind, OpKind::Remove { .. })
+                && matches!(o.outcome, Outcome::Ok | Outcome::Unknown { .. })
         })
         .collect();
     let mut out = Vec::new();
@@ -181,9 +182,9 @@ fn step(s: State, e: &Entry) -> Option<State> {
         (OpKind::Get, Outcome::Found { value }) => (s == Some(*value)).then_some(s),
         (OpKind::Get, Outcome::Missing) => s.is_none().then_some(s),
         (OpKind::Exists, Outcome::Present { exists }) => (s.is_some() == *exists).then_some(s),
-        (OpKind::Remove, Outcome::Ok) => s.is_some().then_some(None),
-        (OpKind::Remove, Outcome::Missing) => s.is_none().then_some(s),
-        (OpKind::Remove, Outcome::Unknown { .. }) => Some(None),
+        (OpKind::Remove { .. }, Outcome::Ok) => s.is_some().then_some(None),
+        (OpKind::Remove { .. }, Outcome::Missing) => s.is_none().then_some(s),
+        (OpKind::Remove { .. }, Outcome::Unknown { .. }) => Some(None),
         _ => Some(s),
     }
 }
@@ -352,7 +353,7 @@ mod tests {
             get(2, 4, 5, Outcome::Found { value: 7 }),
             put(2, 8, 6, 7, Outcome::Ok), // already exists: no change
             get(1, 8, 9, Outcome::Found { value: 7 }),
-            op(1, OpKind::Remove, 10, 11, Outcome::Ok),
+            op(1, OpKind::Remove { force: false }, 10, 11, Outcome::Ok),
             op(
                 2,
                 OpKind::Exists,
@@ -379,7 +380,13 @@ mod tests {
     fn a_concurrent_remove_explains_a_missing_read() {
         let h = vec![
             put(1, 7, 0, 10, Outcome::Ok),
-            op(3, OpKind::Remove, 15, u64::MAX - 1, unknown()),
+            op(
+                3,
+                OpKind::Remove { force: false },
+                15,
+                u64::MAX - 1,
+                unknown(),
+            ),
             get(2, 20, 30, Outcome::Missing),
         ];
         assert!(kinds(&h).is_empty());
@@ -419,7 +426,7 @@ mod tests {
         // 7 is put, removed, 8 put; a later read of 7 is stale.
         let h = vec![
             put(1, 7, 0, 1, Outcome::Ok),
-            op(1, OpKind::Remove, 2, 3, Outcome::Ok),
+            op(1, OpKind::Remove { force: false }, 2, 3, Outcome::Ok),
             put(1, 8, 4, 5, Outcome::Ok),
             get(2, 6, 7, Outcome::Found { value: 7 }),
         ];

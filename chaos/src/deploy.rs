@@ -30,6 +30,32 @@ pub struct WorkerPlan {
     pub max_duration: Duration,
 }
 
+/// How one worker ended.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerExit {
+    pub worker: u32,
+    /// Its exit status; None when it had to be killed or none could be read.
+    pub code: Option<i32>,
+    /// It had already exited when the stop file was written.
+    pub exited_early: bool,
+    /// The last lines of its log, kept for a worker that ended badly.
+    pub log_tail: String,
+}
+
+impl WorkerExit {
+    pub fn ended_badly(&self) -> bool {
+        self.exited_early || self.code != Some(0)
+    }
+}
+
+/// The last `n` lines of `text`.
+fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+const LOG_TAIL_LINES: usize = 20;
+
 pub trait Deployment: Send {
     fn mode(&self) -> Mode;
     /// Whether partitions can be made.
@@ -51,8 +77,13 @@ pub trait Deployment: Send {
     fn kill_etcd(&mut self, i: usize) -> anyhow::Result<()>;
     fn start_etcd(&mut self, i: usize) -> anyhow::Result<()>;
     fn start_workers(&mut self, plan: &WorkerPlan) -> anyhow::Result<()>;
-    /// Asks the workers to stop (the stop file) and waits for them.
-    fn stop_workers(&mut self, plan: &WorkerPlan, timeout: Duration) -> anyhow::Result<()>;
+    /// Asks the workers to stop (the stop file), waits for them and says how
+    /// each ended.
+    fn stop_workers(
+        &mut self,
+        plan: &WorkerPlan,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<WorkerExit>>;
     /// Copies every process's log into `dir`.
     fn collect_logs(&self, dir: &Path);
     fn teardown(&mut self);
@@ -60,6 +91,11 @@ pub trait Deployment: Send {
 
 fn stop_file(plan: &WorkerPlan) -> PathBuf {
     plan.dir.join("stop")
+}
+
+/// While this file exists in a run directory, workers favour a few hot keys.
+pub fn focus_file(dir: &Path) -> PathBuf {
+    dir.join("focus")
 }
 
 fn worker_args(plan: &WorkerPlan, i: u32, master: &str, dir: &str) -> Vec<String> {
@@ -77,6 +113,8 @@ fn worker_args(plan: &WorkerPlan, i: u32, master: &str, dir: &str) -> Vec<String
         format!("{dir}/history-{i}.jsonl"),
         "--stop-file".into(),
         format!("{dir}/stop"),
+        "--focus-file".into(),
+        format!("{dir}/focus"),
         "--max-duration".into(),
         format!("{}s", plan.max_duration.as_secs().max(1)),
     ]
@@ -186,23 +224,41 @@ impl Deployment for ProcessDeployment {
         }
         Ok(())
     }
-    fn stop_workers(&mut self, plan: &WorkerPlan, timeout: Duration) -> anyhow::Result<()> {
+    fn stop_workers(
+        &mut self,
+        plan: &WorkerPlan,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<WorkerExit>> {
+        let early: Vec<bool> = self
+            .workers
+            .iter_mut()
+            .map(|w| matches!(w.try_wait(), Ok(Some(_))))
+            .collect();
         std::fs::write(stop_file(plan), b"stop")?;
         let deadline = Instant::now() + timeout;
-        for w in &mut self.workers {
-            loop {
-                if w.try_wait()?.is_some() {
-                    break;
+        let mut exits = Vec::new();
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            let code = loop {
+                if let Some(status) = w.try_wait()? {
+                    break status.code();
                 }
                 if Instant::now() > deadline {
                     let _ = w.kill();
                     let _ = w.wait();
-                    anyhow::bail!("a worker did not stop within {timeout:?}");
+                    break None;
                 }
                 std::thread::sleep(Duration::from_millis(100));
-            }
+            };
+            let log = std::fs::read_to_string(plan.dir.join(format!("worker-{i}.log")))
+                .unwrap_or_default();
+            exits.push(WorkerExit {
+                worker: i as u32,
+                code,
+                exited_early: early[i],
+                log_tail: tail_lines(&log, LOG_TAIL_LINES),
+            });
         }
-        Ok(())
+        Ok(exits)
     }
     fn collect_logs(&self, dir: &Path) {
         if let Ok(entries) = std::fs::read_dir(&self.cluster.root) {
@@ -512,23 +568,51 @@ impl Deployment for ContainerDeployment {
         }
         Ok(())
     }
-    fn stop_workers(&mut self, plan: &WorkerPlan, timeout: Duration) -> anyhow::Result<()> {
+    fn stop_workers(
+        &mut self,
+        plan: &WorkerPlan,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<WorkerExit>> {
+        let running = |w: &str| docker(&["inspect", "-f", "{{.State.Running}}", w]);
+        let early: Vec<bool> = self
+            .workers
+            .iter()
+            .map(|w| running(w).is_ok_and(|r| r != "true"))
+            .collect();
         std::fs::write(stop_file(plan), b"stop")?;
         let deadline = Instant::now() + timeout;
-        for w in &self.workers {
-            loop {
-                let running = docker(&["inspect", "-f", "{{.State.Running}}", w])?;
-                if running != "true" {
-                    break;
-                }
+        let mut exits = Vec::new();
+        for (i, w) in self.workers.iter().enumerate() {
+            let mut killed = false;
+            while running(w)? == "true" {
                 if Instant::now() > deadline {
                     let _ = docker(&["kill", w]);
-                    anyhow::bail!("worker {w} did not stop within {timeout:?}");
+                    killed = true;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
+            let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", w])
+                .ok()
+                .and_then(|c| c.parse::<i32>().ok())
+                .filter(|_| !killed);
+            let log = Command::new("docker")
+                .args(["logs", "--tail", &LOG_TAIL_LINES.to_string(), w])
+                .output()
+                .map(|o| {
+                    let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+                    text.push_str(&String::from_utf8_lossy(&o.stderr));
+                    text
+                })
+                .unwrap_or_default();
+            exits.push(WorkerExit {
+                worker: i as u32,
+                code,
+                exited_early: early[i],
+                log_tail: tail_lines(&log, LOG_TAIL_LINES),
+            });
         }
-        Ok(())
+        Ok(exits)
     }
     fn collect_logs(&self, dir: &Path) {
         for c in &self.containers {

@@ -17,7 +17,11 @@ pub enum OpKind {
     },
     Get,
     Exists,
-    Remove,
+    Remove {
+        /// Forced removes ignore read leases (absent in older histories).
+        #[serde(default)]
+        force: bool,
+    },
 }
 
 /// What came back.

@@ -45,7 +45,9 @@ enum Cmd {
         /// Seed of the schedule and the workload; random when omitted (and printed).
         #[arg(long, env = "CRESCENT_CHAOS_SEED")]
         seed: Option<u64>,
-        /// Directory for histories, logs and report.json.
+        /// Parent directory: each run writes its histories, logs and
+        /// report.json into a fresh `<time>-<schedule>-seed<seed>` directory
+        /// in it, and `latest` points there.
         #[arg(long, env = "CRESCENT_CHAOS_OUT", default_value = "target/chaos")]
         out: PathBuf,
         /// Image for container mode (built by `make images`).
@@ -57,10 +59,18 @@ enum Cmd {
         /// Logical clients per worker, each with one operation in flight.
         #[arg(long, default_value_t = 4)]
         tasks: u32,
+        /// Pass a run whose linearizability search gave up on some keys
+        /// (they are still listed); without it such a run fails.
+        #[arg(long)]
+        allow_inconclusive: bool,
         /// TEST ONLY: start masters with --unsafe-ack-before-commit, which
         /// breaks durability on purpose; the run must then fail.
         #[arg(long, hide = true)]
         unsafe_ack_before_commit: bool,
+        /// TEST ONLY: start masters with --unsafe-forget-leases, which breaks
+        /// the read-lease guarantee on purpose; the run must then fail.
+        #[arg(long, hide = true)]
+        unsafe_forget_leases: bool,
     },
     /// Re-check a recorded run directory.
     Check { dir: PathBuf },
@@ -83,6 +93,8 @@ struct WorkerArgs {
     out: PathBuf,
     #[arg(long)]
     stop_file: PathBuf,
+    #[arg(long)]
+    focus_file: PathBuf,
     #[arg(long, default_value = "1h", value_parser = duration)]
     max_duration: Duration,
 }
@@ -96,6 +108,7 @@ impl From<WorkerArgs> for WorkerConfig {
             seed: a.seed,
             out: a.out,
             stop_file: a.stop_file,
+            focus_file: a.focus_file,
             max_duration: a.max_duration,
             op_timeout: Duration::from_secs(10),
             replicas: 2,
@@ -131,12 +144,17 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             image,
             workers,
             tasks,
+            allow_inconclusive,
             unsafe_ack_before_commit,
+            unsafe_forget_leases,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             let mut master_flags = vec!["--client-ttl".to_string(), "3s".to_string()];
             if unsafe_ack_before_commit {
                 master_flags.push("--unsafe-ack-before-commit".into());
+            }
+            if unsafe_forget_leases {
+                master_flags.push("--unsafe-forget-leases".into());
             }
             let report = crescent_chaos::run::run(RunConfig {
                 mode,
@@ -147,18 +165,21 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 image,
                 workers,
                 tasks,
+                allow_inconclusive,
                 master_flags,
             })
             .await?;
-            println!("{}", report.table());
-            println!(
-                "chaos: {} in {:.0} s (mode {:?}, seed {}); report: {}",
-                if report.passed { "PASSED" } else { "FAILED" },
+            let verdict = format!(
+                "chaos: {} ({:.0} s, mode {:?}, seed {}; report: {})",
+                report.verdict(),
                 report.duration_s,
                 report.mode,
                 report.seed,
-                out.join("report.json").display()
+                report.out_dir.join("report.json").display()
             );
+            println!("{verdict}");
+            println!("{}", report.table());
+            println!("{verdict}");
             Ok(if report.passed {
                 std::process::ExitCode::SUCCESS
             } else {

@@ -2,7 +2,7 @@
 //! one after another (each healed and recovered from before the next),
 //! sample every master's term and role throughout, then check the history.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use crate::checker::{self, CheckResult};
 use crate::deploy::{
-    container_mode_blocker, ContainerDeployment, Deployment, Mode, ProcessDeployment, WorkerPlan,
+    container_mode_blocker, focus_file, ContainerDeployment, Deployment, Mode, ProcessDeployment,
+    WorkerExit, WorkerPlan,
 };
 use crate::history::{now_us, read_lines, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
@@ -45,6 +46,8 @@ pub struct RunConfig {
     pub image: String,
     pub workers: u32,
     pub tasks: u32,
+    /// Pass despite keys the linearizability search could not decide.
+    pub allow_inconclusive: bool,
     /// Extra master flags (the test-only unsafe switch goes here).
     pub master_flags: Vec<String>,
 }
@@ -63,10 +66,67 @@ pub struct FaultRecord {
 
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 
-pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
-    std::fs::create_dir_all(&cfg.out)?;
+/// Makes a fresh directory for this run inside `parent`,
+/// `<UTC time>-<schedule>-seed<seed>`, and points `parent/latest` at it.
+/// A run never reuses an earlier run's stop file or histories: a stale stop
+/// file once ended every worker of a 30-minute soak at once.
+pub fn fresh_run_dir(parent: &Path, schedule: ScheduleKind, seed: u64) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(parent)?;
     // Absolute: container mode bind-mounts it into the workers.
-    cfg.out = std::fs::canonicalize(&cfg.out)?;
+    let parent = std::fs::canonicalize(parent)?;
+    let stamp = chrono_like_utc(now_us() / 1_000_000);
+    let schedule = match schedule {
+        ScheduleKind::Ci => "ci",
+        ScheduleKind::Soak => "soak",
+    };
+    let base = format!("{stamp}-{schedule}-seed{seed}");
+    for n in 0..100 {
+        let name = if n == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        let dir = parent.join(&name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {
+                let latest = parent.join("latest");
+                let _ = std::fs::remove_file(&latest);
+                std::os::unix::fs::symlink(&name, &latest)?;
+                return Ok(dir);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(anyhow::anyhow!("creating {}: {e}", dir.display())),
+        }
+    }
+    anyhow::bail!("no free run directory name under {}", parent.display())
+}
+
+/// `YYYYmmddTHHMMSSZ` for Unix seconds (civil-from-days, no time zone crate).
+fn chrono_like_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Runs one chaos run in a fresh directory under `cfg.out` (see
+/// [`fresh_run_dir`]); the report says which.
+pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
+    cfg.out = fresh_run_dir(&cfg.out, cfg.schedule, cfg.seed)?;
+    println!("chaos: output = {}", cfg.out.display());
     let (mode, reason) = choose_mode(&cfg);
     println!("chaos: mode = {mode:?} ({reason})");
     println!(
@@ -81,28 +141,34 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     let result = drive(&cfg, dep.as_mut()).await;
     dep.collect_logs(&cfg.out);
     dep.teardown();
-    let (faults, samples, evicted) = result?;
+    let driven = result?;
     let mut ops: Vec<Op> = Vec::new();
     for i in 0..cfg.workers {
         let path = cfg.out.join(format!("history-{i}.jsonl"));
         ops.extend(read_lines::<Op>(&path)?);
     }
     let mut rec = Recorder::create(&cfg.out.join("roles.jsonl"))?;
-    for s in &samples {
+    for s in &driven.samples {
         rec.record(s)?;
     }
-    let (check, ops) = check_in_thread(ops, samples).await?;
+    let (check, ops) = check_in_thread(ops, driven.samples).await?;
     let report = report::build(report::Inputs {
         mode,
         mode_reason: reason,
         seed: cfg.seed,
         schedule: cfg.schedule,
+        out_dir: cfg.out.clone(),
         started_us: started,
         ended_us: now_us(),
-        faults,
+        workers: cfg.workers,
+        workload_started_us: driven.workload_started_us,
+        workload_stopped_us: driven.workload_stopped_us,
+        worker_exits: driven.worker_exits,
+        faults: driven.faults,
         ops: &ops,
         check,
-        evicted_keys: evicted,
+        allow_inconclusive: cfg.allow_inconclusive,
+        evicted_keys: driven.evicted_keys,
     });
     std::fs::write(
         cfg.out.join("report.json"),
@@ -163,7 +229,17 @@ fn choose_mode(cfg: &RunConfig) -> (Mode, String) {
     }
 }
 
-type Driven = (Vec<FaultRecord>, Vec<RoleSample>, Option<u64>);
+/// What the fault-injection phase hands to the report.
+struct Driven {
+    faults: Vec<FaultRecord>,
+    samples: Vec<RoleSample>,
+    evicted_keys: Option<u64>,
+    workload_started_us: u64,
+    /// When the stop file was written: fault windows end here, not when the
+    /// report is made (teardown and checking are not time without writes).
+    workload_stopped_us: u64,
+    worker_exits: Vec<WorkerExit>,
+}
 
 async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driven> {
     let addrs: Vec<(u64, String)> = dep
@@ -189,6 +265,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         // A safety net only; the stop file ends them.
         max_duration: cfg.duration + Duration::from_secs(600),
     };
+    let workload_started_us = now_us();
     dep.start_workers(&plan)?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -204,7 +281,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         if cfg.schedule == ScheduleKind::Soak && Instant::now() >= deadline {
             break;
         }
-        match inject(dep, &probe, &fault).await {
+        match inject(dep, &probe, &fault, &cfg.out).await {
             Ok(rec) => {
                 println!(
                     "chaos: #{:<3} {:<20} {:<12} held {:>5} ms, recovered {}",
@@ -234,25 +311,53 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     // Let the workload run on a healthy cluster for a moment: reads after
     // the last fault are what expose a lost write.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let workload_stopped_us = now_us();
     let stopped = dep.stop_workers(&plan, Duration::from_secs(60));
     sampler.abort();
-    let evicted = probe.evicted_keys(dep).await;
+    let evicted_keys = probe.evicted_keys(dep).await;
     outcome?;
-    stopped?;
+    let worker_exits = stopped?;
     let samples = samples.lock().expect("lock poisoned").clone();
-    Ok((records, samples, evicted))
+    Ok(Driven {
+        faults: records,
+        samples,
+        evicted_keys,
+        workload_started_us,
+        workload_stopped_us,
+        worker_exits,
+    })
 }
 
 async fn inject(
     dep: &mut dyn Deployment,
     probe: &Prober,
     fault: &Fault,
+    dir: &Path,
 ) -> anyhow::Result<FaultRecord> {
     let ids = dep.master_ids();
     let pick_master = |p: u64| ids[(p % ids.len() as u64) as usize];
     let start_us = now_us();
     let target;
     match fault.kind {
+        FaultKind::KillLeaderAmidRemoves => {
+            // The workers watch the focus file (see `workload`).
+            let focus = focus_file(dir);
+            std::fs::write(&focus, b"focus")?;
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            let killed = async {
+                let id = probe.leader(Duration::from_secs(20)).await?;
+                dep.kill_master(id)?;
+                tokio::time::sleep(fault.hold).await;
+                dep.start_master(id)?;
+                // Keep the hot keys busy through the takeover and beyond.
+                probe.wait_recovered(RECOVERY_LIMIT).await?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                anyhow::Ok(id)
+            }
+            .await;
+            let _ = std::fs::remove_file(&focus);
+            target = format!("master {}", killed?);
+        }
         FaultKind::KillLeader | FaultKind::KillRandomMaster => {
             let id = if fault.kind == FaultKind::KillLeader {
                 probe.leader(Duration::from_secs(20)).await?

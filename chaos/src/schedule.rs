@@ -28,10 +28,15 @@ pub enum FaultKind {
     KillEtcdMember,
     /// Restart every etcd member, master and the second store, one by one.
     RollingRestart,
+    /// Turn the workers to a few hot keys (puts, slow reads, removes with and
+    /// without force, all of the same keys), then SIGKILL the leader while
+    /// those are in flight: the window where a retried remove and a new
+    /// leader's missing lease memory once lost acknowledged writes.
+    KillLeaderAmidRemoves,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -40,6 +45,7 @@ impl FaultKind {
         FaultKind::KillStore,
         FaultKind::KillEtcdMember,
         FaultKind::RollingRestart,
+        FaultKind::KillLeaderAmidRemoves,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +58,7 @@ impl FaultKind {
             FaultKind::KillStore => "kill store",
             FaultKind::KillEtcdMember => "kill etcd member",
             FaultKind::RollingRestart => "rolling restart",
+            FaultKind::KillLeaderAmidRemoves => "kill leader amid removes",
         }
     }
 
@@ -104,8 +111,8 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 
 /// The short CI schedule: 10 leader kills, 2 random-master kills, 2 pauses,
 /// 2 leader partitions and 1 follower partition (when the network can be
-/// controlled), a store kill, an etcd member kill and a rolling restart, in
-/// a seeded order.
+/// controlled), a store kill, an etcd member kill, a rolling restart and 2
+/// leader kills amid removes, in a seeded order.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -119,6 +126,7 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::KillStore);
     kinds.push(FaultKind::KillEtcdMember);
     kinds.push(FaultKind::RollingRestart);
+    kinds.extend([FaultKind::KillLeaderAmidRemoves; 2]);
     kinds.shuffle(&mut rng);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
@@ -136,6 +144,7 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::KillStore, 1),
         (FaultKind::KillEtcdMember, 1),
         (FaultKind::RollingRestart, 1),
+        (FaultKind::KillLeaderAmidRemoves, 3),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -172,6 +181,7 @@ mod tests {
         assert_eq!(count(FaultKind::KillLeader), 10);
         assert_eq!(count(FaultKind::PauseMaster), 2);
         assert_eq!(count(FaultKind::PartitionLeader), 2);
+        assert_eq!(count(FaultKind::KillLeaderAmidRemoves), 2);
         assert!(a
             .iter()
             .filter(|f| f.kind == FaultKind::PauseMaster)

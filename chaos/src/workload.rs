@@ -6,6 +6,12 @@
 //! key's history grows too long for the linearizability search, and old
 //! private generations are removed so the pool stays far below the eviction
 //! watermark: an evicted key would look like a lost write.
+//!
+//! Some gets are *slow reads*: look the key up, pause within the read lease
+//! (an engine busy elsewhere, a slow link), then read a replica. A forced
+//! remove and a new put in that pause must not hand the object's space to
+//! the new bytes. While the orchestrator's focus file exists, tasks favour
+//! a few hot keys with puts, slow reads and removes, all on the same keys.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,6 +19,8 @@ use std::time::Duration;
 
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
 use crescent_proto::ErrorCode;
+use crescent_store::protocol::segment_tag;
+use crescent_store::transport::TcpTransport;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
@@ -28,6 +36,8 @@ pub struct WorkerConfig {
     pub out: PathBuf,
     /// The worker stops when this file appears (or at `max_duration`).
     pub stop_file: PathBuf,
+    /// While this file exists, tasks favour a few hot keys.
+    pub focus_file: PathBuf,
     pub max_duration: Duration,
     /// An operation that has not completed after this long is recorded as
     /// unknown (it may still take effect).
@@ -39,6 +49,11 @@ const PRIVATE_KEYS: u64 = 12;
 const SHARED_KEYS: u64 = 6;
 const OPS_PER_GENERATION: u64 = 150;
 const SHARED_EPOCH_US: u64 = 10_000_000;
+const HOT_KEYS: u64 = 2;
+/// Hot values have one size, so a freed range fits the next hot put exactly.
+const HOT_VALUE_LEN: usize = 4096;
+/// Well inside the masters' 10 s read lease.
+const SLOW_READ_PAUSE_MS: std::ops::Range<u64> = 50..400;
 
 pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     let client_cfg = ClientConfig {
@@ -52,16 +67,22 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     };
     let client = Arc::new(connect_with_retry(client_cfg, Duration::from_secs(60)).await?);
     let recorder = Arc::new(Mutex::new(Recorder::create(&cfg.out)?));
+    let transport = Arc::new(TcpTransport::new());
     let started = std::time::Instant::now();
     let mut tasks = Vec::new();
     for t in 0..cfg.tasks {
         let (client, recorder, cfg) = (client.clone(), recorder.clone(), cfg.clone());
+        let transport = transport.clone();
         tasks.push(tokio::spawn(async move {
             let process = cfg.worker * 100 + t;
             let mut rng = StdRng::seed_from_u64(cfg.seed ^ ((process as u64) << 32));
             let mut counter: u64 = 0;
             while !cfg.stop_file.exists() && started.elapsed() < cfg.max_duration {
-                let op = one_op(&client, &cfg, process, &mut rng, &mut counter).await;
+                let op = if cfg.focus_file.exists() && rng.random_bool(0.7) {
+                    hot_op(&client, &transport, &cfg, process, &mut rng, &mut counter).await
+                } else {
+                    one_op(&client, &transport, &cfg, process, &mut rng, &mut counter).await
+                };
                 if let Some(op) = op {
                     if let Err(e) = recorder.lock().await.record(&op) {
                         tracing::error!(error = %e, "cannot record history");
@@ -96,6 +117,7 @@ async fn connect_with_retry(cfg: ClientConfig, within: Duration) -> anyhow::Resu
 /// Picks and runs one operation; None when there was nothing to record.
 async fn one_op(
     client: &Client,
+    transport: &TcpTransport,
     cfg: &WorkerConfig,
     process: u32,
     rng: &mut StdRng,
@@ -108,9 +130,13 @@ async fn one_op(
     if generation > 0 && step < PRIVATE_KEYS {
         let key = format!("p{process}-g{}-k{step}", generation - 1);
         return Some(
-            timed(cfg, process, key.clone(), OpKind::Remove, async {
-                remove_outcome(client.remove(&key, true).await)
-            })
+            timed(
+                cfg,
+                process,
+                key.clone(),
+                OpKind::Remove { force: true },
+                async { remove_outcome(client.remove(&key, true).await) },
+            )
             .await,
         );
     }
@@ -127,20 +153,11 @@ async fn one_op(
     let op = if roll < 0.35 {
         let value = ((process as u64) << 40) | *counter;
         let len = rng.random_range(64..4096);
-        let bytes = value_bytes(value, len);
-        let rc = ReplicateConfig {
-            replica_num: cfg.replicas,
-            ..Default::default()
-        };
-        timed(cfg, process, key.clone(), OpKind::Put { value }, async {
-            put_outcome(client.put(&key, &bytes, &rc).await)
-        })
-        .await
+        put(client, cfg, process, key, value, len).await
+    } else if roll < 0.71 {
+        get(client, cfg, process, key).await
     } else if roll < 0.75 {
-        timed(cfg, process, key.clone(), OpKind::Get, async {
-            get_outcome(client.get(&key).await)
-        })
-        .await
+        slow_get(client, transport, cfg, process, key, rng).await
     } else if roll < 0.87 {
         timed(cfg, process, key.clone(), OpKind::Exists, async {
             match client.exists(&key).await {
@@ -152,13 +169,123 @@ async fn one_op(
         })
         .await
     } else {
-        let force = rng.random_bool(0.5);
-        timed(cfg, process, key.clone(), OpKind::Remove, async {
-            remove_outcome(client.remove(&key, force).await)
-        })
-        .await
+        remove(client, cfg, process, key, rng.random_bool(0.5)).await
     };
     Some(op)
+}
+
+async fn put(
+    client: &Client,
+    cfg: &WorkerConfig,
+    process: u32,
+    key: String,
+    value: u64,
+    len: usize,
+) -> Op {
+    let bytes = value_bytes(value, len);
+    let rc = ReplicateConfig {
+        replica_num: cfg.replicas,
+        ..Default::default()
+    };
+    timed(cfg, process, key.clone(), OpKind::Put { value }, async {
+        put_outcome(client.put(&key, &bytes, &rc).await)
+    })
+    .await
+}
+
+async fn get(client: &Client, cfg: &WorkerConfig, process: u32, key: String) -> Op {
+    timed(cfg, process, key.clone(), OpKind::Get, async {
+        get_outcome(client.get(&key).await)
+    })
+    .await
+}
+
+async fn remove(client: &Client, cfg: &WorkerConfig, process: u32, key: String, force: bool) -> Op {
+    timed(cfg, process, key.clone(), OpKind::Remove { force }, async {
+        remove_outcome(client.remove(&key, force).await)
+    })
+    .await
+}
+
+/// One operation on the hot keys shared by every task of every worker.
+async fn hot_op(
+    client: &Client,
+    transport: &TcpTransport,
+    cfg: &WorkerConfig,
+    process: u32,
+    rng: &mut StdRng,
+    counter: &mut u64,
+) -> Option<Op> {
+    *counter += 1;
+    let epoch = now_us() / SHARED_EPOCH_US;
+    let key = format!("hot-e{epoch}-k{}", rng.random_range(0..HOT_KEYS));
+    let roll: f64 = rng.random();
+    Some(if roll < 0.35 {
+        let value = ((process as u64) << 40) | *counter;
+        put(client, cfg, process, key, value, HOT_VALUE_LEN).await
+    } else if roll < 0.55 {
+        slow_get(client, transport, cfg, process, key, rng).await
+    } else if roll < 0.7 {
+        get(client, cfg, process, key).await
+    } else {
+        remove(client, cfg, process, key, rng.random_bool(0.5)).await
+    })
+}
+
+/// Looks `key` up, pauses within its read lease, then reads a replica
+/// directly and checks its bytes against the checksum the master gave.
+async fn slow_get(
+    client: &Client,
+    transport: &TcpTransport,
+    cfg: &WorkerConfig,
+    process: u32,
+    key: String,
+    rng: &mut StdRng,
+) -> Op {
+    let pause = Duration::from_millis(rng.random_range(SLOW_READ_PAUSE_MS));
+    timed(cfg, process, key.clone(), OpKind::Get, async {
+        let found = match client.master().get_replica_list(&key).await {
+            Ok(found) => found,
+            Err(e) => {
+                return match e.code() {
+                    ErrorCode::ObjectNotFound | ErrorCode::ReplicaIsNotReady => Outcome::Missing,
+                    _ => Outcome::Fail {
+                        error: e.to_string(),
+                    },
+                }
+            }
+        };
+        tokio::time::sleep(pause).await;
+        let mut buf = vec![0u8; found.size as usize];
+        let mut last = String::from("no replica");
+        for r in found.replicas.iter().filter(|r| r.length == found.size) {
+            let tag = segment_tag(r.segment_id);
+            let mut reads = [(r.offset, buf.as_mut_slice())];
+            match transport
+                .read_checksummed(&r.endpoint, tag, &mut reads)
+                .await
+            {
+                Ok(crcs) if crcs.first() == Some(&found.checksum) => {
+                    return match decode_value(&buf) {
+                        Ok(value) => Outcome::Found { value },
+                        Err(detail) => Outcome::Corrupt { detail },
+                    }
+                }
+                Ok(_) => {
+                    return Outcome::Corrupt {
+                        detail: format!(
+                            "slow read after {pause:?}: the replica on segment {} no longer \
+                             holds the bytes the master described",
+                            r.segment_id
+                        ),
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Outcome::Fail { error: last }
+    })
+    .await
 }
 
 async fn timed(

@@ -1,14 +1,21 @@
 //! Real chaos runs through the `crescent-chaos` binary.
 //!
-//! - `ci_schedule_has_no_violations`: the short CI schedule (10 leader kills,
-//!   2 random-master kills, 2 pauses, 2 leader partitions and a follower
-//!   partition in container mode, a store kill, an etcd member kill and a
-//!   rolling restart) must end with 0 violations. Container mode when a
-//!   Docker engine answers and `make images` built `$CRESCENT_CHAOS_IMAGE`
-//!   (default crescent:latest); otherwise processes mode, and it says so.
+//! - `ci_schedule_twice_into_one_out_dir_has_no_violations`: the short CI
+//!   schedule (10 leader kills, 2 random-master kills, 2 pauses, 2 leader
+//!   partitions and a follower partition in container mode, a store kill, an
+//!   etcd member kill, a rolling restart and 2 leader kills amid removes)
+//!   must end with 0 violations, twice into the same `--out` (issue 17: a
+//!   second run once found the first run's stop file and ran no workload).
+//!   Container mode when a Docker engine answers and `make images` built
+//!   `$CRESCENT_CHAOS_IMAGE` (default crescent:latest); otherwise processes
+//!   mode, and it says so.
 //! - `acking_before_commit_is_caught`: masters started with the test-only
 //!   `--unsafe-ack-before-commit` lose acknowledged writes when the leader
 //!   is killed; the checker must fail the run.
+//! - `forgetting_leases_is_caught`: masters started with the test-only
+//!   `--unsafe-forget-leases` let a forced remove hand a leased object's
+//!   space to the next put; the workload's slow readers must see wrong bytes
+//!   and the checker must fail the run.
 
 use std::process::Command;
 
@@ -32,10 +39,32 @@ fn out_dir(name: &str) -> String {
     dir.display().to_string()
 }
 
-#[test]
-fn ci_schedule_has_no_violations() {
-    let image = std::env::var("CRESCENT_CHAOS_IMAGE").unwrap_or_else(|_| "crescent:latest".into());
-    let out = out_dir("chaos-ci");
+/// The run's own directory, from its `chaos: output = DIR` line.
+fn run_dir(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix("chaos: output = "))
+        .unwrap_or_else(|| panic!("no output line in:\n{text}"))
+        .to_string()
+}
+
+fn report(text: &str) -> serde_json::Value {
+    let path = format!("{}/report.json", run_dir(text));
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))).unwrap()
+}
+
+/// Every worker recorded operations (a stale stop file makes them record none).
+fn assert_every_worker_recorded(run: &str) {
+    for w in 0..2 {
+        let path = format!("{run}/history-{w}.jsonl");
+        let lines = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .lines()
+            .count();
+        assert!(lines > 100, "worker {w} recorded only {lines} operations");
+    }
+}
+
+fn ci_run(image: &str, out: &str, seed: &str) -> (String, serde_json::Value) {
     let (code, text) = chaos(&[
         "run",
         "--mode",
@@ -43,11 +72,11 @@ fn ci_schedule_has_no_violations() {
         "--schedule",
         "ci",
         "--seed",
-        "20261121",
+        seed,
         "--image",
-        &image,
+        image,
         "--out",
-        &out,
+        out,
     ]);
     // Visible in the test output: which mode ran and why.
     println!("{text}");
@@ -56,16 +85,34 @@ fn ci_schedule_has_no_violations() {
         code, 0,
         "chaos run failed (logs and report in {out}):\n{text}"
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(format!("{out}/report.json")).unwrap()).unwrap();
+    let report = report(&text);
     assert_eq!(report["violations"].as_array().unwrap().len(), 0);
-    let kills = report["faults"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == "kill_leader")
-        .count();
-    assert!(kills >= 10, "only {kills} leader kills");
+    assert_eq!(report["passed"], true);
+    (run_dir(&text), report)
+}
+
+#[test]
+fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
+    let image = std::env::var("CRESCENT_CHAOS_IMAGE").unwrap_or_else(|_| "crescent:latest".into());
+    let out = out_dir("chaos-ci");
+    let (first, _) = ci_run(&image, &out, "20261121");
+    let (second, report) = ci_run(&image, &out, "20261122");
+    assert_ne!(first, second, "each run gets its own directory");
+    assert_every_worker_recorded(&first);
+    assert_every_worker_recorded(&second);
+    let latest = std::fs::canonicalize(format!("{out}/latest")).unwrap();
+    assert_eq!(latest, std::fs::canonicalize(&second).unwrap());
+
+    let count = |kind: &str| {
+        report["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["kind"] == kind)
+            .count()
+    };
+    assert!(count("kill_leader") >= 10, "{}", report["faults"]);
+    assert_eq!(count("kill_leader_amid_removes"), 2);
     let engine = Command::new("docker")
         .arg("version")
         .output()
@@ -75,21 +122,16 @@ fn ci_schedule_has_no_violations() {
         assert_eq!(report["mode"], "containers", "{}", report["mode_reason"]);
     }
     if report["mode"] == "containers" {
-        let partitions = report["faults"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["kind"] == "partition_leader")
-            .count();
-        assert!(partitions >= 2);
+        assert!(count("partition_leader") >= 2);
     } else {
         println!("NOTE: partitions were skipped: {}", report["mode_reason"]);
     }
 }
 
-#[test]
-fn acking_before_commit_is_caught() {
-    let out = out_dir("chaos-unsafe");
+/// A CI-schedule run in processes mode with a test-only switch that breaks
+/// a guarantee: it must fail; its violation counts.
+fn broken_run(name: &str, seed: &str, switch: &str) -> serde_json::Map<String, serde_json::Value> {
+    let out = out_dir(name);
     let (code, text) = chaos(&[
         "run",
         "--mode",
@@ -97,18 +139,33 @@ fn acking_before_commit_is_caught() {
         "--schedule",
         "ci",
         "--seed",
-        "7",
+        seed,
         "--out",
         &out,
-        "--unsafe-ack-before-commit",
+        switch,
     ]);
     println!("{text}");
-    assert_eq!(code, 1, "the broken masters must fail the run:\n{text}");
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(format!("{out}/report.json")).unwrap()).unwrap();
-    let counts = report["violation_counts"].as_object().unwrap();
+    assert_eq!(code, 1, "{switch} must fail the run:\n{text}");
+    report(&text)["violation_counts"]
+        .as_object()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn acking_before_commit_is_caught() {
+    let counts = broken_run("chaos-unsafe", "7", "--unsafe-ack-before-commit");
     assert!(
         counts.contains_key("lost_write") || counts.contains_key("not_linearizable"),
         "expected lost or non-linearizable writes, got {counts:?}"
+    );
+}
+
+#[test]
+fn forgetting_leases_is_caught() {
+    let counts = broken_run("chaos-forget-leases", "11", "--unsafe-forget-leases");
+    assert!(
+        counts.contains_key("wrong_bytes"),
+        "expected slow readers to see wrong bytes, got {counts:?}"
     );
 }
