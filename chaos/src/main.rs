@@ -56,8 +56,9 @@ enum Cmd {
         /// Workload processes (containers in container mode).
         #[arg(long, default_value_t = 2)]
         workers: u32,
-        /// Logical clients per worker, each with one operation in flight.
-        #[arg(long, default_value_t = 4)]
+        /// Logical clients per worker, each with one operation in flight
+        /// (process ids are 100 × worker + task, so at most 99).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..100))]
         tasks: u32,
         /// Pass a run whose linearizability search gave up on some keys
         /// (they are still listed); without it such a run fails.

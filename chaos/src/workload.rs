@@ -244,6 +244,8 @@ async fn slow_get(
 ) -> Op {
     let pause = Duration::from_millis(rng.random_range(SLOW_READ_PAUSE_MS));
     timed(cfg, process, key.clone(), OpKind::Get, async {
+        // The lease counts from here, as the client library counts it.
+        let asked = std::time::Instant::now();
         let found = match client.master().get_replica_list(&key).await {
             Ok(found) => found,
             Err(e) => {
@@ -271,11 +273,20 @@ async fn slow_get(
                         Err(detail) => Outcome::Corrupt { detail },
                     }
                 }
+                // Past the lease the space may legitimately hold new bytes.
+                Ok(_) if asked.elapsed() >= Duration::from_millis(found.lease_ttl_ms) => {
+                    return Outcome::Fail {
+                        error: format!(
+                            "slow read finished after its {} ms lease",
+                            found.lease_ttl_ms
+                        ),
+                    }
+                }
                 Ok(_) => {
                     return Outcome::Corrupt {
                         detail: format!(
-                            "slow read after {pause:?}: the replica on segment {} no longer \
-                             holds the bytes the master described",
+                            "slow read after {pause:?}, within its lease: the replica on \
+                             segment {} no longer holds the bytes the master described",
                             r.segment_id
                         ),
                     }

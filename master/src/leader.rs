@@ -92,14 +92,15 @@ async fn eviction_loop(node: Arc<MasterNode>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        // Leases granted by the previous leader may still be in force.
-        if node.may_hold_predecessor_leases() {
-            continue;
-        }
+        let term = node.current_term();
         let (victims, failures) = {
             let sm = node.shared.sm.read().expect("state lock poisoned");
             let state = &sm.state;
             let mut mem = node.leader_mem.lock().expect("lock poisoned");
+            // Leases granted by the previous leader may still be in force.
+            if node.honours_predecessor_leases(&mem, term) {
+                continue;
+            }
             let failure_seen = state.alloc_failures > mem.seen_alloc_failures;
             if !should_evict(state, node.config.eviction_high_watermark, failure_seen) {
                 continue;
@@ -108,12 +109,10 @@ async fn eviction_loop(node: Arc<MasterNode>) {
             let now_ms = now_ms();
             let victims =
                 select_victims(state, now_ms, node.config.eviction_ratio, |k| AccessInfo {
-                    leased: mem.is_leased(k, now) || mem.doomed.contains(k),
+                    leased: mem.is_leased(k, now) || mem.is_doomed(k),
                     last_access_ms: mem.last_access_ms.get(k).copied(),
                 });
-            for v in &victims {
-                mem.doomed.insert(v.clone());
-            }
+            mem.doom(&victims);
             (victims, state.alloc_failures)
         };
         let usage_before = usage(&node);
@@ -123,22 +122,26 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {
-            node.propose(
+            let chosen = victims.clone();
+            node.propose_settled(
                 None,
                 Op::Evict {
                     keys: victims.clone(),
                 },
+                move |node, _| {
+                    let mut mem = node.leader_mem.lock().expect("lock poisoned");
+                    mem.undoom(&chosen);
+                    for v in &chosen {
+                        mem.last_access_ms.remove(v);
+                    }
+                },
             )
             .await
         };
-        {
-            let mut mem = node.leader_mem.lock().expect("lock poisoned");
-            for v in &victims {
-                mem.doomed.remove(v);
-                mem.last_access_ms.remove(v);
-            }
-            mem.seen_alloc_failures = failures;
-        }
+        node.leader_mem
+            .lock()
+            .expect("lock poisoned")
+            .seen_alloc_failures = failures;
         match result {
             Ok(Response::Count(n)) => {
                 if n > 0 || !victims.is_empty() {

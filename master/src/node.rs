@@ -1,7 +1,7 @@
 //! One master: its Raft node, the shared metadata state, and the leader's
 //! memory (read leases, heartbeats, access times) that is never replicated.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -54,9 +54,10 @@ pub struct LeaderMemory {
     pub heartbeats: HashMap<String, Instant>,
     pub leases: HashMap<String, Instant>,
     pub last_access_ms: HashMap<String, u64>,
-    /// Keys about to be removed or evicted: reads treat them as gone so no new
+    /// Keys about to be removed or evicted, with how many removals or
+    /// evictions in flight claim each: reads treat them as gone so no new
     /// lease is granted on them meanwhile.
-    pub doomed: HashSet<String>,
+    doomed: HashMap<String, u32>,
     pub seen_alloc_failures: u64,
 }
 
@@ -68,13 +69,46 @@ impl LeaderMemory {
             heartbeats: HashMap::new(),
             leases: HashMap::new(),
             last_access_ms: HashMap::new(),
-            doomed: HashSet::new(),
+            doomed: HashMap::new(),
             seen_alloc_failures,
         }
     }
 
     pub fn is_leased(&self, key: &str, now: Instant) -> bool {
         self.leases.get(key).is_some_and(|exp| *exp > now)
+    }
+
+    pub fn is_doomed(&self, key: &str) -> bool {
+        self.doomed.contains_key(key)
+    }
+
+    /// Marks `keys` doomed for one removal or eviction; each mark is taken
+    /// back by exactly one [`undoom`](Self::undoom) of the same keys.
+    pub fn doom(&mut self, keys: &[String]) {
+        for k in keys {
+            *self.doomed.entry(k.clone()).or_insert(0) += 1;
+        }
+    }
+
+    pub fn undoom(&mut self, keys: &[String]) {
+        for k in keys {
+            if let Some(n) = self.doomed.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.doomed.remove(k);
+                }
+            }
+        }
+    }
+
+    /// True while leases granted by an earlier leader may still be in force:
+    /// this memory belongs to another term than `current_term` (not reset
+    /// yet), or was reset less than `lease_ttl` ago. A lease's holder sent
+    /// its request before the old leader's read index was confirmed by a
+    /// quorum, and so before any later leader was elected; so its lease ends
+    /// before this grace does.
+    pub fn in_takeover_grace(&self, current_term: u64, lease_ttl: Duration) -> bool {
+        self.term != current_term || self.since.elapsed() < lease_ttl
     }
 }
 
@@ -241,39 +275,82 @@ impl MasterNode {
         }
     }
 
-    /// Proposes a command and waits for it to be committed by a quorum and applied.
-    pub async fn propose(&self, origin: Option<Origin>, op: Op) -> Result<Response, NodeError> {
-        if self
-            .transferring_to
+    fn transferring(&self) -> bool {
+        self.transferring_to
             .lock()
             .expect("lock poisoned")
             .is_some()
-        {
-            return Err(self.not_leader());
-        }
-        let cmd = Command {
+    }
+
+    fn command(origin: Option<Origin>, op: Op) -> Command {
+        Command {
             now_ms: now_ms(),
             seed: rand::random(),
             origin,
             op,
-        };
-        let write = self.raft.client_write(cmd);
+        }
+    }
+
+    /// Proposes a command and waits for it to be committed by a quorum and applied.
+    pub async fn propose(&self, origin: Option<Origin>, op: Op) -> Result<Response, NodeError> {
+        if self.transferring() {
+            return Err(self.not_leader());
+        }
+        let write = self.write_until_decided(Self::command(origin, op));
+        tokio::time::timeout(self.config.write_timeout, write)
+            .await
+            .unwrap_or(Err(NodeError::Timeout))
+    }
+
+    /// Like [`propose`](Self::propose), and runs `settle` once the entry's
+    /// fate is known (applied, or refused because this node does not or no
+    /// longer leads), even after the caller stopped waiting: its request
+    /// was cancelled, or `--write-timeout` passed and the entry may still
+    /// commit. For leader memory that must stay set while an entry is in
+    /// flight (doomed keys).
+    pub async fn propose_settled(
+        self: &Arc<Self>,
+        origin: Option<Origin>,
+        op: Op,
+        settle: impl FnOnce(&MasterNode, &Result<Response, NodeError>) + Send + 'static,
+    ) -> Result<Response, NodeError> {
+        if self.transferring() {
+            let refused = Err(self.not_leader());
+            settle(self, &refused);
+            return refused;
+        }
+        let node = self.clone();
+        let cmd = Self::command(origin, op);
+        let task = tokio::spawn(async move {
+            let outcome = node.write_until_decided(cmd).await;
+            settle(&node, &outcome);
+            outcome
+        });
+        match tokio::time::timeout(self.config.write_timeout, task).await {
+            Err(_) => Err(NodeError::Timeout),
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => Err(NodeError::Unavailable(format!("proposal task failed: {e}"))),
+        }
+    }
+
+    /// Hands `cmd` to Raft and waits, with no time limit, until it is
+    /// applied or refused.
+    async fn write_until_decided(&self, cmd: Command) -> Result<Response, NodeError> {
         let started = Instant::now();
-        let outcome = tokio::time::timeout(self.config.write_timeout, write).await;
+        let outcome = self.raft.client_write(cmd).await;
         self.counters.proposal_latency.observe(started.elapsed());
         match outcome {
-            Err(_) => Err(NodeError::Timeout),
-            Ok(Ok(resp)) => Ok(resp.data),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+            Ok(resp) => Ok(resp.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(NodeError::NotLeader {
                     leader_id: f.leader_id,
                     leader_addr: f.leader_node.map(|n| n.addr),
                 })
             }
-            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(NodeError::Unavailable(e.to_string()))
             }
-            Ok(Err(RaftError::Fatal(e))) => {
+            Err(RaftError::Fatal(e)) => {
                 Err(NodeError::Unavailable(format!("raft node stopped: {e}")))
             }
         }
@@ -306,19 +383,25 @@ impl MasterNode {
         }
     }
 
-    /// True while leases granted by an earlier leader may still be in force:
-    /// for one lease TTL after this node's leader memory was reset for the
-    /// current term, and before that reset has happened at all. A lease's
-    /// holder sent its request before the old leader's read index was
-    /// confirmed by a quorum, and so before any later leader was elected; so
-    /// its lease ends before this grace does.
+    /// The Raft term this node is in.
+    pub fn current_term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// Whether `mem` (locked by the caller, who read `term` from
+    /// [`current_term`](Self::current_term) before locking) may still owe
+    /// its predecessor's leases; see [`LeaderMemory::in_takeover_grace`].
+    /// Decide lease verdicts under the same lock.
+    pub fn honours_predecessor_leases(&self, mem: &LeaderMemory, term: u64) -> bool {
+        !self.config.unsafe_forget_leases && mem.in_takeover_grace(term, self.config.lease_ttl)
+    }
+
+    /// [`honours_predecessor_leases`](Self::honours_predecessor_leases) on
+    /// its own (the eviction loop and tests).
     pub fn may_hold_predecessor_leases(&self) -> bool {
-        if self.config.unsafe_forget_leases {
-            return false;
-        }
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.current_term();
         let mem = self.leader_mem.lock().expect("lock poisoned");
-        mem.term != term || mem.since.elapsed() < self.config.lease_ttl
+        self.honours_predecessor_leases(&mem, term)
     }
 
     /// Grants read leases and records access, under the caller's lock on
@@ -393,5 +476,39 @@ async fn read_barrier_loop(
         for w in waiters {
             let _ = w.send(result.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod leader_memory_tests {
+    use super::*;
+
+    /// An eviction and a removal can claim one key at once; the key stays
+    /// doomed until both are settled (a set once let the first to finish
+    /// un-doom it while the other's entry was still in flight).
+    #[test]
+    fn doom_marks_are_counted() {
+        let mut mem = LeaderMemory::new(1, 0);
+        let k = vec!["k".to_string()];
+        mem.doom(&k);
+        mem.doom(&k);
+        mem.undoom(&k);
+        assert!(mem.is_doomed("k"));
+        mem.undoom(&k);
+        assert!(!mem.is_doomed("k"));
+        mem.undoom(&k);
+        assert!(!mem.is_doomed("k"), "an extra undoom is harmless");
+    }
+
+    #[test]
+    fn takeover_grace_covers_an_unreset_memory_and_the_first_lease_ttl() {
+        let mem = LeaderMemory::new(5, 0);
+        let ttl = Duration::from_secs(60);
+        assert!(mem.in_takeover_grace(5, ttl), "just reset");
+        assert!(
+            mem.in_takeover_grace(6, Duration::ZERO),
+            "another term's memory"
+        );
+        assert!(!mem.in_takeover_grace(5, Duration::ZERO));
     }
 }

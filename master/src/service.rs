@@ -275,12 +275,16 @@ impl MasterApi {
     /// Removes keys. Without force, keys that may be under a read lease are
     /// refused: those this leader leased, those another remove or an eviction
     /// is about to take, and every key during the first lease TTL of a new
-    /// leader (its predecessor's leases are unknown to it). With force they
-    /// go, but their space is not reused for a lease TTL. The verdict is
+    /// leader (its predecessor's leases are unknown to it). The verdict is
     /// proposed with the keys, never answered before proposing: a retry of
     /// this request must get the answer of its first attempt, which only the
     /// replicated dedup table knows (the first attempt may still be in
     /// flight here, or have been proposed by a previous leader).
+    ///
+    /// Keys that will go are marked doomed until the entry's fate is known
+    /// (even if this call is cancelled or times out first), so no lookup
+    /// leases them meanwhile; and the state machine keeps a removed object's
+    /// space unallocated for a lease TTL, for readers leased before.
     async fn remove_keys(
         &self,
         header: Option<pb::RequestHeader>,
@@ -295,55 +299,42 @@ impl MasterApi {
             return Err(node_status(&self.node.not_leader()));
         }
         let mut leased = std::collections::BTreeSet::new();
-        // Keys this call marked doomed, so it unmarks only its own.
         let mut doomed_here = Vec::new();
         {
-            let in_grace = self.node.may_hold_predecessor_leases();
+            let term = self.node.current_term();
             let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
+            let in_grace = self.node.honours_predecessor_leases(&mem, term);
             let now = Instant::now();
             for k in &keys {
-                if in_grace || mem.is_leased(k, now) || (!force && mem.doomed.contains(k)) {
+                if !force && (in_grace || mem.is_leased(k, now) || mem.is_doomed(k)) {
                     leased.insert(k.clone());
-                } else if mem.doomed.insert(k.clone()) {
-                    // Until applied, lookups answer "not found" instead of
-                    // leasing a descriptor whose space is about to be freed.
+                } else {
                     doomed_here.push(k.clone());
                 }
             }
+            mem.doom(&doomed_here);
         }
         let n = keys.len();
-        // A forced removal of a leased object parks its space for a lease TTL.
         let hold_ms = if self.node.config.unsafe_forget_leases {
             0
         } else {
             self.node.config.lease_ttl.as_millis() as u64
         };
+        let op = Op::Remove {
+            keys,
+            force,
+            leased,
+            hold_ms,
+        };
         let outcome = self
             .node
-            .propose(
-                Some(origin),
-                Op::Remove {
-                    keys: keys.clone(),
-                    force,
-                    leased,
-                    hold_ms,
-                },
-            )
+            .propose_settled(Some(origin), op, move |node, _| {
+                node.leader_mem
+                    .lock()
+                    .expect("lock poisoned")
+                    .undoom(&doomed_here);
+            })
             .await;
-        {
-            let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
-            for k in &doomed_here {
-                mem.doomed.remove(k);
-            }
-            if let Ok(Response::Items(v)) = &outcome {
-                for (k, r) in keys.iter().zip(v) {
-                    if r.is_ok() {
-                        mem.leases.remove(k);
-                        mem.last_access_ms.remove(k);
-                    }
-                }
-            }
-        }
         match outcome {
             Ok(Response::Items(v)) if v.len() == n => Ok(v),
             Ok(Response::Rejected(e)) => Err(meta_status(&e)),
@@ -371,7 +362,7 @@ impl MasterApi {
             let answers: Vec<pb::GetReplicaListResponse> = keys
                 .iter()
                 .map(|k| match sm.state.lookup(k) {
-                    Ok(_) if mem.doomed.contains(k) => pb::GetReplicaListResponse {
+                    Ok(_) if mem.is_doomed(k) => pb::GetReplicaListResponse {
                         status: Some(meta_status(&MetaError::ObjectNotFound(k.clone()))),
                         ..Default::default()
                     },

@@ -357,3 +357,60 @@ async fn a_new_leader_honours_its_predecessors_leases() {
     cluster.restart(leader).await;
     cluster.stop().await;
 }
+
+/// A remove whose caller stops waiting (deadline, cancelled stream) while
+/// its entry is in flight must still take back its "doomed" mark once the
+/// entry is decided. Before, the mark was taken back after the awaited
+/// proposal in the request handler, which a cancelled request never reaches:
+/// the key then read as missing until the next election, even after a new
+/// put of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_remove_does_not_leave_its_key_unreadable() {
+    let cluster = Cluster::start("1s").await;
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    mount(&client).await;
+    let leader = past_takeover_grace(&cluster).await;
+    let mut raw = MasterClient::master(
+        client
+            .channel(&cluster.nodes[leader].as_ref().unwrap().addr.to_string())
+            .unwrap(),
+    );
+    let in_state = |key: &str| {
+        let node = &cluster.nodes[leader].as_ref().unwrap().node;
+        let sm = node.shared.sm.read().unwrap();
+        sm.state.exists(key)
+    };
+    let mut applied = 0;
+    for (i, micros) in [200u64, 500, 1_000, 2_000, 5_000, 10_000]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("k{i}");
+        put(&client, &key, 1).await;
+        let header = pb::RequestHeader {
+            client_id: "impatient".into(),
+            request_seq: i as u64,
+        };
+        let mut req = tonic::Request::new(raw_remove(&key, &header));
+        // About a Raft round or less: the server drops the handler mid-way.
+        req.set_timeout(Duration::from_micros(micros));
+        let _ = raw.remove(req).await;
+        // Did the remove reach the state machine? (It may not have been sent.)
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while in_state(&key) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if in_state(&key) {
+            continue;
+        }
+        applied += 1;
+        put(&client, &key, 2).await;
+        let found = client.get_replica_list(&key).await;
+        assert!(
+            found.is_ok(),
+            "{key} unreadable after a new put (remove cancelled after {micros} us): {found:?}"
+        );
+    }
+    assert!(applied > 0, "no cancelled remove reached the state machine");
+    cluster.stop().await;
+}

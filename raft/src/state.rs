@@ -81,20 +81,12 @@ pub enum Op {
     PutRevoke {
         keys: Vec<String>,
     },
-    Remove {
+    /// The Remove of logs written before lease verdicts were replicated
+    /// (bincode encodes the variant's position, so it keeps this one):
+    /// applied as it was then, space freed at once. Never proposed now.
+    LegacyRemove {
         keys: Vec<String>,
         force: bool,
-        /// Keys the leader could not rule out being under a read lease when it
-        /// proposed (leases are leader memory): answered OBJECT_HAS_LEASE.
-        /// The verdict travels in the entry, not in a reply sent before
-        /// proposing, so a retry of the same request gets the first attempt's
-        /// answer from the dedup table whichever leader judged it.
-        leased: BTreeSet<String>,
-        /// How long the space of a `leased` object removed with force stays
-        /// unallocated (the leader's lease TTL): a reader holding its
-        /// descriptor may still be reading, and must find the old bytes, not
-        /// the next put's.
-        hold_ms: u64,
     },
     /// Chosen by the leader's eviction policy; applied only to objects still evictable.
     Evict {
@@ -113,6 +105,21 @@ pub enum Op {
     },
     /// Frees space of abandoned puts whose release deadline has passed.
     ReclaimStalePuts,
+    Remove {
+        keys: Vec<String>,
+        force: bool,
+        /// Keys the leader could not rule out being under a read lease when it
+        /// proposed (leases are leader memory): answered OBJECT_HAS_LEASE
+        /// unless forced. The verdict travels in the entry, not in a reply
+        /// sent before proposing, so a retry of the same request gets the
+        /// first attempt's answer from the dedup table whichever leader
+        /// judged it.
+        leased: BTreeSet<String>,
+        /// How long a removed object's space stays unallocated (the leader's
+        /// lease TTL): a reader leased before the removal may still be
+        /// reading, and must find the old bytes, not the next put's.
+        hold_ms: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -427,19 +434,24 @@ impl MetaState {
             Op::PutRevoke { keys } => {
                 Response::Items(keys.iter().map(|k| self.put_revoke(writer, k)).collect())
             }
+            Op::LegacyRemove { keys, force } => Response::Items(
+                keys.iter()
+                    .map(|k| self.remove(now, k, *force, false, now))
+                    .collect(),
+            ),
             Op::Remove {
                 keys,
                 force,
                 leased,
                 hold_ms,
-            } => Response::Items(
-                keys.iter()
-                    .map(|k| {
-                        let hold_until = leased.contains(k).then_some(now + hold_ms);
-                        self.remove(now, k, *force, hold_until)
-                    })
-                    .collect(),
-            ),
+            } => {
+                let hold_until = now.saturating_add(*hold_ms);
+                Response::Items(
+                    keys.iter()
+                        .map(|k| self.remove(now, k, *force, leased.contains(k), hold_until))
+                        .collect(),
+                )
+            }
             Op::Evict { keys } => Response::Count(self.evict(keys)),
             Op::MountSegment { spec, owner } => Response::Mounted(self.mount(now, spec, owner)),
             Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
@@ -678,15 +690,16 @@ impl MetaState {
         Ok(())
     }
 
-    /// `leased_until`: set when the leader could not rule out a read lease
-    /// on `key`, ending then. Such an object is kept unless forced, and a
-    /// forced removal parks its space until then.
+    /// `leased`: the leader could not rule out a read lease on `key`; kept
+    /// unless forced. A removed finished object's space stays unallocated
+    /// until `hold_until`.
     fn remove(
         &mut self,
         now: u64,
         key: &str,
         force: bool,
-        leased_until: Option<u64>,
+        leased: bool,
+        hold_until: u64,
     ) -> Result<(), MetaError> {
         let obj = self
             .objects
@@ -696,7 +709,7 @@ impl MetaState {
             if !obj.is_complete() {
                 return Err(MetaError::ReplicaNotReady(key.to_string()));
             }
-            if leased_until.is_some() {
+            if leased {
                 return Err(MetaError::ObjectHasLease(key.to_string()));
             }
             if obj.hard_pin {
@@ -704,12 +717,12 @@ impl MetaState {
             }
         }
         let obj = self.objects.remove(key).expect("checked above");
-        match (leased_until, &obj.phase) {
-            (Some(until), PutPhase::Complete { .. }) if until > now => {
+        match obj.phase {
+            PutPhase::Complete { .. } if hold_until > now => {
                 for replica in obj.replicas {
                     self.pending_release.push(PendingRelease {
                         replica,
-                        release_at_ms: until,
+                        release_at_ms: hold_until,
                     });
                 }
             }

@@ -434,17 +434,52 @@ fn space_of_a_leased_object_removed_with_force_is_not_reused_until_the_lease_end
         "best fit reuses the freed range"
     );
 
-    // Not leased: freed at once (the next put reuses it).
+    // Not leased, not forced: held just the same (a reader leased before
+    // the leader's verdict is protected even if leader memory missed it).
     first_item(&put_end(&mut s, 10_060, "y", 3, "k3")).unwrap();
     let before = s.total_allocated();
     let remove = Op::Remove {
         keys: vec!["k3".into()],
-        force: true,
+        force: false,
         leased: Default::default(),
         hold_ms: 10_000,
     };
     first_item(&s.apply(&cmd(10_070, "x", 2, remove))).unwrap();
-    assert!(s.total_allocated() < before);
+    assert!(!s.exists("k3"));
+    assert_eq!(s.total_allocated(), before, "space held for a lease TTL");
+}
+
+/// Logs written before the lease verdict was replicated still decode: the
+/// old Remove keeps its position in the enum, and applies as it did then.
+#[test]
+fn a_remove_from_an_older_log_still_decodes_and_frees_at_once() {
+    #[derive(serde::Serialize)]
+    #[allow(dead_code)]
+    enum OldOp {
+        PutStart,
+        PutEnd,
+        PutRevoke,
+        Remove { keys: Vec<String>, force: bool },
+    }
+    let bytes = bincode::serialize(&OldOp::Remove {
+        keys: vec!["k".into()],
+        force: false,
+    })
+    .unwrap();
+    let op: Op = bincode::deserialize(&bytes).unwrap();
+    assert_eq!(
+        op,
+        Op::LegacyRemove {
+            keys: vec!["k".into()],
+            force: false
+        }
+    );
+    let mut s = MetaState::new();
+    mount(&mut s, 0, "a", "oa", 4 * MB);
+    first_item(&put(&mut s, 10, "w", 1, "k", 4000, 1)).unwrap();
+    first_item(&put_end(&mut s, 20, "w", 2, "k")).unwrap();
+    first_item(&s.apply(&cmd(30, "x", 1, op))).unwrap();
+    assert_eq!(s.total_allocated(), 0);
 }
 
 #[test]
