@@ -255,6 +255,19 @@ async fn past_takeover_grace(cluster: &Cluster) -> usize {
     }
 }
 
+type RawMasterClient = pb::master_service_client::MasterServiceClient<tonic::transport::Channel>;
+
+/// A client with a mounted segment, the leader once past its lease grace,
+/// and a raw gRPC client to it (to send chosen request ids).
+async fn settled_cluster_client(cluster: &Cluster) -> (MasterClient, usize, RawMasterClient) {
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    mount(&client).await;
+    let leader = past_takeover_grace(cluster).await;
+    let addr = cluster.nodes[leader].as_ref().unwrap().addr.to_string();
+    let raw = MasterClient::master(client.channel(&addr).unwrap());
+    (client, leader, raw)
+}
+
 fn raw_remove(key: &str, header: &pb::RequestHeader) -> pb::RemoveRequest {
     pb::RemoveRequest {
         header: Some(header.clone()),
@@ -272,14 +285,7 @@ fn raw_remove(key: &str, header: &pb::RequestHeader) -> pb::RemoveRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_remove_gets_the_answer_of_its_first_attempt() {
     let cluster = Cluster::start("1s").await;
-    let client = MasterClient::new(&cluster.addrs()).unwrap();
-    mount(&client).await;
-    let leader = past_takeover_grace(&cluster).await;
-    let mut raw = MasterClient::master(
-        client
-            .channel(&cluster.nodes[leader].as_ref().unwrap().addr.to_string())
-            .unwrap(),
-    );
+    let (client, _leader, mut raw) = settled_cluster_client(&cluster).await;
     put(&client, "k", 1).await;
     let header = pb::RequestHeader {
         client_id: "remover".into(),
@@ -367,14 +373,7 @@ async fn a_new_leader_honours_its_predecessors_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_remove_does_not_leave_its_key_unreadable() {
     let cluster = Cluster::start("1s").await;
-    let client = MasterClient::new(&cluster.addrs()).unwrap();
-    mount(&client).await;
-    let leader = past_takeover_grace(&cluster).await;
-    let mut raw = MasterClient::master(
-        client
-            .channel(&cluster.nodes[leader].as_ref().unwrap().addr.to_string())
-            .unwrap(),
-    );
+    let (client, leader, mut raw) = settled_cluster_client(&cluster).await;
     let in_state = |key: &str| {
         let node = &cluster.nodes[leader].as_ref().unwrap().node;
         let sm = node.shared.sm.read().unwrap();
