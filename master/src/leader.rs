@@ -129,11 +129,13 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                     keys: victims.clone(),
                 },
                 move |node, _| {
-                    let mut mem = node.leader_mem.lock().expect("lock poisoned");
-                    mem.undoom(&chosen);
-                    for v in &chosen {
-                        mem.last_access_ms.remove(v);
+                    {
+                        let mut mem = node.leader_mem.lock().expect("lock poisoned");
+                        for v in &chosen {
+                            mem.last_access_ms.remove(v);
+                        }
                     }
+                    node.undoom(&chosen);
                 },
             )
             .await

@@ -120,6 +120,9 @@ pub struct MasterNode {
     pub config: MasterConfig,
     pub contacts: Arc<ContactBook>,
     pub leader_mem: Mutex<LeaderMemory>,
+    /// Woken whenever doomed keys are taken back (or leader memory reset):
+    /// lookups of a doomed key wait on it.
+    doom_settled: tokio::sync::Notify,
     read_barrier: mpsc::UnboundedSender<oneshot::Sender<Result<(), NodeError>>>,
     /// Set while handing leadership over: writes are refused, naming the successor.
     pub transferring_to: Mutex<Option<(NodeId, Instant)>>,
@@ -181,6 +184,7 @@ impl MasterNode {
             config: config.clone(),
             contacts,
             leader_mem: Mutex::new(LeaderMemory::new(0, 0)),
+            doom_settled: tokio::sync::Notify::new(),
             read_barrier: tx,
             transferring_to: Mutex::new(None),
             etcd: etcd.clone(),
@@ -426,6 +430,21 @@ impl MasterNode {
             .state
             .alloc_failures;
         *self.leader_mem.lock().expect("lock poisoned") = LeaderMemory::new(term, failures);
+        self.doom_settled.notify_waiters();
+    }
+
+    /// Takes back one doom mark on each of `keys` and wakes the lookups
+    /// waiting for them.
+    pub fn undoom(&self, keys: &[String]) {
+        self.leader_mem.lock().expect("lock poisoned").undoom(keys);
+        self.doom_settled.notify_waiters();
+    }
+
+    /// A wake-up for the next [`undoom`](Self::undoom). Create it while
+    /// holding the leader-memory lock under which a doomed key was seen, and
+    /// `enable` it before letting go, so no wake-up is missed.
+    pub fn doom_settled(&self) -> tokio::sync::futures::Notified<'_> {
+        self.doom_settled.notified()
     }
 
     /// Voter ids of the current membership.

@@ -282,9 +282,12 @@ impl MasterApi {
     /// flight here, or have been proposed by a previous leader).
     ///
     /// Keys that will go are marked doomed until the entry's fate is known
-    /// (even if this call is cancelled or times out first), so no lookup
-    /// leases them meanwhile; and the state machine keeps a removed object's
-    /// space unallocated for a lease TTL, for readers leased before.
+    /// (even if this call is cancelled or times out first): lookups of them
+    /// wait until then, so none leases an object whose space is about to be
+    /// freed, nor answers "not found" for a removal that does not happen (a
+    /// retry that dedup answers, or a refusal). The state machine keeps a
+    /// removed object's space unallocated for a lease TTL, for readers
+    /// leased before.
     async fn remove_keys(
         &self,
         header: Option<pb::RequestHeader>,
@@ -328,12 +331,7 @@ impl MasterApi {
         };
         let outcome = self
             .node
-            .propose_settled(Some(origin), op, move |node, _| {
-                node.leader_mem
-                    .lock()
-                    .expect("lock poisoned")
-                    .undoom(&doomed_here);
-            })
+            .propose_settled(Some(origin), op, move |node, _| node.undoom(&doomed_here))
             .await;
         match outcome {
             Ok(Response::Items(v)) if v.len() == n => Ok(v),
@@ -355,43 +353,67 @@ impl MasterApi {
             .await
             .map_err(|e| node_status(&e))?;
         let lease_ms = self.node.config.lease_ttl.as_millis() as u64;
+        let deadline = tokio::time::Instant::now() + self.node.config.write_timeout;
+        loop {
+            // A doomed key's removal or eviction is in flight: wait for its
+            // fate rather than guess it (answering "not found" for a removal
+            // that turns out a no-op broke linearizability in a soak).
+            let settled = self.node.doom_settled();
+            tokio::pin!(settled);
+            if let Some(out) = self.lookup_now(keys, lease_ms, settled.as_mut()) {
+                return Ok(out);
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return Err(pb::Status::error(
+                    ErrorCode::RpcTimeout,
+                    "a removal of a looked-up key is still in flight",
+                ));
+            }
+        }
+    }
+
+    /// The lookup's answers and leases, or None (with `settled` enabled
+    /// under the same lock) when a key is doomed.
+    fn lookup_now(
+        &self,
+        keys: &[String],
+        lease_ms: u64,
+        settled: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    ) -> Option<Vec<pb::GetReplicaListResponse>> {
         let mut found = Vec::new();
-        let out: Vec<pb::GetReplicaListResponse> = {
-            let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
-            let answers: Vec<pb::GetReplicaListResponse> = keys
-                .iter()
-                .map(|k| match sm.state.lookup(k) {
-                    Ok(_) if mem.is_doomed(k) => pb::GetReplicaListResponse {
-                        status: Some(meta_status(&MetaError::ObjectNotFound(k.clone()))),
-                        ..Default::default()
-                    },
-                    Ok(view) => {
-                        found.push(k.as_str());
-                        pb::GetReplicaListResponse {
-                            status: Some(pb::Status::ok()),
-                            replicas: view
-                                .replicas
-                                .iter()
-                                .map(|r| replica_pb(&sm.state, r, true))
-                                .collect(),
-                            size: view.size,
-                            checksum: view.checksum,
-                            lease_ttl_ms: lease_ms,
-                        }
+        let sm = self.node.shared.sm.read().expect("state lock poisoned");
+        let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
+        if keys.iter().any(|k| mem.is_doomed(k)) {
+            settled.enable();
+            return None;
+        }
+        let answers: Vec<pb::GetReplicaListResponse> = keys
+            .iter()
+            .map(|k| match sm.state.lookup(k) {
+                Ok(view) => {
+                    found.push(k.as_str());
+                    pb::GetReplicaListResponse {
+                        status: Some(pb::Status::ok()),
+                        replicas: view
+                            .replicas
+                            .iter()
+                            .map(|r| replica_pb(&sm.state, r, true))
+                            .collect(),
+                        size: view.size,
+                        checksum: view.checksum,
+                        lease_ttl_ms: lease_ms,
                     }
-                    Err(e) => pb::GetReplicaListResponse {
-                        status: Some(meta_status(&e)),
-                        ..Default::default()
-                    },
-                })
-                .collect();
-            // Granted before the lock is let go: a remove that takes it next
-            // must see these leases (see `remove_keys`).
-            self.node.grant_leases(&mut mem, found.into_iter());
-            answers
-        };
-        Ok(out)
+                }
+                Err(e) => pb::GetReplicaListResponse {
+                    status: Some(meta_status(&e)),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        // Granted before the lock is let go: a remove that takes it next
+        // must see these leases (see `remove_keys`).
+        self.node.grant_leases(&mut mem, found.into_iter());
+        Some(answers)
     }
 
     async fn exists(&self, keys: &[String]) -> Result<Vec<pb::ExistResponse>, pb::Status> {

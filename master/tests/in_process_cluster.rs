@@ -413,3 +413,30 @@ async fn a_cancelled_remove_does_not_leave_its_key_unreadable() {
     assert!(applied > 0, "no cancelled remove reached the state machine");
     cluster.stop().await;
 }
+
+/// A lookup of a key whose removal is in flight waits for the removal's
+/// fate instead of answering "not found": in the seed-20261122 soak a
+/// retried forced remove (a dedup duplicate, so a no-op) marked the key, a
+/// get answered missing, and the next get found the object still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_waits_for_an_in_flight_removal_instead_of_guessing() {
+    let cluster = Cluster::start("1s").await;
+    let (client, leader, _) = settled_cluster_client(&cluster).await;
+    put(&client, "k", 7).await;
+    let node = cluster.nodes[leader].as_ref().unwrap().node.clone();
+    let key = vec!["k".to_string()];
+    // What `remove_keys` does while its entry is in flight.
+    node.leader_mem.lock().unwrap().doom(&key);
+    let reader = MasterClient::new(&cluster.addrs()).unwrap();
+    let lookup = tokio::spawn(async move { reader.get_replica_list("k").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !lookup.is_finished(),
+        "answered while the removal was in flight"
+    );
+    // The removal turns out a no-op (e.g. dedup answered a retry).
+    node.undoom(&key);
+    let found = lookup.await.unwrap().expect("the object is still there");
+    assert_eq!(found.checksum, 7);
+    cluster.stop().await;
+}
