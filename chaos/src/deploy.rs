@@ -43,6 +43,15 @@ pub struct WorkerExit {
 }
 
 impl WorkerExit {
+    fn new(worker: usize, code: Option<i32>, exited_early: bool, log: &str) -> Self {
+        Self {
+            worker: worker as u32,
+            code,
+            exited_early,
+            log_tail: tail_lines(log, LOG_TAIL_LINES),
+        }
+    }
+
     pub fn ended_badly(&self) -> bool {
         self.exited_early || self.code != Some(0)
     }
@@ -251,12 +260,7 @@ impl Deployment for ProcessDeployment {
             };
             let log = std::fs::read_to_string(plan.dir.join(format!("worker-{i}.log")))
                 .unwrap_or_default();
-            exits.push(WorkerExit {
-                worker: i as u32,
-                code,
-                exited_early: early[i],
-                log_tail: tail_lines(&log, LOG_TAIL_LINES),
-            });
+            exits.push(WorkerExit::new(i, code, early[i], &log));
         }
         Ok(exits)
     }
@@ -605,12 +609,7 @@ impl Deployment for ContainerDeployment {
                     text
                 })
                 .unwrap_or_default();
-            exits.push(WorkerExit {
-                worker: i as u32,
-                code,
-                exited_early: early[i],
-                log_tail: tail_lines(&log, LOG_TAIL_LINES),
-            });
+            exits.push(WorkerExit::new(i, code, early[i], &log));
         }
         Ok(exits)
     }

@@ -401,7 +401,7 @@ impl MasterNode {
     }
 
     /// [`honours_predecessor_leases`](Self::honours_predecessor_leases) on
-    /// its own (the eviction loop and tests).
+    /// its own, for callers that decide nothing under the lock (tests).
     pub fn may_hold_predecessor_leases(&self) -> bool {
         let term = self.current_term();
         let mem = self.leader_mem.lock().expect("lock poisoned");
