@@ -20,7 +20,8 @@ images: release
 	./scripts/build-images.sh
 
 # Every test: unit, storage conformance, in-process and multi-process
-# clusters, the deploy files, docker-compose and the short chaos schedule.
+# clusters, the deploy files, docker-compose, the short chaos schedule, and
+# the Python package (wheel built with maturin, pytest against real processes).
 # Multi-process tests run the binaries, so they are built first; the
 # container tests use an image of those same (debug) binaries, tagged
 # crescent:test so a release image from `make images` is left alone.
@@ -37,6 +38,7 @@ test: deps
 		$(CARGO) test --workspace --no-fail-fast && \
 		$(CARGO) test -p crescent-store --features rdma --no-fail-fast; \
 	fi
+	./scripts/python-test.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -2,6 +2,7 @@
 # Installs what a fresh Debian machine lacks to build and test Crescent.
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
@@ -20,8 +21,24 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# The Python package is built with maturin and tested with pytest, both from
+# PyPI, in a venv under target/ (never the system's site-packages).
+VENV=target/pyenv
+if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+  echo "install-deps: installing python3-venv"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+fi
+if [ ! -x "$VENV/bin/maturin" ] || [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/wheel" ]; then
+  echo "install-deps: creating $VENV with maturin, pytest and setuptools"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.7,<2" "pytest>=7" "setuptools>=61" wheel
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (rustup) first" >&2
   exit 1
 fi
-echo "install-deps: ok (protoc $(protoc --version | cut -d' ' -f2), $(cargo --version))"
+echo "install-deps: ok (protoc $(protoc --version | cut -d' ' -f2), $(cargo --version), $("$VENV/bin/maturin" --version))"

@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod local;
 pub mod local_cache;
 pub mod master;
+pub mod mooncake;
 
 pub use client::{Client, ClientCore, Error, ReplicateConfig};
 pub use config::{ClientConfig, Protocol};

@@ -1,0 +1,1217 @@
+//! The native half of the Python package `crescent`: Mooncake's
+//! `MooncakeDistributedStore` API over the Rust [`crescent_client::Client`].
+//!
+//! Owns the translation between Python and the client: argument forms and
+//! names as Mooncake's pybind module has them, its return conventions (0 or a
+//! negative Mooncake error code, `b""` for a missed get), the registry of
+//! caller buffers that raw-pointer calls must fall inside, and one tokio
+//! runtime for every store object of the process. Every call that does I/O
+//! releases the GIL. It must not implement any protocol (the client does) and
+//! holds no state a master owns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_int, c_void};
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use crescent_client::mooncake::{self, error_number};
+use crescent_client::{Client, ClientConfig, Protocol};
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+/// One runtime for the process: engines create a store object or two and
+/// call it from many threads; each call blocks its (GIL-free) thread on it.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get().clamp(2, 8))
+            .unwrap_or(2);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("crescent-py")
+            .enable_all()
+            .build()
+            .expect("cannot start the crescent runtime")
+    })
+}
+
+/// Runs `f` on the runtime with the GIL released.
+fn block<F>(py: Python<'_>, f: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    py.detach(|| runtime().block_on(f))
+}
+
+/// Mooncake answers calls on a store that is not set up (or closed) with
+/// this code: "request cannot be done in current status".
+const NOT_SET_UP: i32 = mooncake::UNAVAILABLE_IN_CURRENT_STATUS;
+
+/// A size given as a number or as text like "4gb" (Mooncake's config files
+/// and SGLang's env vars use both).
+fn size_arg(name: &str, v: &Bound<'_, PyAny>) -> Result<u64, String> {
+    if let Ok(n) = v.extract::<i64>() {
+        return u64::try_from(n).map_err(|_| format!("{name} must not be negative, got {n}"));
+    }
+    if let Ok(s) = v.extract::<String>() {
+        return crescent_proto::units::parse_size(&s).map_err(|e| format!("{name}: {e}"));
+    }
+    Err(format!(
+        "{name} must be an int or a size string like \"4gb\""
+    ))
+}
+
+/// Setup arguments, by Mooncake's names, whether passed positionally, by
+/// keyword or as `setup(config: dict)`.
+#[derive(Default)]
+struct SetupArgs {
+    local_hostname: Option<String>,
+    global_segment_size: Option<u64>,
+    local_buffer_size: Option<u64>,
+    protocol: Option<String>,
+    rdma_devices: Option<String>,
+    master_server_addr: Option<String>,
+    enable_ssd_offload: bool,
+}
+
+impl SetupArgs {
+    fn from_dict(d: &Bound<'_, PyDict>) -> Result<Self, String> {
+        let text = |names: &[&str]| -> Result<Option<String>, String> {
+            for n in names {
+                if let Some(v) = d.get_item(n).map_err(|e| e.to_string())? {
+                    if v.is_none() {
+                        continue;
+                    }
+                    return v
+                        .extract::<String>()
+                        .map(Some)
+                        .map_err(|_| format!("{n} must be a string"));
+                }
+            }
+            Ok(None)
+        };
+        let size = |n: &str| -> Result<Option<u64>, String> {
+            match d.get_item(n).map_err(|e| e.to_string())? {
+                Some(v) if !v.is_none() => size_arg(n, &v).map(Some),
+                _ => Ok(None),
+            }
+        };
+        Ok(SetupArgs {
+            local_hostname: text(&["local_hostname"])?,
+            global_segment_size: size("global_segment_size")?,
+            local_buffer_size: size("local_buffer_size")?,
+            protocol: text(&["protocol"])?,
+            rdma_devices: text(&["rdma_devices", "device_name"])?,
+            master_server_addr: text(&["master_server_addr", "master_server_address"])?,
+            enable_ssd_offload: d
+                .get_item("enable_ssd_offload")
+                .map_err(|e| e.to_string())?
+                .map(|v| v.is_truthy().unwrap_or(false))
+                .unwrap_or(false),
+        })
+    }
+
+    /// The environment's configuration (`MOONCAKE_CONFIG_PATH`, `MOONCAKE_*`,
+    /// `CRESCENT_*`) with these arguments on top.
+    fn config(self) -> Result<ClientConfig, String> {
+        let mut c = ClientConfig::from_env().map_err(|e| e.to_string())?;
+        if let Some(h) = self.local_hostname.filter(|h| !h.is_empty()) {
+            // Mooncake's local_hostname may carry a port ("host:12345"):
+            // the name is what same-host transports match on.
+            c.local_hostname = match h.rsplit_once(':') {
+                Some((host, port)) if port.parse::<u16>().is_ok() && !host.contains(':') => {
+                    host.to_string()
+                }
+                _ => h,
+            };
+        }
+        if let Some(s) = self.global_segment_size {
+            c.global_segment_size = s;
+        }
+        if let Some(s) = self.local_buffer_size {
+            c.local_buffer_size = s;
+        }
+        if let Some(m) = self.master_server_addr.filter(|m| !m.is_empty()) {
+            c.master = m;
+        }
+        if let Some(d) = self.rdma_devices {
+            c.device_name = d;
+        }
+        if let Some(p) = self.protocol.filter(|p| !p.is_empty()) {
+            c.protocol = p.parse()?;
+        }
+        if c.protocol == Protocol::Rdma {
+            // Engines configured for Mooncake usually say rdma; the client's
+            // data path is TCP and same-host shared memory today.
+            tracing::warn!("protocol rdma requested: Crescent's client moves bytes over TCP and shared memory; using tcp");
+            c.protocol = Protocol::Tcp;
+        }
+        if self.enable_ssd_offload {
+            tracing::warn!("enable_ssd_offload is not supported yet; objects stay in memory");
+        }
+        Ok(c)
+    }
+}
+
+/// Replication options read from any object with Mooncake's
+/// `ReplicateConfig` attribute names; absent attributes take defaults.
+fn replicate_config(obj: Option<&Bound<'_, PyAny>>) -> PyResult<crescent_client::ReplicateConfig> {
+    let mut out = crescent_client::ReplicateConfig::default();
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(out);
+    };
+    let attr = |name: &str| -> Option<Bound<'_, PyAny>> {
+        obj.getattr(name).ok().filter(|v| !v.is_none())
+    };
+    if let Some(v) = attr("replica_num") {
+        let n: i64 = v.extract()?;
+        out.replica_num = u32::try_from(n).map_err(|_| {
+            PyValueError::new_err(format!("replica_num must be 0..=2^32-1, got {n}"))
+        })?;
+    }
+    if let Some(v) = attr("with_soft_pin") {
+        out.soft_pin = v.is_truthy()?;
+    }
+    if let Some(v) = attr("with_hard_pin") {
+        out.hard_pin = v.is_truthy()?;
+    }
+    if let Some(v) = attr("preferred_segments") {
+        out.preferred_segments = v.extract()?;
+    }
+    if let Some(v) = attr("preferred_segment") {
+        let s: String = v.extract()?;
+        if !s.is_empty() && !out.preferred_segments.contains(&s) {
+            out.preferred_segments.insert(0, s);
+        }
+    }
+    Ok(out)
+}
+
+/// Mooncake's `ReplicateConfig`. Attributes it has and Crescent does not use
+/// (`group_ids`, `soft_pin_ttl_ms`, ...) may be set freely and are ignored.
+#[pyclass(dict, module = "crescent._native")]
+struct ReplicateConfig {
+    #[pyo3(get, set)]
+    replica_num: i64,
+    #[pyo3(get, set)]
+    with_soft_pin: bool,
+    #[pyo3(get, set)]
+    with_hard_pin: bool,
+    #[pyo3(get, set)]
+    preferred_segment: String,
+    #[pyo3(get, set)]
+    preferred_segments: Vec<String>,
+    #[pyo3(get, set)]
+    prefer_alloc_in_same_node: bool,
+}
+
+#[pymethods]
+impl ReplicateConfig {
+    #[new]
+    #[pyo3(signature = (replica_num=1, with_soft_pin=false, with_hard_pin=false, preferred_segment=String::new(), preferred_segments=Vec::new(), prefer_alloc_in_same_node=false, **_ignored))]
+    fn new(
+        replica_num: i64,
+        with_soft_pin: bool,
+        with_hard_pin: bool,
+        preferred_segment: String,
+        preferred_segments: Vec<String>,
+        prefer_alloc_in_same_node: bool,
+        _ignored: Option<&Bound<'_, PyDict>>,
+    ) -> Self {
+        ReplicateConfig {
+            replica_num,
+            with_soft_pin,
+            with_hard_pin,
+            preferred_segment,
+            preferred_segments,
+            prefer_alloc_in_same_node,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ReplicateConfig(replica_num={}, with_soft_pin={}, with_hard_pin={}, preferred_segments={:?})",
+            self.replica_num, self.with_soft_pin, self.with_hard_pin, self.preferred_segments
+        )
+    }
+}
+
+/// Bytes the package owns, handed to Python through the buffer protocol
+/// (`memoryview(handle)`, `torch.frombuffer(handle)`): writable like
+/// Mooncake's, so the allocation is raw rather than a Rust `Vec` behind `&`.
+struct OwnedBytes {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the allocation is owned uniquely and never reallocated; Python
+// code writing through exported views is the caller's own synchronisation.
+unsafe impl Send for OwnedBytes {}
+unsafe impl Sync for OwnedBytes {}
+
+impl OwnedBytes {
+    fn new(v: Vec<u8>) -> Self {
+        let b = v.into_boxed_slice();
+        let len = b.len();
+        OwnedBytes {
+            ptr: Box::into_raw(b) as *mut u8,
+            len,
+        }
+    }
+}
+
+impl Drop for OwnedBytes {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from Box::into_raw of a boxed slice of len.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr, self.len,
+            )))
+        };
+    }
+}
+
+/// An object's bytes fetched by `get_buffer`/`batch_get_buffer`.
+#[pyclass(module = "crescent._native")]
+struct BufferHandle {
+    bytes: OwnedBytes,
+}
+
+#[pymethods]
+impl BufferHandle {
+    fn ptr(&self) -> usize {
+        self.bytes.ptr as usize
+    }
+    fn size(&self) -> usize {
+        self.bytes.len
+    }
+    fn __len__(&self) -> usize {
+        self.bytes.len
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = {
+            let h = slf.borrow();
+            (h.bytes.ptr, h.bytes.len)
+        };
+        // SAFETY: view comes from the interpreter; the bytes live as long as
+        // the handle, which the view keeps alive through its `obj` reference.
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut c_void,
+                len as isize,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+}
+
+/// Caller memory that raw-pointer calls may read or write: address → length.
+#[derive(Default)]
+struct Registered(BTreeMap<usize, usize>);
+
+impl Registered {
+    /// Whether `[ptr, ptr + size)` lies inside one registered buffer.
+    fn covers(&self, ptr: usize, size: usize) -> bool {
+        let Some(end) = ptr.checked_add(size) else {
+            return false;
+        };
+        match self.0.range(..=ptr).next_back() {
+            Some((&start, &len)) => start.checked_add(len).is_some_and(|e| end <= e),
+            None => false,
+        }
+    }
+}
+
+/// Whether this process can read the byte at `addr` (false for unmapped
+/// memory and device pointers) without risking a crash: the kernel copies it
+/// and reports EFAULT instead of faulting.
+fn readable(addr: usize) -> bool {
+    let mut byte = 0u8;
+    let local = libc::iovec {
+        iov_base: (&mut byte as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: 1,
+    };
+    // SAFETY: both iovecs describe one byte; the kernel validates `remote`.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == 1
+}
+
+/// A caller range as a byte slice, after checking it is registered.
+///
+/// SAFETY (of the unsafe blocks using it): the caller registered the range
+/// with `register_buffer`, which checked its ends are readable; like
+/// Mooncake, the package trusts the caller not to free it while in use.
+fn caller_range(reg: &Registered, ptr: usize, size: usize) -> Result<(usize, usize), i32> {
+    if size == 0 || !reg.covers(ptr, size) {
+        return Err(mooncake::INVALID_PARAMS);
+    }
+    Ok((ptr, size))
+}
+
+fn code_of<T>(r: &crescent_client::client::Result<T>) -> i32 {
+    match r {
+        Ok(_) => mooncake::OK,
+        Err(e) => error_number(e),
+    }
+}
+
+/// Mooncake's `MooncakeDistributedStore`, backed by a Crescent client.
+#[pyclass(module = "crescent._native")]
+struct MooncakeDistributedStore {
+    client: RwLock<Option<Arc<Client>>>,
+    registered: Mutex<Registered>,
+    /// What `get_hostname` answers: the name this client registered under.
+    hostname: Mutex<String>,
+}
+
+impl MooncakeDistributedStore {
+    fn client(&self) -> Option<Arc<Client>> {
+        self.client.read().ok().and_then(|c| c.clone())
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registered> {
+        self.registered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn connect(&self, py: Python<'_>, config: ClientConfig) -> i32 {
+        if self.client().is_some() {
+            tracing::warn!("setup called on a store that is already set up; close() it first");
+            return mooncake::INVALID_PARAMS;
+        }
+        let hostname = config.local_hostname.clone();
+        match block(py, Client::connect(config)) {
+            Ok(c) => {
+                if let Ok(mut slot) = self.client.write() {
+                    *slot = Some(Arc::new(c));
+                }
+                if let Ok(mut h) = self.hostname.lock() {
+                    *h = hostname;
+                }
+                mooncake::OK
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "setup failed");
+                error_number(&e)
+            }
+        }
+    }
+
+    /// The bytes of each buffer object, or INVALID_PARAMS for one that is
+    /// not a contiguous buffer.
+    fn buffers(values: &[Bound<'_, PyAny>]) -> PyResult<Vec<PyUntypedBuffer>> {
+        values
+            .iter()
+            .map(|v| {
+                let b = PyUntypedBuffer::get(v).map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "value must support the buffer protocol (bytes, bytearray, memoryview, ...), got {}",
+                        v.get_type()
+                    ))
+                })?;
+                if !b.is_c_contiguous() {
+                    return Err(PyValueError::new_err("value buffer must be C-contiguous"));
+                }
+                Ok(b)
+            })
+            .collect()
+    }
+}
+
+/// The bytes behind a buffer object, valid while `b` lives.
+fn buffer_slice(b: &PyUntypedBuffer) -> &[u8] {
+    if b.len_bytes() == 0 {
+        return &[];
+    }
+    // SAFETY: a C-contiguous buffer of len_bytes at buf_ptr, kept alive and
+    // unmoved by the held Py_buffer.
+    unsafe { std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes()) }
+}
+
+#[pymethods]
+impl MooncakeDistributedStore {
+    #[new]
+    fn new() -> Self {
+        MooncakeDistributedStore {
+            client: RwLock::new(None),
+            registered: Mutex::new(Registered::default()),
+            hostname: Mutex::new(String::new()),
+        }
+    }
+
+    /// Connects to the masters; with `global_segment_size > 0` also
+    /// contributes that much memory to the pool. Mooncake's arguments, by
+    /// position or keyword, or one dict of them. `metadata_server` is
+    /// accepted and unused (the masters hold all metadata).
+    #[pyo3(signature = (local_hostname=None, metadata_server=None, global_segment_size=None, local_buffer_size=None, protocol=None, rdma_devices=None, master_server_addr=None, engine=None, enable_ssd_offload=false, ssd_offload_path=None, tenant_id=None, enable_client_http_server=false, client_http_port=9300))]
+    #[allow(clippy::too_many_arguments)]
+    fn setup(
+        &self,
+        py: Python<'_>,
+        local_hostname: Option<Bound<'_, PyAny>>,
+        metadata_server: Option<Bound<'_, PyAny>>,
+        global_segment_size: Option<Bound<'_, PyAny>>,
+        local_buffer_size: Option<Bound<'_, PyAny>>,
+        protocol: Option<String>,
+        rdma_devices: Option<String>,
+        master_server_addr: Option<String>,
+        engine: Option<Bound<'_, PyAny>>,
+        enable_ssd_offload: bool,
+        ssd_offload_path: Option<String>,
+        tenant_id: Option<String>,
+        enable_client_http_server: bool,
+        client_http_port: i64,
+    ) -> PyResult<i32> {
+        let _ = (
+            metadata_server,
+            engine,
+            ssd_offload_path,
+            enable_client_http_server,
+            client_http_port,
+        );
+        if tenant_id.as_deref().is_some_and(|t| t != "default") {
+            tracing::warn!("tenant_id is not supported yet; every tenant shares one namespace");
+        }
+        let args = match local_hostname.as_ref().map(|h| h.cast::<PyDict>()) {
+            Some(Ok(dict)) => SetupArgs::from_dict(dict),
+            _ => (|| {
+                Ok(SetupArgs {
+                    local_hostname: local_hostname
+                        .as_ref()
+                        .filter(|h| !h.is_none())
+                        .map(|h| h.extract::<String>())
+                        .transpose()
+                        .map_err(|_| "local_hostname must be a string or a dict".to_string())?,
+                    global_segment_size: global_segment_size
+                        .as_ref()
+                        .filter(|v| !v.is_none())
+                        .map(|v| size_arg("global_segment_size", v))
+                        .transpose()?,
+                    local_buffer_size: local_buffer_size
+                        .as_ref()
+                        .filter(|v| !v.is_none())
+                        .map(|v| size_arg("local_buffer_size", v))
+                        .transpose()?,
+                    protocol,
+                    rdma_devices,
+                    master_server_addr,
+                    enable_ssd_offload,
+                })
+            })(),
+        };
+        let config = match args.and_then(SetupArgs::config) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("setup: {e}");
+                return Ok(mooncake::INVALID_PARAMS);
+            }
+        };
+        Ok(self.connect(py, config))
+    }
+
+    /// SGLang's standalone mode: this process holds no segment; the pool's
+    /// memory is a separate `crescent-store` on this host, which this client
+    /// reaches through shared memory. Masters come from the environment
+    /// (`MOONCAKE_MASTER`, `MOONCAKE_CONFIG_PATH`); `server_address` is
+    /// accepted for compatibility.
+    #[pyo3(signature = (mem_pool_size, local_buffer_size, server_address))]
+    fn setup_dummy(
+        &self,
+        py: Python<'_>,
+        mem_pool_size: Bound<'_, PyAny>,
+        local_buffer_size: Bound<'_, PyAny>,
+        server_address: String,
+    ) -> i32 {
+        let _ = server_address;
+        let config = (|| {
+            size_arg("mem_pool_size", &mem_pool_size)?;
+            let mut c = ClientConfig::from_env().map_err(|e| e.to_string())?;
+            c.global_segment_size = 0;
+            c.local_buffer_size = size_arg("local_buffer_size", &local_buffer_size)?;
+            Ok::<_, String>(c)
+        })();
+        match config {
+            Ok(c) => self.connect(py, c),
+            Err(e) => {
+                tracing::warn!("setup_dummy: {e}");
+                mooncake::INVALID_PARAMS
+            }
+        }
+    }
+
+    /// Unmounts this client's segment (if any) and disconnects. Idempotent.
+    fn close(&self, py: Python<'_>) -> i32 {
+        let taken = self.client.write().ok().and_then(|mut c| c.take());
+        if let Some(c) = taken {
+            block(py, async move {
+                c.close().await;
+                drop(c);
+            });
+        }
+        self.registry().0.clear();
+        mooncake::OK
+    }
+
+    /// 0 healthy, 1 not set up, 2 no master reachable (serving local-only).
+    fn health_check(&self) -> i32 {
+        match self.client() {
+            None => 1,
+            Some(c) if c.is_degraded() => 2,
+            Some(_) => 0,
+        }
+    }
+
+    fn get_hostname(&self) -> String {
+        self.hostname.lock().map(|h| h.clone()).unwrap_or_default()
+    }
+
+    // ------------------------------------------------------------ copying
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: Bound<'_, PyAny>,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<i32> {
+        let cfg = replicate_config(config.as_ref())?;
+        let bufs = Self::buffers(std::slice::from_ref(&value))?;
+        let Some(c) = self.client() else {
+            return Ok(NOT_SET_UP);
+        };
+        let data = buffer_slice(&bufs[0]);
+        Ok(code_of(&block(py, async { c.put(&key, data, &cfg).await })))
+    }
+
+    /// One object made of the parts, in order.
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: String,
+        parts: Vec<Bound<'_, PyAny>>,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<i32> {
+        let cfg = replicate_config(config.as_ref())?;
+        let bufs = Self::buffers(&parts)?;
+        let Some(c) = self.client() else {
+            return Ok(NOT_SET_UP);
+        };
+        let mut value = Vec::with_capacity(bufs.iter().map(|b| b.len_bytes()).sum());
+        for b in &bufs {
+            value.extend_from_slice(buffer_slice(b));
+        }
+        Ok(code_of(&block(py, async {
+            c.put(&key, &value, &cfg).await
+        })))
+    }
+
+    /// One code for the batch: 0, or the first item's error.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<Bound<'_, PyAny>>,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<i32> {
+        if keys.len() != values.len() {
+            return Ok(mooncake::INVALID_PARAMS);
+        }
+        let cfg = replicate_config(config.as_ref())?;
+        let bufs = Self::buffers(&values)?;
+        let Some(c) = self.client() else {
+            return Ok(NOT_SET_UP);
+        };
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(bufs.iter().map(buffer_slice))
+            .collect();
+        Ok(match block(py, async { c.put_batch(&items, &cfg).await }) {
+            Ok(rs) => rs.iter().map(code_of).find(|&code| code != 0).unwrap_or(0),
+            Err(e) => error_number(&e),
+        })
+    }
+
+    /// The object's bytes; `b""` when it is missing or cannot be read.
+    fn get<'py>(&self, py: Python<'py>, key: String) -> Bound<'py, PyBytes> {
+        let Some(c) = self.client() else {
+            return PyBytes::new(py, b"");
+        };
+        match block(py, async { c.get(&key).await }) {
+            Ok(v) => PyBytes::new(py, &v),
+            Err(e) => {
+                if !matches!(e, crescent_client::Error::NotFound(_)) {
+                    tracing::warn!(key, error = %e, "get failed");
+                }
+                PyBytes::new(py, b"")
+            }
+        }
+    }
+
+    fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
+        let empty = || PyBytes::new(py, b"");
+        let Some(c) = self.client() else {
+            return keys.iter().map(|_| empty()).collect();
+        };
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match block(py, async { c.get_batch(&refs).await }) {
+            Ok(rs) => rs
+                .into_iter()
+                .map(|r| match r {
+                    Ok(v) => PyBytes::new(py, &v),
+                    Err(_) => empty(),
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "get_batch failed");
+                keys.iter().map(|_| empty()).collect()
+            }
+        }
+    }
+
+    /// The object's bytes as a buffer, or None when it cannot be read.
+    fn get_buffer(&self, py: Python<'_>, key: String) -> Option<BufferHandle> {
+        let c = self.client()?;
+        block(py, async { c.get(&key).await })
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| BufferHandle {
+                bytes: OwnedBytes::new(v),
+            })
+    }
+
+    fn batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<BufferHandle>> {
+        let Some(c) = self.client() else {
+            return keys.iter().map(|_| None).collect();
+        };
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match block(py, async { c.get_batch(&refs).await }) {
+            Ok(rs) => rs
+                .into_iter()
+                .map(|r| {
+                    r.ok().filter(|v| !v.is_empty()).map(|v| BufferHandle {
+                        bytes: OwnedBytes::new(v),
+                    })
+                })
+                .collect(),
+            Err(_) => keys.iter().map(|_| None).collect(),
+        }
+    }
+
+    /// The object's size in bytes, or a negative code.
+    fn get_size(&self, py: Python<'_>, key: String) -> i64 {
+        let Some(c) = self.client() else {
+            return NOT_SET_UP.into();
+        };
+        match block(py, async { c.get_size(&key).await }) {
+            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+            Err(e) => error_number(&e).into(),
+        }
+    }
+
+    /// 1 present, 0 absent, or a negative code.
+    fn is_exist(&self, py: Python<'_>, key: String) -> i32 {
+        let Some(c) = self.client() else {
+            return NOT_SET_UP;
+        };
+        match block(py, async { c.exists(&key).await }) {
+            Ok(found) => found.into(),
+            Err(e) => error_number(&e),
+        }
+    }
+
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let Some(c) = self.client() else {
+            return vec![NOT_SET_UP; keys.len()];
+        };
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match block(py, async { c.batch_exists(&refs).await }) {
+            Ok(rs) => rs
+                .iter()
+                .map(|r| match r {
+                    Ok(found) => (*found).into(),
+                    Err(e) => error_number(e),
+                })
+                .collect(),
+            Err(e) => vec![error_number(&e); keys.len()],
+        }
+    }
+
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: String, force: bool) -> i32 {
+        let Some(c) = self.client() else {
+            return NOT_SET_UP;
+        };
+        code_of(&block(py, async { c.remove(&key, force).await }))
+    }
+
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
+        let Some(c) = self.client() else {
+            return vec![NOT_SET_UP; keys.len()];
+        };
+        block(py, async {
+            futures::future::join_all(keys.iter().map(|k| c.remove(k, force))).await
+        })
+        .iter()
+        .map(code_of)
+        .collect()
+    }
+
+    /// The number of objects removed, or a negative code.
+    #[pyo3(signature = (pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, pattern: String, force: bool) -> i64 {
+        let Some(c) = self.client() else {
+            return NOT_SET_UP.into();
+        };
+        match block(py, async { c.remove_by_regex(&pattern, force).await }) {
+            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+            Err(e) => error_number(&e).into(),
+        }
+    }
+
+    /// The number of objects removed, or a negative code.
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        let Some(c) = self.client() else {
+            return NOT_SET_UP.into();
+        };
+        match block(py, async { c.remove_all(force).await }) {
+            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+            Err(e) => error_number(&e).into(),
+        }
+    }
+
+    // ------------------------------------------------------ raw pointers
+
+    /// Lets raw-pointer calls use `[ptr, ptr + size)`. Its first and last
+    /// bytes must be readable host memory (a GPU pointer is refused).
+    fn register_buffer(&self, ptr: usize, size: usize) -> i32 {
+        let Some(last) = ptr.checked_add(size).and_then(|e| e.checked_sub(1)) else {
+            return mooncake::INVALID_PARAMS;
+        };
+        if size == 0 || ptr == 0 {
+            return mooncake::INVALID_PARAMS;
+        }
+        if !readable(ptr) || !readable(last) {
+            tracing::warn!(
+                ptr,
+                size,
+                "register_buffer: not readable host memory (a device pointer?)"
+            );
+            return mooncake::INVALID_PARAMS;
+        }
+        let mut reg = self.registry();
+        // Overlaps would make "which buffer" ambiguous on unregister.
+        let overlaps = reg
+            .0
+            .range(..ptr.saturating_add(size))
+            .next_back()
+            .is_some_and(|(&s, &l)| s.saturating_add(l) > ptr);
+        if overlaps {
+            return mooncake::INVALID_PARAMS;
+        }
+        reg.0.insert(ptr, size);
+        mooncake::OK
+    }
+
+    fn unregister_buffer(&self, ptr: usize) -> i32 {
+        match self.registry().0.remove(&ptr) {
+            Some(_) => mooncake::OK,
+            None => mooncake::INVALID_PARAMS,
+        }
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<i32> {
+        let cfg = replicate_config(config.as_ref())?;
+        let Some(c) = self.client() else {
+            return Ok(NOT_SET_UP);
+        };
+        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size) {
+            Ok(r) => r,
+            Err(code) => return Ok(code),
+        };
+        Ok(code_of(&block(py, async move {
+            // SAFETY: see caller_range.
+            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+            c.put_from(&key, data, &cfg).await
+        })))
+    }
+
+    /// Bytes read, or a negative code.
+    fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: usize, size: usize) -> i64 {
+        let Some(c) = self.client() else {
+            return NOT_SET_UP.into();
+        };
+        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size) {
+            Ok(r) => r,
+            Err(code) => return code.into(),
+        };
+        match block(py, async move {
+            // SAFETY: see caller_range.
+            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            c.get_into(&key, buf).await
+        }) {
+            Ok(n) => n as i64,
+            Err(e) => error_number(&e).into(),
+        }
+    }
+
+    /// Per key: 0 or a negative code.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i32>> {
+        let ranges: Vec<Vec<(usize, usize)>> = buffer_ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&p, &s)| vec![(p, s)])
+            .collect();
+        self.put_gathered(py, keys, ranges, sizes.len(), config)
+    }
+
+    /// Per key: bytes read or a negative code.
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> Vec<i64> {
+        let ranges: Vec<Vec<(usize, usize)>> = buffer_ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&p, &s)| vec![(p, s)])
+            .collect();
+        self.get_scattered(py, keys, ranges, sizes.len())
+    }
+
+    /// One object per key, made of that key's buffers in order.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i32>> {
+        let n = all_sizes.len();
+        match zip_ranges(&all_buffer_ptrs, &all_sizes) {
+            Some(ranges) => self.put_gathered(py, keys, ranges, n, config),
+            None => Ok(vec![mooncake::INVALID_PARAMS; keys.len()]),
+        }
+    }
+
+    /// Per key: bytes read into that key's buffers (in order), or a negative code.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> Vec<i64> {
+        let _ = prefer_alloc_in_same_node;
+        let n = all_sizes.len();
+        match zip_ranges(&all_buffer_ptrs, &all_sizes) {
+            Some(ranges) => self.get_scattered(py, keys, ranges, n),
+            None => vec![mooncake::INVALID_PARAMS.into(); keys.len()],
+        }
+    }
+}
+
+/// Pairs each key's pointers with its sizes; None when the shapes differ.
+fn zip_ranges(ptrs: &[Vec<usize>], sizes: &[Vec<usize>]) -> Option<Vec<Vec<(usize, usize)>>> {
+    if ptrs.len() != sizes.len() {
+        return None;
+    }
+    ptrs.iter()
+        .zip(sizes)
+        .map(|(p, s)| {
+            (p.len() == s.len()).then(|| p.iter().copied().zip(s.iter().copied()).collect())
+        })
+        .collect()
+}
+
+impl MooncakeDistributedStore {
+    /// Puts one object per key from that key's registered ranges. A single
+    /// range is sent from caller memory as is; several are gathered into one
+    /// buffer first (the client sends one contiguous value per object).
+    fn put_gathered(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ranges: Vec<Vec<(usize, usize)>>,
+        n_sizes: usize,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i32>> {
+        if keys.len() != ranges.len() || keys.len() != n_sizes {
+            return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
+        }
+        let cfg = replicate_config(config.as_ref())?;
+        let Some(c) = self.client() else {
+            return Ok(vec![NOT_SET_UP; keys.len()]);
+        };
+        let mut codes = vec![mooncake::OK; keys.len()];
+        let mut valid: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        {
+            let reg = self.registry();
+            for (i, rs) in ranges.into_iter().enumerate() {
+                if rs.is_empty() || rs.iter().any(|&(p, s)| caller_range(&reg, p, s).is_err()) {
+                    codes[i] = mooncake::INVALID_PARAMS;
+                } else {
+                    valid.push((i, rs));
+                }
+            }
+        }
+        let results = block(py, async {
+            // SAFETY (both slices below): see caller_range.
+            let gathered: Vec<std::borrow::Cow<'_, [u8]>> = valid
+                .iter()
+                .map(|(_, rs)| match rs.as_slice() {
+                    [(p, s)] => std::borrow::Cow::Borrowed(unsafe {
+                        std::slice::from_raw_parts(*p as *const u8, *s)
+                    }),
+                    many => {
+                        let mut v = Vec::with_capacity(many.iter().map(|r| r.1).sum());
+                        for &(p, s) in many {
+                            v.extend_from_slice(unsafe {
+                                std::slice::from_raw_parts(p as *const u8, s)
+                            });
+                        }
+                        std::borrow::Cow::Owned(v)
+                    }
+                })
+                .collect();
+            let items: Vec<(&str, &[u8])> = valid
+                .iter()
+                .zip(&gathered)
+                .map(|((i, _), g)| (keys[*i].as_str(), g.as_ref()))
+                .collect();
+            c.batch_put_from(&items, &cfg).await
+        });
+        match results {
+            Ok(rs) => {
+                for ((i, _), r) in valid.iter().zip(&rs) {
+                    codes[*i] = code_of(r);
+                }
+            }
+            Err(e) => {
+                for (i, _) in &valid {
+                    codes[*i] = error_number(&e);
+                }
+            }
+        }
+        Ok(codes)
+    }
+
+    /// Reads one object per key into that key's registered ranges. A single
+    /// range is read into directly; several get the object through one
+    /// intermediate buffer, scattered in order. An object larger than its
+    /// ranges is INVALID_PARAMS and leaves them untouched.
+    fn get_scattered(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ranges: Vec<Vec<(usize, usize)>>,
+        n_sizes: usize,
+    ) -> Vec<i64> {
+        if keys.len() != ranges.len() || keys.len() != n_sizes {
+            return vec![mooncake::INVALID_PARAMS.into(); keys.len()];
+        }
+        let Some(c) = self.client() else {
+            return vec![NOT_SET_UP.into(); keys.len()];
+        };
+        let mut out: Vec<i64> = vec![0; keys.len()];
+        let mut single: Vec<(usize, (usize, usize))> = Vec::new();
+        let mut multi: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        {
+            let reg = self.registry();
+            for (i, rs) in ranges.into_iter().enumerate() {
+                if rs.is_empty() || rs.iter().any(|&(p, s)| caller_range(&reg, p, s).is_err()) {
+                    out[i] = mooncake::INVALID_PARAMS.into();
+                } else if rs.len() == 1 {
+                    single.push((i, rs[0]));
+                } else {
+                    multi.push((i, rs));
+                }
+            }
+        }
+        block(py, async {
+            if !single.is_empty() {
+                let ks: Vec<&str> = single.iter().map(|(i, _)| keys[*i].as_str()).collect();
+                // SAFETY: see caller_range; ranges of one batch may not
+                // overlap (the caller's contract, as in Mooncake).
+                let mut bufs: Vec<&mut [u8]> = single
+                    .iter()
+                    .map(|(_, (p, s))| unsafe { std::slice::from_raw_parts_mut(*p as *mut u8, *s) })
+                    .collect();
+                match c.batch_get_into(&ks, &mut bufs).await {
+                    Ok(rs) => {
+                        for ((i, _), r) in single.iter().zip(rs) {
+                            out[*i] = match r {
+                                Ok(n) => n as i64,
+                                Err(e) => error_number(&e).into(),
+                            };
+                        }
+                    }
+                    Err(e) => {
+                        for (i, _) in &single {
+                            out[*i] = error_number(&e).into();
+                        }
+                    }
+                }
+            }
+            if !multi.is_empty() {
+                let ks: Vec<&str> = multi.iter().map(|(i, _)| keys[*i].as_str()).collect();
+                match c.get_batch(&ks).await {
+                    Ok(rs) => {
+                        for ((i, ranges), r) in multi.iter().zip(rs) {
+                            out[*i] = match r {
+                                Ok(v) => scatter(&v, ranges),
+                                Err(e) => error_number(&e).into(),
+                            };
+                        }
+                    }
+                    Err(e) => {
+                        for (i, _) in &multi {
+                            out[*i] = error_number(&e).into();
+                        }
+                    }
+                }
+            }
+        });
+        out
+    }
+}
+
+/// Copies `v` into the ranges in order; the byte count, or INVALID_PARAMS
+/// when they are too small (nothing is written then).
+fn scatter(v: &[u8], ranges: &[(usize, usize)]) -> i64 {
+    let room: usize = ranges.iter().map(|r| r.1).sum();
+    if room < v.len() {
+        return mooncake::INVALID_PARAMS.into();
+    }
+    let mut rest = v;
+    for &(p, s) in ranges {
+        let n = s.min(rest.len());
+        // SAFETY: see caller_range.
+        unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), p as *mut u8, n) };
+        rest = &rest[n..];
+    }
+    v.len() as i64
+}
+
+/// `MooncakeHostMemAllocator`: page-aligned host memory for buffers an
+/// engine registers (SGLang's standalone mode allocates its pool with it).
+#[pyclass(module = "crescent._native")]
+struct MooncakeHostMemAllocator {
+    blocks: Mutex<HashMap<usize, std::alloc::Layout>>,
+}
+
+#[pymethods]
+impl MooncakeHostMemAllocator {
+    #[new]
+    fn new() -> Self {
+        MooncakeHostMemAllocator {
+            blocks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The address of `size` zeroed bytes, page-aligned.
+    fn alloc(&self, size: usize) -> PyResult<usize> {
+        let layout = std::alloc::Layout::from_size_align(size.max(1), 4096)
+            .map_err(|e| PyValueError::new_err(format!("cannot allocate {size} bytes: {e}")))?;
+        // SAFETY: layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(pyo3::exceptions::PyMemoryError::new_err(format!(
+                "cannot allocate {size} bytes"
+            )));
+        }
+        self.blocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(p as usize, layout);
+        Ok(p as usize)
+    }
+
+    /// Frees an address from `alloc`: 0, or INVALID_PARAMS for any other.
+    fn free(&self, ptr: usize) -> i32 {
+        let layout = self
+            .blocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ptr);
+        match layout {
+            Some(l) => {
+                // SAFETY: ptr was returned by alloc_zeroed with this layout.
+                unsafe { std::alloc::dealloc(ptr as *mut u8, l) };
+                mooncake::OK
+            }
+            None => mooncake::INVALID_PARAMS,
+        }
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Warnings (bad setup arguments, failed gets) go to stderr, as
+    // Mooncake's glog lines do; CRESCENT_LOG / RUST_LOG choose the level.
+    let filter = std::env::var("CRESCENT_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    m.add_class::<MooncakeDistributedStore>()?;
+    m.add_class::<ReplicateConfig>()?;
+    m.add_class::<BufferHandle>()?;
+    m.add_class::<MooncakeHostMemAllocator>()?;
+    m.add("OBJECT_NOT_FOUND", mooncake::OBJECT_NOT_FOUND)?;
+    m.add("INVALID_PARAMS", mooncake::INVALID_PARAMS)?;
+    m.add("NO_AVAILABLE_HANDLE", mooncake::NO_AVAILABLE_HANDLE)?;
+    m.add("RPC_FAIL", mooncake::RPC_FAIL)?;
+    Ok(())
+}

@@ -1,0 +1,256 @@
+"""crescent.store.MooncakeDistributedStore against a real cluster: Mooncake's
+calling conventions, return codes, zero-copy calls and bad input."""
+
+import ctypes
+import os
+import threading
+import uuid
+
+import pytest
+
+from crescent.store import (
+    BufferHandle,
+    MooncakeDistributedStore,
+    MooncakeHostMemAllocator,
+    ReplicateConfig,
+)
+
+OBJECT_NOT_FOUND = -704
+INVALID_PARAMS = -600
+NOT_SET_UP = -1010
+
+
+def key(name):
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def test_put_get_exists_size_remove(store):
+    k = key("basic")
+    assert store.get(k) == b""
+    assert store.is_exist(k) == 0
+    assert store.get_size(k) == OBJECT_NOT_FOUND
+    value = os.urandom(10_000)
+    assert store.put(k, value) == 0
+    assert store.put(k, b"another value") == 0, "first writer wins, as in Mooncake"
+    assert store.get(k) == value
+    assert store.is_exist(k) == 1
+    assert store.get_size(k) == len(value)
+    assert store.remove(k, force=True) == 0
+    assert store.get(k) == b""
+    assert store.remove(k) == OBJECT_NOT_FOUND
+
+
+def test_any_buffer_and_parts(store):
+    k1, k2, k3 = key("bytearray"), key("memoryview"), key("parts")
+    assert store.put(k1, bytearray(b"abc" * 100)) == 0
+    assert store.get(k1) == b"abc" * 100
+    floats = memoryview(bytearray(8 * 16)).cast("d")
+    assert store.put(k2, floats, ReplicateConfig(replica_num=1)) == 0
+    assert len(store.get(k2)) == 8 * 16
+    assert store.put_parts(k3, b"head-", bytearray(b"middle-"), memoryview(b"tail")) == 0
+    assert store.get(k3) == b"head-middle-tail"
+    with pytest.raises(TypeError, match="buffer protocol"):
+        store.put(key("bad"), 12345)
+
+
+def test_batches_have_per_key_results(store):
+    keys = [key(f"batch{i}") for i in range(20)]
+    values = [os.urandom(100 + i) for i in range(20)]
+    assert store.put_batch(keys, values) == 0
+    assert store.get_batch(keys + ["missing-" + keys[0]]) == values + [b""]
+    assert store.batch_is_exist(keys[:2] + ["nope-" + keys[0]]) == [1, 1, 0]
+    assert store.put_batch(keys[:2], values[:1]) == INVALID_PARAMS
+    handles = store.batch_get_buffer(keys[:3] + ["nope-" + keys[0]])
+    assert handles[3] is None
+    for h, v in zip(handles[:3], values[:3]):
+        assert isinstance(h, BufferHandle)
+        assert h.size() == len(h) == len(v) and h.ptr() != 0
+        assert bytes(memoryview(h)) == v
+    assert store.batch_remove(keys[:2] + ["nope-" + keys[0]], force=True) == [0, 0, OBJECT_NOT_FOUND]
+    assert store.remove_by_regex("^" + keys[2].split("-")[0] + "-", force=True) >= 1
+
+
+def test_zero_copy_calls_on_registered_memory(store):
+    n, size = 8, 4096
+    src = ctypes.create_string_buffer(n * size)
+    dst = ctypes.create_string_buffer(n * size)
+    base_src, base_dst = ctypes.addressof(src), ctypes.addressof(dst)
+    for i in range(n):
+        ctypes.memmove(base_src + i * size, os.urandom(size), size)
+    assert store.register_buffer(base_src, n * size) == 0
+    assert store.register_buffer(base_dst, n * size) == 0
+    assert store.register_buffer(base_src + 16, 10) == INVALID_PARAMS, "overlap"
+    keys = [key(f"zc{i}") for i in range(n)]
+    ptrs = [base_src + i * size for i in range(n)]
+    assert store.put_from(keys[0], ptrs[0], size) == 0
+    assert store.batch_put_from(keys[1:], ptrs[1:], [size] * (n - 1)) == [0] * (n - 1)
+    got = store.batch_get_into(keys, [base_dst + i * size for i in range(n)], [size] * n)
+    assert got == [size] * n
+    assert dst.raw == src.raw
+    assert store.get_into(keys[0], base_dst, size) == size
+    assert store.get_into(key("missing"), base_dst, size) == OBJECT_NOT_FOUND
+    assert store.get_into(keys[0], base_dst, size - 1) == INVALID_PARAMS, "buffer too small"
+    # One object from two buffers, read back into three.
+    mk = key("multi")
+    assert store.batch_put_from_multi_buffers([mk], [[ptrs[0], ptrs[1]]], [[size, size]]) == [0]
+    ctypes.memset(base_dst, 0, n * size)
+    parts = [[base_dst, base_dst + 1000, base_dst + 2 * size]]
+    assert store.batch_get_into_multi_buffers([mk], parts, [[1000, 2 * size - 1000, 10]]) == [2 * size]
+    assert dst.raw[: 2 * size] == src.raw[: 2 * size]
+    assert store.batch_get_into_multi_buffers([mk], [[base_dst]], [[size]]) == [INVALID_PARAMS]
+    assert store.unregister_buffer(base_src) == 0
+    assert store.put_from(key("after-unregister"), ptrs[0], size) == INVALID_PARAMS
+    assert store.unregister_buffer(base_src) == INVALID_PARAMS
+
+
+def test_pointers_outside_registered_memory_are_refused_not_crashes(store):
+    buf = ctypes.create_string_buffer(4096)
+    base = ctypes.addressof(buf)
+    assert store.register_buffer(base, 4096) == 0
+    assert store.put_from(key("out"), base + 4000, 200) == INVALID_PARAMS
+    assert store.get_into(key("out"), 0xDEAD0000, 64) == INVALID_PARAMS
+    assert store.batch_put_from([key("a"), key("b")], [base, 16], [64, 64]) == [0, INVALID_PARAMS]
+    assert store.batch_get_into([key("a")], [base], [64, 64]) == [INVALID_PARAMS]
+    # Unmapped memory (as a GPU pointer would be here) cannot be registered.
+    assert store.register_buffer(0x10, 4096) == INVALID_PARAMS
+    assert store.register_buffer(base, 0) == INVALID_PARAMS
+    assert store.register_buffer(-1 & 0xFFFFFFFFFFFFFFFF, 4096) == INVALID_PARAMS
+    with pytest.raises(OverflowError):
+        store.register_buffer(-5, 10)
+
+
+def test_calls_before_setup_and_after_close():
+    s = MooncakeDistributedStore()
+    assert s.health_check() == 1
+    assert s.put("k", b"v") == NOT_SET_UP
+    assert s.get("k") == b""
+    assert s.get_buffer("k") is None
+    assert s.batch_is_exist(["a", "b"]) == [NOT_SET_UP, NOT_SET_UP]
+    assert s.remove_all() == NOT_SET_UP
+    assert s.close() == 0
+    assert s.close() == 0
+
+
+def test_bad_arguments_get_codes_or_exceptions(cluster):
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", -1, 1 << 20, "tcp", "", cluster.masters) == INVALID_PARAMS
+    assert s.setup("localhost", "P2PHANDSHAKE", "lots", 1 << 20, "tcp", "", cluster.masters) == INVALID_PARAMS
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 1 << 20, "carrier-pigeon", "", cluster.masters) == INVALID_PARAMS
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", "not an address") < 0
+    assert s.health_check() == 1
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", cluster.masters) == 0
+    try:
+        assert s.setup("localhost", "P2PHANDSHAKE", 0, 1 << 20, "tcp", "", cluster.masters) == INVALID_PARAMS
+        with pytest.raises(TypeError):
+            s.put(None, b"x")
+        with pytest.raises(TypeError):
+            s.get_batch([None])
+        with pytest.raises(ValueError):
+            s.put(key("neg"), b"x", ReplicateConfig(replica_num=-1))
+        assert s.put(key("empty"), b"") == INVALID_PARAMS
+    finally:
+        s.close()
+
+
+def test_setup_by_keyword_dict_and_sizes_as_text(cluster):
+    s = MooncakeDistributedStore()
+    assert s.setup(
+        local_hostname="localhost",
+        metadata_server="P2PHANDSHAKE",
+        global_segment_size="32mb",
+        local_buffer_size="16MB",
+        protocol="rdma",  # served over TCP, with a warning
+        rdma_devices="mlx5_0",
+        master_server_addr=cluster.masters,
+    ) == 0
+    assert s.health_check() == 0
+    assert s.get_hostname() == "localhost"
+    k = key("kw")
+    assert s.put(k, b"from a segment-contributing client") == 0
+    s.close()
+    d = MooncakeDistributedStore()
+    assert d.setup({
+        "local_hostname": "localhost",
+        "metadata_server": "P2PHANDSHAKE",
+        "global_segment_size": 0,
+        "local_buffer_size": 1 << 24,
+        "protocol": "tcp",
+        "device_name": "",
+        "master_server_address": cluster.masters,
+    }) == 0
+    assert d.get(k) in (b"", b"from a segment-contributing client")
+    d.close()
+
+
+def test_replicate_config_accepts_mooncake_fields():
+    c = ReplicateConfig()
+    assert c.replica_num == 1 and not c.with_soft_pin and not c.with_hard_pin
+    c.group_ids = [1, 2]
+    c.soft_pin_ttl_ms = 5000
+    c.preferred_segment = "seg"
+    assert c.group_ids == [1, 2]
+    ReplicateConfig(replica_num=2, soft_pin_action="x", unknown_future_field=1)
+
+
+def test_host_allocator():
+    a = MooncakeHostMemAllocator()
+    p = a.alloc(1 << 20)
+    assert p % 4096 == 0
+    ctypes.memset(p, 7, 1 << 20)
+    assert a.free(p) == 0
+    assert a.free(p) == INVALID_PARAMS
+
+
+def test_many_threads_share_one_store(store):
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(20):
+                k = key(f"t{t}-{i}")
+                v = os.urandom(2048)
+                assert store.put(k, v) == 0
+                assert store.get(k) == v
+        except AssertionError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+
+def test_gil_is_released_during_io(store):
+    """This thread keeps running Python while another waits inside gets: with
+    the GIL held through a call it could count only between calls."""
+    k = key("big")
+    assert store.put(k, os.urandom(32 << 20)) == 0
+    inside = threading.Event()
+    done = threading.Event()
+
+    def reader():
+        for _ in range(10):
+            inside.set()
+            store.get(k)
+            inside.clear()
+        done.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    ticks_inside = 0
+    while not done.is_set():
+        if inside.is_set():
+            ticks_inside += 1
+    t.join()
+    assert ticks_inside > 1000, ticks_inside
+
+
+def test_remove_all(store):
+    ks = [key("all") for _ in range(3)]
+    for k in ks:
+        assert store.put(k, b"x") == 0
+    assert store.remove_all(force=True) >= 3
+    assert store.batch_is_exist(ks) == [0, 0, 0]
