@@ -1,7 +1,7 @@
 # Crescent: `make demo` starts a local cluster; `make test` runs every test.
 CARGO ?= cargo
 
-.PHONY: all deps build release images test lint fmt demo chaos bench-meta bench-data clean
+.PHONY: all deps build release images test lint fmt demo chaos bench-meta bench-data bench-python clean
 
 all: build
 
@@ -64,6 +64,12 @@ bench-meta: release
 
 bench-data: release
 	./target/release/crescentctl bench data
+
+# Python client vs Rust client on one local cluster, release builds of both.
+bench-python: release
+	target/pyenv/bin/maturin build --quiet --release -m client/python/Cargo.toml -i target/pyenv/bin/python -o target/wheels-release
+	target/pyenv/bin/pip install --quiet --force-reinstall --no-deps target/wheels-release/crescent-*.whl
+	target/pyenv/bin/python client/python/harness/bench.py --bin-dir target/release
 
 clean:
 	$(CARGO) clean

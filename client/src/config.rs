@@ -78,8 +78,9 @@ impl Default for ClientConfig {
 pub struct ConfigError(pub String);
 
 /// Mooncake's JSON field names; sizes may be numbers or strings like "4gb".
+/// Engines write their own fields into the same file (vLLM, LMCache), so
+/// unknown fields are logged and ignored rather than refused.
 #[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct JsonConfig {
     local_hostname: Option<String>,
     master_server_address: Option<String>,
@@ -88,6 +89,8 @@ struct JsonConfig {
     local_buffer_size: Option<SizeValue>,
     protocol: Option<String>,
     device_name: Option<String>,
+    #[serde(flatten)]
+    other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,6 +180,10 @@ impl ClientConfig {
 
     pub fn apply_json(&mut self, text: &str) -> Result<(), ConfigError> {
         let j: JsonConfig = serde_json::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        if !j.other.is_empty() {
+            let names: Vec<&str> = j.other.keys().map(String::as_str).collect();
+            tracing::warn!(fields = ?names, "Mooncake config: fields Crescent does not use are ignored");
+        }
         if let Some(v) = j.local_hostname {
             self.local_hostname = v;
         }
@@ -259,7 +266,17 @@ mod tests {
         assert_eq!(c.local_buffer_size, 1 << 20);
         assert_eq!(c.protocol, Protocol::Rdma);
         assert_eq!(c.device_name, "mlx5_0");
-        std::fs::write(&path, r#"{"bogus_field": 1}"#).unwrap();
+        // Fields engines add for themselves are ignored; bad values are not.
+        std::fs::write(
+            &path,
+            r#"{"transfer_timeout": 1, "master_server_address": "m:2"}"#,
+        )
+        .unwrap();
+        let c = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
+        assert_eq!(c.master, "m:2");
+        std::fs::write(&path, r#"{"global_segment_size": "lots"}"#).unwrap();
+        assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).is_err());
+        std::fs::write(&path, r#"{"protocol": 7}"#).unwrap();
         assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).is_err());
     }
 }

@@ -77,6 +77,42 @@ async fn metrics_health_and_admin_endpoints() {
     let (code, body) = http_request(&http, "GET", "/segments", &[]).await.unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("\"capacity\""), "{body}");
+    // Mooncake's names and plain-text formats.
+    let (code, body) = http_request(&http, "GET", "/get_all_segments", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let segment = body.lines().next().unwrap_or_default().to_string();
+    assert_eq!(body.lines().count(), 1, "one mounted segment: {body:?}");
+    assert!(!segment.is_empty(), "{body:?}");
+    let (code, body) = http_request(&http, "GET", "/get_all_keys", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let mut listed: Vec<&str> = body.lines().collect();
+    listed.sort();
+    assert_eq!(listed, ["web/0", "web/1", "web/2", "web/3", "web/4"]);
+    let (code, body) = http_request(
+        &http,
+        "GET",
+        &format!("/query_segment?segment={segment}"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(lines[0], segment, "{body}");
+    assert!(
+        lines[1].starts_with("Used(bytes): ") && lines[1] != "Used(bytes): 0",
+        "{body}"
+    );
+    assert_eq!(lines[2], format!("Capacity(bytes): {}", 64 << 20), "{body}");
+    let (code, _) = http_request(&http, "GET", "/query_segment?segment=nope", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 404);
+
     let (code, body) = http_request(&http, "GET", "/keys?prefix=web/&limit=2", &[])
         .await
         .unwrap();

@@ -1,6 +1,10 @@
 //! Admin and metrics HTTP (`--http`, default :9003): `/metrics` (Prometheus
 //! text), `/health`, `/leader`, and admin reads `/query_key`, `/segments`,
 //! `/keys` plus `POST /remove_all` (guarded by `--admin-token` when set).
+//! Mooncake's names for the reads engines and its tools poll answer in its
+//! plain-text formats: `/get_all_segments`, `/get_all_keys`,
+//! `/query_segment?segment=` (SGLang waits for `/get_all_segments` to list a
+//! segment before it starts).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -22,6 +26,10 @@ use crate::service::MasterApi;
 use crescent_proto::metrics::{label, sample};
 
 const MAX_KEYS_PAGE: usize = 10_000;
+/// `/get_all_keys` answers at most this many keys (Mooncake has no paging);
+/// a longer list is cut and says so in the `X-Crescent-Truncated` header.
+const MAX_ALL_KEYS: usize = 1_000_000;
+const MOONCAKE_TEXT: &str = "text/plain; version=0.0.4";
 
 pub fn router(node: Arc<MasterNode>) -> Router {
     Router::new()
@@ -31,6 +39,9 @@ pub fn router(node: Arc<MasterNode>) -> Router {
         .route("/query_key", get(query_key))
         .route("/segments", get(segments))
         .route("/keys", get(keys))
+        .route("/get_all_segments", get(mooncake_all_segments))
+        .route("/get_all_keys", get(mooncake_all_keys))
+        .route("/query_segment", get(mooncake_query_segment))
         .route("/remove_all", post(remove_all))
         .with_state(node)
 }
@@ -341,6 +352,84 @@ async fn segments(State(node): State<Arc<MasterNode>>) -> Response {
         })
         .collect();
     Json(json!({"segments": list})).into_response()
+}
+
+/// Mooncake's `/get_all_segments`: names of the mounted (live) segments,
+/// one per line.
+async fn mooncake_all_segments(State(node): State<Arc<MasterNode>>) -> Response {
+    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let mut body = String::new();
+    for s in sm.state.segments.values().filter(|s| s.is_live()) {
+        body.push_str(&s.spec.name);
+        body.push('\n');
+    }
+    ([("content-type", MOONCAKE_TEXT)], body).into_response()
+}
+
+/// Mooncake's `/get_all_keys`: every complete object's key, one per line.
+async fn mooncake_all_keys(State(node): State<Arc<MasterNode>>) -> Response {
+    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let mut body = String::new();
+    let mut truncated = false;
+    for (listed, (k, _)) in sm
+        .state
+        .objects
+        .iter()
+        .filter(|(_, o)| o.is_complete())
+        .enumerate()
+    {
+        if listed == MAX_ALL_KEYS {
+            truncated = true;
+            break;
+        }
+        body.push_str(k);
+        body.push('\n');
+    }
+    let truncated = if truncated { "true" } else { "false" };
+    (
+        [
+            ("content-type", MOONCAKE_TEXT),
+            ("x-crescent-truncated", truncated),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct SegmentQuery {
+    segment: String,
+}
+
+/// Mooncake's `/query_segment?segment=NAME`: the name, then used and total
+/// bytes, one per line; 404 for a segment that is not mounted.
+async fn mooncake_query_segment(
+    State(node): State<Arc<MasterNode>>,
+    Query(q): Query<SegmentQuery>,
+) -> Response {
+    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let Some(s) = sm
+        .state
+        .segments
+        .values()
+        .find(|s| s.is_live() && s.spec.name == q.segment)
+    else {
+        return (
+            StatusCode::NOT_FOUND,
+            [("content-type", MOONCAKE_TEXT)],
+            format!("segment {} not found\n", q.segment),
+        )
+            .into_response();
+    };
+    let used = sm.state.allocator(s.id).map(|a| a.allocated()).unwrap_or(0);
+    (
+        [("content-type", MOONCAKE_TEXT)],
+        format!(
+            "{}\nUsed(bytes): {used}\nCapacity(bytes): {}\n",
+            s.spec.name, s.spec.capacity
+        ),
+    )
+        .into_response()
 }
 
 #[derive(Deserialize)]

@@ -1,109 +1,15 @@
-"""A real Crescent cluster for the Python tests: three master processes
-(static peers) and one store process (TCP), started
-from the workspace's binaries (CRESCENT_BIN_DIR, default target/debug) on
-free loopback ports, and stopped after the session."""
+"""Fixtures: a real Crescent cluster (harness/cluster.py) for the session,
+and a store client set up against it."""
 
-import os
 import shutil
-import socket
-import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-BIN = Path(os.environ.get("CRESCENT_BIN_DIR", REPO / "target" / "debug"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(what, check, timeout=60.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception as e:  # noqa: BLE001 - reported below if it never succeeds
-            last = e
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not ready after {timeout} s (last error: {last!r})")
-
-
-class Cluster:
-    def __init__(self, root: Path):
-        self.root = root
-        self.procs = []
-        self.master_ports = [free_port() for _ in range(3)]
-        self.masters = ",".join(f"127.0.0.1:{p}" for p in self.master_ports)
-        self.store_port = free_port()
-
-    def spawn(self, name, args, env=None):
-        log = open(self.root / f"{name}.log", "wb")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.procs.append((name, p, log))
-        return p
-
-    def start(self):
-        for exe in ("crescent-master", "crescent-store", "crescentctl"):
-            if not (BIN / exe).exists():
-                raise RuntimeError(f"{BIN / exe} is missing: run `cargo build --bins` first")
-        peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(self.master_ports))
-        for i, port in enumerate(self.master_ports):
-            self.spawn(
-                f"master-{i + 1}",
-                [
-                    str(BIN / "crescent-master"),
-                    "--node-id", str(i + 1),
-                    "--listen", f"127.0.0.1:{port}",
-                    "--http", f"127.0.0.1:{free_port()}",
-                    "--data-dir", str(self.root / f"master-{i + 1}"),
-                    "--peers", peers,
-                    # Short read leases so non-forced removes in the tests
-                    # are not refused for Mooncake's usual seconds.
-                    "--lease-ttl", "1s",
-                ],
-            )
-        wait_until("a leader", lambda: self.ctl("leader").returncode == 0)
-        self.spawn(
-            "store",
-            [
-                str(BIN / "crescent-store"),
-                "--master", self.masters,
-                "--listen", f"127.0.0.1:{self.store_port}",
-                "--http", f"127.0.0.1:{free_port()}",
-                "--segment-size", "256mb",
-            ],
-        )
-        wait_until("the store's segment", self.can_put)
-
-    def ctl(self, *args):
-        return subprocess.run(
-            [str(BIN / "crescentctl"), "--master", self.masters, *args],
-            capture_output=True,
-            timeout=30,
-        )
-
-    def can_put(self):
-        r = self.ctl("put", "conftest-probe", "ok")
-        return r.returncode == 0
-
-    def stop(self):
-        for _, p, _ in self.procs:
-            p.terminate()
-        for name, p, log in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-            log.close()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+from cluster import Cluster  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,15 @@ def key(name):
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
+def round_trip_then_close(s, value):
+    try:
+        k = key("roundtrip")
+        assert s.put(k, value) == 0
+        assert s.get(k) == value
+    finally:
+        s.close()
+
+
 def test_put_get_exists_size_remove(store):
     k = key("basic")
     assert store.get(k) == b""
@@ -254,3 +263,37 @@ def test_remove_all(store):
         assert store.put(k, b"x") == 0
     assert store.remove_all(force=True) >= 3
     assert store.batch_is_exist(ks) == [0, 0, 0]
+
+
+def test_setup_from_a_mooncake_config_file(cluster, tmp_path, monkeypatch):
+    """vLLM and SGLang write Mooncake's JSON (sizes as "4GB" strings, their
+    own extra fields) and point MOONCAKE_CONFIG_PATH at it."""
+    import json
+
+    path = tmp_path / "mooncake.json"
+    path.write_text(json.dumps({
+        "local_hostname": "localhost",
+        "metadata_server": "P2PHANDSHAKE",
+        "master_server_address": cluster.masters,
+        "protocol": "tcp",
+        "device_name": "",
+        "global_segment_size": "0",
+        "local_buffer_size": "16MB",
+        "transfer_timeout": 20,
+    }))
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(path))
+    s = MooncakeDistributedStore()
+    assert s.setup() == 0
+    round_trip_then_close(s, b"configured from the file")
+    path.write_text(json.dumps({"master_server_address": cluster.masters, "global_segment_size": "lots"}))
+    assert MooncakeDistributedStore().setup() == INVALID_PARAMS
+
+
+def test_setup_dummy_uses_the_masters_from_the_environment(cluster, monkeypatch):
+    """SGLang's standalone mode: the segment belongs to a separate store
+    process; this client only talks to the masters and that store."""
+    monkeypatch.setenv("MOONCAKE_MASTER", cluster.masters)
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(1 << 30, "16mb", "127.0.0.1:50052") == 0
+    round_trip_then_close(s, b"via the standalone store")
+    assert MooncakeDistributedStore().setup_dummy(-1, 1 << 20, "x") == INVALID_PARAMS
