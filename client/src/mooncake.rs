@@ -22,6 +22,7 @@ pub const OBJECT_NOT_FOUND: i32 = -704;
 pub const OBJECT_ALREADY_EXISTS: i32 = -705;
 pub const OBJECT_HAS_LEASE: i32 = -706;
 pub const TRANSFER_FAIL: i32 = -800;
+pub const CHECKSUM_MISMATCH: i32 = -801;
 pub const RPC_FAIL: i32 = -900;
 pub const RPC_TIMEOUT: i32 = -901;
 pub const UNAVAILABLE_IN_CURRENT_STATUS: i32 = -1010;
@@ -38,9 +39,7 @@ pub fn code_number(code: ErrorCode) -> i32 {
         ErrorCode::InvalidKey => INVALID_KEY,
         ErrorCode::InvalidParams => INVALID_PARAMS,
         ErrorCode::TransferFail => TRANSFER_FAIL,
-        // Mooncake has no checksums; a read whose every replica is corrupt
-        // is an invalid read there.
-        ErrorCode::ChecksumMismatch => INVALID_READ,
+        ErrorCode::ChecksumMismatch => CHECKSUM_MISMATCH,
         ErrorCode::RpcFail => RPC_FAIL,
         ErrorCode::RpcTimeout => RPC_TIMEOUT,
         // A leader change the client could not follow in time: retryable,

@@ -42,6 +42,7 @@ class Cluster:
         self.master_ports = [free_port() for _ in range(3)]
         self.masters = ",".join(f"127.0.0.1:{p}" for p in self.master_ports)
         self.store_port = free_port()
+        self.http_ports = [free_port() for _ in range(3)]
 
     def spawn(self, name, args, env=None):
         log = open(self.root / f"{name}.log", "wb")
@@ -61,7 +62,7 @@ class Cluster:
                     str(self.bin / "crescent-master"),
                     "--node-id", str(i + 1),
                     "--listen", f"127.0.0.1:{port}",
-                    "--http", f"127.0.0.1:{free_port()}",
+                    "--http", f"127.0.0.1:{self.http_ports[i]}",
                     "--data-dir", str(self.root / f"master-{i + 1}"),
                     "--peers", peers,
                     # Short read leases so non-forced removes in the tests
@@ -81,6 +82,17 @@ class Cluster:
             ],
         )
         wait_until("the store's segment", self.can_put)
+
+    def http_get(self, path):
+        """GET `path` from the first master's HTTP port: (status, text)."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_ports[0]}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
 
     def ctl(self, *args):
         return subprocess.run(

@@ -321,51 +321,108 @@ impl BufferHandle {
     }
 }
 
-/// Caller memory that raw-pointer calls may read or write: address → length.
+/// A registered caller buffer.
+#[derive(Clone, Copy)]
+struct Region {
+    len: usize,
+    /// Reads from the store land here only if the whole range is writable.
+    writable: bool,
+}
+
+/// What a raw-pointer call does with caller memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// A put reads the range.
+    Read,
+    /// A get writes into it.
+    Write,
+}
+
+/// Caller memory that raw-pointer calls may use: address → region.
 #[derive(Default)]
-struct Registered(BTreeMap<usize, usize>);
+struct Registered(BTreeMap<usize, Region>);
 
 impl Registered {
-    /// Whether `[ptr, ptr + size)` lies inside one registered buffer.
-    fn covers(&self, ptr: usize, size: usize) -> bool {
+    /// Whether `[ptr, ptr + size)` lies inside one registered buffer that
+    /// allows `access`.
+    fn covers(&self, ptr: usize, size: usize, access: Access) -> bool {
         let Some(end) = ptr.checked_add(size) else {
             return false;
         };
         match self.0.range(..=ptr).next_back() {
-            Some((&start, &len)) => start.checked_add(len).is_some_and(|e| end <= e),
+            Some((&start, r)) => {
+                start.checked_add(r.len).is_some_and(|e| end <= e)
+                    && (access == Access::Read || r.writable)
+            }
             None => false,
         }
     }
 }
 
-/// Whether this process can read the byte at `addr` (false for unmapped
-/// memory and device pointers) without risking a crash: the kernel copies it
-/// and reports EFAULT instead of faulting.
-fn readable(addr: usize) -> bool {
-    let mut byte = 0u8;
-    let local = libc::iovec {
-        iov_base: (&mut byte as *mut u8).cast(),
-        iov_len: 1,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut c_void,
-        iov_len: 1,
-    };
-    // SAFETY: both iovecs describe one byte; the kernel validates `remote`.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n == 1
+/// How this process may use `[ptr, ptr + size)`, from `/proc/self/maps`:
+/// None when part of it is unmapped or unreadable (a hole, a device pointer),
+/// else whether all of it is writable. Reading the kernel's map rather than
+/// touching the memory means a bad range is refused, never faulted on.
+fn mapped_access(maps: &str, ptr: usize, size: usize) -> Option<bool> {
+    let end = ptr.checked_add(size)?;
+    let mut regions: Vec<(usize, usize, bool, bool)> = maps
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.split_whitespace();
+            let (lo, hi) = parts.next()?.split_once('-')?;
+            let perms = parts.next()?.as_bytes();
+            Some((
+                usize::from_str_radix(lo, 16).ok()?,
+                usize::from_str_radix(hi, 16).ok()?,
+                perms.first() == Some(&b'r'),
+                perms.get(1) == Some(&b'w'),
+            ))
+        })
+        .collect();
+    regions.sort_unstable();
+    let mut at = ptr;
+    let mut writable = true;
+    for (lo, hi, r, w) in regions {
+        if hi <= at {
+            continue;
+        }
+        if lo > at || !r {
+            return None;
+        }
+        writable &= w;
+        at = hi;
+        if at >= end {
+            return Some(writable);
+        }
+    }
+    None
 }
 
-/// A caller range as a byte slice, after checking it is registered.
+/// A caller range, after checking it is registered for `access`.
 ///
 /// SAFETY (of the unsafe blocks using it): the caller registered the range
-/// with `register_buffer`, which checked its ends are readable; like
-/// Mooncake, the package trusts the caller not to free it while in use.
-fn caller_range(reg: &Registered, ptr: usize, size: usize) -> Result<(usize, usize), i32> {
-    if size == 0 || !reg.covers(ptr, size) {
+/// with `register_buffer`, which checked in the kernel's map that all of it
+/// is readable (and, for gets, writable); like Mooncake, the package trusts
+/// the caller not to unmap it while in use.
+fn caller_range(
+    reg: &Registered,
+    ptr: usize,
+    size: usize,
+    access: Access,
+) -> Result<(usize, usize), i32> {
+    if size == 0 || !reg.covers(ptr, size, access) {
         return Err(mooncake::INVALID_PARAMS);
     }
     Ok((ptr, size))
+}
+
+/// Whether any two ranges overlap (reads into them must not alias).
+fn any_overlap(ranges: &[(usize, usize)]) -> bool {
+    let mut sorted: Vec<(usize, usize)> = ranges.to_vec();
+    sorted.sort_unstable();
+    sorted
+        .windows(2)
+        .any(|w| w[0].0.saturating_add(w[0].1) > w[1].0)
 }
 
 fn code_of<T>(r: &crescent_client::client::Result<T>) -> i32 {
@@ -401,21 +458,37 @@ impl MooncakeDistributedStore {
             return mooncake::INVALID_PARAMS;
         }
         let hostname = config.local_hostname.clone();
-        match block(py, Client::connect(config)) {
-            Ok(c) => {
-                if let Ok(mut slot) = self.client.write() {
-                    *slot = Some(Arc::new(c));
-                }
-                if let Ok(mut h) = self.hostname.lock() {
-                    *h = hostname;
-                }
-                mooncake::OK
-            }
+        let client = match block(py, Client::connect(config)) {
+            Ok(c) => Arc::new(c),
             Err(e) => {
                 tracing::warn!(error = %e, "setup failed");
-                error_number(&e)
+                return error_number(&e);
             }
+        };
+        // LMCache passes get_hostname() as a preferred segment: with a
+        // segment of our own, that is its name.
+        let name = client
+            .local_store()
+            .map(|a| a.name.clone())
+            .unwrap_or(hostname);
+        let lost_race = match self.client.write() {
+            Ok(mut slot) if slot.is_none() => {
+                *slot = Some(client);
+                None
+            }
+            // Another thread's setup finished first (or the lock is
+            // poisoned): keep its client, close ours.
+            _ => Some(client),
+        };
+        if let Some(extra) = lost_race {
+            block(py, async move { extra.close().await });
+            tracing::warn!("setup called concurrently on one store; the first one won");
+            return mooncake::INVALID_PARAMS;
         }
+        if let Ok(mut h) = self.hostname.lock() {
+            *h = name;
+        }
+        mooncake::OK
     }
 
     /// The bytes of each buffer object, or INVALID_PARAMS for one that is
@@ -436,6 +509,18 @@ impl MooncakeDistributedStore {
                 Ok(b)
             })
             .collect()
+    }
+}
+
+impl Drop for MooncakeDistributedStore {
+    /// A store collected without close() still unmounts its segment: the
+    /// client's background work holds its own references and would keep the
+    /// segment mounted and served for the life of the process.
+    fn drop(&mut self) {
+        let taken = self.client.get_mut().ok().and_then(|c| c.take());
+        if let Some(c) = taken {
+            runtime().spawn(async move { c.close().await });
+        }
     }
 }
 
@@ -645,10 +730,13 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
         };
+        // A key twice in one batch is one object (the first value wins).
+        let mut seen = std::collections::HashSet::new();
         let items: Vec<(&str, &[u8])> = keys
             .iter()
             .map(String::as_str)
             .zip(bufs.iter().map(buffer_slice))
+            .filter(|(k, _)| seen.insert(*k))
             .collect();
         Ok(match block(py, async { c.put_batch(&items, &cfg).await }) {
             Ok(rs) => rs.iter().map(code_of).find(|&code| code != 0).unwrap_or(0),
@@ -783,12 +871,12 @@ impl MooncakeDistributedStore {
     }
 
     /// The number of objects removed, or a negative code.
-    #[pyo3(signature = (pattern, force=false))]
-    fn remove_by_regex(&self, py: Python<'_>, pattern: String, force: bool) -> i64 {
+    #[pyo3(signature = (regex_pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: String, force: bool) -> i64 {
         let Some(c) = self.client() else {
             return NOT_SET_UP.into();
         };
-        match block(py, async { c.remove_by_regex(&pattern, force).await }) {
+        match block(py, async { c.remove_by_regex(&regex_pattern, force).await }) {
             Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
             Err(e) => error_number(&e).into(),
         }
@@ -808,39 +896,50 @@ impl MooncakeDistributedStore {
 
     // ------------------------------------------------------ raw pointers
 
-    /// Lets raw-pointer calls use `[ptr, ptr + size)`. Its first and last
-    /// bytes must be readable host memory (a GPU pointer is refused).
-    fn register_buffer(&self, ptr: usize, size: usize) -> i32 {
-        let Some(last) = ptr.checked_add(size).and_then(|e| e.checked_sub(1)) else {
-            return mooncake::INVALID_PARAMS;
-        };
-        if size == 0 || ptr == 0 {
+    /// Lets raw-pointer calls use `[buffer_ptr, buffer_ptr + size)`. All of
+    /// it must be mapped, readable host memory (a GPU pointer or a range with
+    /// a hole is refused); gets may write into it only if it is writable.
+    fn register_buffer(&self, buffer_ptr: usize, size: usize) -> i32 {
+        if size == 0 || buffer_ptr == 0 || buffer_ptr.checked_add(size).is_none() {
             return mooncake::INVALID_PARAMS;
         }
-        if !readable(ptr) || !readable(last) {
+        let maps = match std::fs::read_to_string("/proc/self/maps") {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "register_buffer: cannot read /proc/self/maps to check the range");
+                return mooncake::INVALID_PARAMS;
+            }
+        };
+        let Some(writable) = mapped_access(&maps, buffer_ptr, size) else {
             tracing::warn!(
-                ptr,
+                buffer_ptr,
                 size,
-                "register_buffer: not readable host memory (a device pointer?)"
+                "register_buffer: not all mapped, readable host memory (a device pointer?)"
             );
             return mooncake::INVALID_PARAMS;
-        }
+        };
         let mut reg = self.registry();
         // Overlaps would make "which buffer" ambiguous on unregister.
         let overlaps = reg
             .0
-            .range(..ptr.saturating_add(size))
+            .range(..buffer_ptr.saturating_add(size))
             .next_back()
-            .is_some_and(|(&s, &l)| s.saturating_add(l) > ptr);
+            .is_some_and(|(&s, r)| s.saturating_add(r.len) > buffer_ptr);
         if overlaps {
             return mooncake::INVALID_PARAMS;
         }
-        reg.0.insert(ptr, size);
+        reg.0.insert(
+            buffer_ptr,
+            Region {
+                len: size,
+                writable,
+            },
+        );
         mooncake::OK
     }
 
-    fn unregister_buffer(&self, ptr: usize) -> i32 {
-        match self.registry().0.remove(&ptr) {
+    fn unregister_buffer(&self, buffer_ptr: usize) -> i32 {
+        match self.registry().0.remove(&buffer_ptr) {
             Some(_) => mooncake::OK,
             None => mooncake::INVALID_PARAMS,
         }
@@ -859,7 +958,7 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
         };
-        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size) {
+        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size, Access::Read) {
             Ok(r) => r,
             Err(code) => return Ok(code),
         };
@@ -875,7 +974,7 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return NOT_SET_UP.into();
         };
-        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size) {
+        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size, Access::Write) {
             Ok(r) => r,
             Err(code) => return code.into(),
         };
@@ -996,13 +1095,32 @@ impl MooncakeDistributedStore {
         {
             let reg = self.registry();
             for (i, rs) in ranges.into_iter().enumerate() {
-                if rs.is_empty() || rs.iter().any(|&(p, s)| caller_range(&reg, p, s).is_err()) {
+                if rs.is_empty()
+                    || rs
+                        .iter()
+                        .any(|&(p, s)| caller_range(&reg, p, s, Access::Read).is_err())
+                {
                     codes[i] = mooncake::INVALID_PARAMS;
                 } else {
                     valid.push((i, rs));
                 }
             }
         }
+        // A key twice in one batch is one object: the first occurrence is
+        // put, the others get its result (Mooncake answers them "already
+        // exists", which it reports as success).
+        let mut first_of: HashMap<&str, usize> = HashMap::new();
+        let mut duplicates: Vec<(usize, usize)> = Vec::new();
+        valid.retain(|(i, _)| match first_of.get(keys[*i].as_str()) {
+            Some(&first) => {
+                duplicates.push((*i, first));
+                false
+            }
+            None => {
+                first_of.insert(keys[*i].as_str(), *i);
+                true
+            }
+        });
         let results = block(py, async {
             // SAFETY (both slices below): see caller_range.
             let gathered: Vec<std::borrow::Cow<'_, [u8]>> = valid
@@ -1041,6 +1159,9 @@ impl MooncakeDistributedStore {
                 }
             }
         }
+        for (dup, first) in duplicates {
+            codes[dup] = codes[first];
+        }
         Ok(codes)
     }
 
@@ -1064,10 +1185,18 @@ impl MooncakeDistributedStore {
         let mut out: Vec<i64> = vec![0; keys.len()];
         let mut single: Vec<(usize, (usize, usize))> = Vec::new();
         let mut multi: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        // Reads run concurrently: destinations that overlap would alias.
+        if any_overlap(&ranges.concat()) {
+            return vec![mooncake::INVALID_PARAMS.into(); keys.len()];
+        }
         {
             let reg = self.registry();
             for (i, rs) in ranges.into_iter().enumerate() {
-                if rs.is_empty() || rs.iter().any(|&(p, s)| caller_range(&reg, p, s).is_err()) {
+                if rs.is_empty()
+                    || rs
+                        .iter()
+                        .any(|&(p, s)| caller_range(&reg, p, s, Access::Write).is_err())
+                {
                     out[i] = mooncake::INVALID_PARAMS.into();
                 } else if rs.len() == 1 {
                     single.push((i, rs[0]));

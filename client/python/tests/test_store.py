@@ -2,8 +2,11 @@
 calling conventions, return codes, zero-copy calls and bad input."""
 
 import ctypes
+import mmap
 import os
+import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -173,9 +176,15 @@ def test_setup_by_keyword_dict_and_sizes_as_text(cluster):
         master_server_addr=cluster.masters,
     ) == 0
     assert s.health_check() == 0
-    assert s.get_hostname() == "localhost"
+    # With a segment of its own, the hostname is that segment's name (LMCache
+    # passes it back as a preferred segment).
+    own = s.get_hostname()
+    status, segments = cluster.http_get("/get_all_segments")
+    assert status == 200 and own in segments.splitlines(), (own, segments)
     k = key("kw")
-    assert s.put(k, b"from a segment-contributing client") == 0
+    assert s.put(k, b"from a segment-contributing client", ReplicateConfig(preferred_segment=own)) == 0
+    status, text = cluster.http_get(f"/query_segment?segment={own}")
+    assert status == 200 and not text.splitlines()[1].endswith(": 0"), text
     s.close()
     d = MooncakeDistributedStore()
     assert d.setup({
@@ -187,7 +196,10 @@ def test_setup_by_keyword_dict_and_sizes_as_text(cluster):
         "device_name": "",
         "master_server_address": cluster.masters,
     }) == 0
-    assert d.get(k) in (b"", b"from a segment-contributing client")
+    k2 = key("dict")
+    assert d.put(k2, b"set up from a dict") == 0
+    assert d.get(k2) == b"set up from a dict"
+    assert d.get_hostname() == "localhost", "a pure client answers its host name"
     d.close()
 
 
@@ -220,7 +232,7 @@ def test_many_threads_share_one_store(store):
                 v = os.urandom(2048)
                 assert store.put(k, v) == 0
                 assert store.get(k) == v
-        except AssertionError as e:
+        except BaseException as e:  # noqa: BLE001 - any failure in a worker fails the test
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
@@ -233,28 +245,35 @@ def test_many_threads_share_one_store(store):
 
 
 def test_gil_is_released_during_io(store):
-    """This thread keeps running Python while another waits inside gets: with
-    the GIL held through a call it could count only between calls."""
+    """A Python thread keeps counting while this one waits inside a get. The
+    switch interval is raised so that, were the GIL held through the call,
+    the counter could not run at all while the call lasts."""
     k = key("big")
     assert store.put(k, os.urandom(32 << 20)) == 0
-    inside = threading.Event()
-    done = threading.Event()
+    count = 0
+    stop = threading.Event()
 
-    def reader():
-        for _ in range(10):
-            inside.set()
-            store.get(k)
-            inside.clear()
-        done.set()
+    def counter():
+        nonlocal count
+        while not stop.is_set():
+            count += 1
+            time.sleep(0)
 
-    t = threading.Thread(target=reader)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(100)
+    t = threading.Thread(target=counter)
     t.start()
-    ticks_inside = 0
-    while not done.is_set():
-        if inside.is_set():
-            ticks_inside += 1
-    t.join()
-    assert ticks_inside > 1000, ticks_inside
+    try:
+        time.sleep(0.05)
+        before = count
+        for _ in range(5):
+            assert len(store.get(k)) == 32 << 20
+        during = count - before
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    assert during > 0, "no Python ran while the gets were in progress"
 
 
 def test_remove_all(store):
@@ -297,3 +316,46 @@ def test_setup_dummy_uses_the_masters_from_the_environment(cluster, monkeypatch)
     assert s.setup_dummy(1 << 30, "16mb", "127.0.0.1:50052") == 0
     round_trip_then_close(s, b"via the standalone store")
     assert MooncakeDistributedStore().setup_dummy(-1, 1 << 20, "x") == INVALID_PARAMS
+
+
+def test_reads_into_overlapping_or_read_only_memory_are_refused(store):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    anon = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    # Read-only memory: puts may read it, gets may not write into it.
+    ro = libc.mmap(None, 2 * page, mmap.PROT_READ, anon, -1, 0)
+    assert ro not in (None, ctypes.c_void_p(-1).value)
+    assert store.register_buffer(ro, 2 * page) == 0
+    k = key("ro")
+    assert store.put_from(k, ro, page) == 0
+    assert store.get_into(k, ro, page) == INVALID_PARAMS
+    assert store.batch_get_into([k], [ro], [page]) == [INVALID_PARAMS]
+    assert store.unregister_buffer(ro) == 0
+    # A range with an unmapped hole in the middle cannot be registered.
+    rw = libc.mmap(None, 3 * page, mmap.PROT_READ | mmap.PROT_WRITE, anon, -1, 0)
+    assert libc.munmap(rw + page, page) == 0
+    assert store.register_buffer(rw, 3 * page) == INVALID_PARAMS
+    assert store.register_buffer(rw, page) == 0
+    # Two destinations of one batch that overlap would alias: refused whole.
+    assert store.batch_get_into([k, k], [rw, rw + 100], [page // 2, page // 2]) == [INVALID_PARAMS] * 2
+    assert store.batch_get_into([k], [rw], [page]) == [page]
+    store.unregister_buffer(rw)
+    libc.munmap(ro, 2 * page)
+    libc.munmap(rw, page)
+    libc.munmap(rw + 2 * page, page)
+
+
+def test_a_key_twice_in_one_batch_put_is_one_object(store):
+    buf = ctypes.create_string_buffer(b"first" + b"second", 11)
+    base = ctypes.addressof(buf)
+    assert store.register_buffer(base, 11) == 0
+    k = key("dup")
+    assert store.batch_put_from([k, k], [base, base + 5], [5, 6]) == [0, 0]
+    assert store.get(k) == b"first"
+    k2 = key("dup-copy")
+    assert store.put_batch([k2, k2], [b"one", b"two"]) == 0
+    assert store.get(k2) == b"one"
+    store.unregister_buffer(base)
