@@ -14,6 +14,35 @@ pub use crescent_client::local::{
     find_binary, free_port, wait_listening, LocalCluster, LocalEtcd, MasterProcess, StoreProcess,
 };
 
+/// Whether every test must run (`CI` set, or `CRESCENT_REQUIRE_ALL=1`, which
+/// `.ci/run` sets): then a missing tool fails a test instead of skipping it.
+pub fn require_all() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0")
+        || std::env::var("CRESCENT_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Call when `test` cannot run here because `missing` is absent. Under
+/// [`require_all`] it panics (the test fails and says why); otherwise it
+/// prints a SKIPPED line on stderr and appends it to `$CRESCENT_SKIP_LOG`,
+/// which `make test` lists at the end, so a skip is never silent.
+pub fn skip_or_fail(test: &str, missing: &str) {
+    let line = format!("SKIPPED {test}: {missing}");
+    if require_all() {
+        panic!("{line} (required: CI or CRESCENT_REQUIRE_ALL=1 is set)");
+    }
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("CRESCENT_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
 /// Runs `crescentctl` with `args`; returns (exit success, stdout, stderr).
 pub fn crescentctl(args: &[&str]) -> anyhow::Result<(bool, String, String)> {
     let bin = find_binary("crescentctl")?;
