@@ -205,3 +205,42 @@ async fn client_degrades_to_local_only_and_recovers() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A store that dies stops counting as mounted once it misses its
+/// heartbeats for the client TTL (its segment expires), so
+/// `wait_for_segments` and `crescentctl status` count only live segments.
+/// Before this, `segment_count` also counted expired segments and the wait
+/// in `store_reregisters_with_a_new_leader` could not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_stores_segment_stops_counting_as_mounted() {
+    let mut cluster = LocalCluster::start(3, &["--client-ttl".into(), "2s".into()]).unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    cluster.stores[0].kill();
+    let mc = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, addr, _) = cluster
+            .wait_for_leader(Duration::from_secs(15))
+            .await
+            .unwrap();
+        if mc
+            .node_status(&addr)
+            .await
+            .is_ok_and(|s| s.segment_count == 0)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead store's segment still counts as mounted after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        cluster
+            .wait_for_segments(1, Duration::from_millis(500))
+            .await
+            .is_err(),
+        "wait_for_segments must not count an expired segment"
+    );
+}
