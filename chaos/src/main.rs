@@ -203,11 +203,14 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                     v.detail
                 );
             }
-            Ok(if r.violations.is_empty() {
-                std::process::ExitCode::SUCCESS
-            } else {
-                std::process::ExitCode::from(1)
-            })
+            // Inconclusive keys are not proven, as in `run`'s verdict.
+            Ok(
+                if r.violations.is_empty() && r.inconclusive_keys.is_empty() {
+                    std::process::ExitCode::SUCCESS
+                } else {
+                    std::process::ExitCode::from(1)
+                },
+            )
         }
         Cmd::Worker(args) => {
             run_worker(args.into()).await?;

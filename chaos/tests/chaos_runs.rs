@@ -98,6 +98,18 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
     let (first, _) = ci_run(&image, &out, "20261121");
     let (second, report) = ci_run(&image, &out, "20261122");
     assert_ne!(first, second, "each run gets its own directory");
+    // `crescent-chaos check` re-checks a saved run from its files alone.
+    let first_report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{first}/report.json")).unwrap()).unwrap();
+    let (code, text) = chaos(&["check", &first]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(&format!(
+            "{} keys checked, 0 violations, 0 inconclusive",
+            first_report["keys_checked"]
+        )),
+        "{text}"
+    );
     assert_every_worker_recorded(&first);
     assert_every_worker_recorded(&second);
     let latest = std::fs::canonicalize(format!("{out}/latest")).unwrap();
@@ -149,6 +161,10 @@ fn broken_run(name: &str, seed: &str, switch: &str) -> serde_json::Map<String, s
     ]);
     println!("{text}");
     assert_eq!(code, 1, "{switch} must fail the run:\n{text}");
+    // Re-checking the saved run finds the violations again.
+    let (check_code, check_text) = chaos(&["check", &run_dir(&text)]);
+    assert_eq!(check_code, 1, "{check_text}");
+    assert!(!check_text.contains(" 0 violations"), "{check_text}");
     report(&text)["violation_counts"]
         .as_object()
         .unwrap()

@@ -138,6 +138,14 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
     }
     let before = c.stats.checksum_failures.load(Ordering::Relaxed);
     assert_eq!(c.get("two").await.unwrap(), value);
+    // Replicas of one route are read in the master's order: the corrupt
+    // first one failed its checksum, and the right bytes came from the other.
+    let after_two = c.stats.checksum_failures.load(Ordering::Relaxed);
+    assert_eq!(
+        after_two,
+        before + 1,
+        "the get did not read the corrupt replica first"
+    );
     // Corrupt the only replica of "one": CHECKSUM_MISMATCH, never wrong bytes.
     let one = c.master().get_replica_list("one").await.unwrap();
     let r = &one.replicas[0];
@@ -152,7 +160,7 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
         c.get("one").await,
         Err(Error::ChecksumMismatch("one".into()))
     );
-    assert!(c.stats.checksum_failures.load(Ordering::Relaxed) > before);
+    assert!(c.stats.checksum_failures.load(Ordering::Relaxed) > after_two);
 
     // Kill one store: objects with a replica elsewhere stay readable.
     c.put("survivor", &value, &replicas(2)).await.unwrap();
@@ -189,14 +197,37 @@ async fn garbage_to_a_store_port_closes_only_that_connection() {
     c.put("k", &value, &replicas(1)).await.unwrap();
     let endpoint = cluster.stores[0].endpoint.clone();
 
-    // Junk bytes, a truncated header, and an out-of-range request.
+    // A connection opened before the junk, with a good read on it.
+    let good = TcpTransport::new();
+    let desc = c.master().get_replica_list("k").await.unwrap();
+    let r = &desc.replicas[0];
+    let read_head = || async {
+        let mut head = [0u8; 16];
+        good.read(
+            &r.endpoint,
+            segment_tag(r.segment_id),
+            &mut [(r.offset, &mut head[..])],
+        )
+        .await
+        .map(|_| head)
+    };
+    assert_eq!(read_head().await.unwrap(), value[..16]);
+
+    // Junk bytes and a truncated header: the store closes that connection
+    // (its read ends, with EOF or a reset) ...
     for junk in [vec![0x55u8; 100], b"CRES".to_vec()] {
         let mut s = tokio::net::TcpStream::connect(&endpoint).await.unwrap();
         s.write_all(&junk).await.unwrap();
         s.shutdown().await.unwrap();
         let mut rest = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+        let closed = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+        assert!(
+            closed.is_ok(),
+            "the store kept a connection that sent {junk:?} open"
+        );
     }
+    // ... and only that one: the earlier pooled connection still serves.
+    assert_eq!(read_head().await.unwrap(), value[..16]);
     let tcp = TcpTransport::new();
     let mut buf = [0u8; 16];
     let out_of_range = tcp
