@@ -93,9 +93,15 @@ fn size_arg(name: &str, v: &Bound<'_, PyAny>) -> Result<u64, String> {
     ))
 }
 
+/// `size_arg` for an argument that may be absent or None.
+fn opt_size(name: &str, v: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>, String> {
+    v.filter(|v| !v.is_none())
+        .map(|v| size_arg(name, v))
+        .transpose()
+}
+
 /// Setup arguments, by Mooncake's names, whether passed positionally, by
 /// keyword or as `setup(config: dict)`.
-#[derive(Default)]
 struct SetupArgs {
     local_hostname: Option<String>,
     global_segment_size: Option<u64>,
@@ -123,10 +129,7 @@ impl SetupArgs {
             Ok(None)
         };
         let size = |n: &str| -> Result<Option<u64>, String> {
-            match d.get_item(n).map_err(|e| e.to_string())? {
-                Some(v) if !v.is_none() => size_arg(n, &v).map(Some),
-                _ => Ok(None),
-            }
+            opt_size(n, d.get_item(n).map_err(|e| e.to_string())?.as_ref())
         };
         Ok(SetupArgs {
             local_hostname: text(&["local_hostname"])?,
@@ -309,6 +312,15 @@ struct BufferHandle {
     bytes: OwnedBytes,
 }
 
+impl BufferHandle {
+    /// A handle on a fetched object; None for no bytes (Mooncake's "None").
+    fn of(v: Vec<u8>) -> Option<Self> {
+        (!v.is_empty()).then(|| BufferHandle {
+            bytes: OwnedBytes::new(v),
+        })
+    }
+}
+
 #[pymethods]
 impl BufferHandle {
     fn ptr(&self) -> usize {
@@ -370,11 +382,15 @@ enum Access {
 #[derive(Default)]
 struct Registered(BTreeMap<usize, Region>);
 
+/// SAFETY (of the unsafe blocks that turn a covered range into a slice):
+/// the caller registered the range with `register_buffer`, which checked in
+/// the kernel's map that all of it is readable (and, for gets, writable);
+/// like Mooncake, the package trusts the caller not to unmap it while in use.
 impl Registered {
-    /// Whether `[ptr, ptr + size)` lies inside one registered buffer that
-    /// allows `access`.
+    /// Whether `[ptr, ptr + size)` is non-empty and lies inside one
+    /// registered buffer that allows `access`.
     fn covers(&self, ptr: usize, size: usize, access: Access) -> bool {
-        let Some(end) = ptr.checked_add(size) else {
+        let Some(end) = ptr.checked_add(size).filter(|_| size > 0) else {
             return false;
         };
         match self.0.range(..=ptr).next_back() {
@@ -384,6 +400,11 @@ impl Registered {
             }
             None => false,
         }
+    }
+
+    /// Whether there is at least one range and every one is covered.
+    fn covers_all(&self, ranges: &[(usize, usize)], access: Access) -> bool {
+        !ranges.is_empty() && ranges.iter().all(|&(p, s)| self.covers(p, s, access))
     }
 }
 
@@ -426,24 +447,6 @@ fn mapped_access(maps: &str, ptr: usize, size: usize) -> Option<bool> {
     None
 }
 
-/// A caller range, after checking it is registered for `access`.
-///
-/// SAFETY (of the unsafe blocks using it): the caller registered the range
-/// with `register_buffer`, which checked in the kernel's map that all of it
-/// is readable (and, for gets, writable); like Mooncake, the package trusts
-/// the caller not to unmap it while in use.
-fn caller_range(
-    reg: &Registered,
-    ptr: usize,
-    size: usize,
-    access: Access,
-) -> Result<(usize, usize), i32> {
-    if size == 0 || !reg.covers(ptr, size, access) {
-        return Err(mooncake::INVALID_PARAMS);
-    }
-    Ok((ptr, size))
-}
-
 /// Whether any two ranges overlap (reads into them must not alias).
 fn any_overlap(ranges: &[(usize, usize)]) -> bool {
     let mut sorted: Vec<(usize, usize)> = ranges.to_vec();
@@ -451,6 +454,14 @@ fn any_overlap(ranges: &[(usize, usize)]) -> bool {
     sorted
         .windows(2)
         .any(|w| w[0].0.saturating_add(w[0].1) > w[1].0)
+}
+
+/// A count or size, or Mooncake's negative code.
+fn count_or_code(r: crescent_client::client::Result<u64>) -> i64 {
+    match r {
+        Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        Err(e) => error_number(&e).into(),
+    }
 }
 
 fn code_of<T>(r: &crescent_client::client::Result<T>) -> i32 {
@@ -519,8 +530,8 @@ impl MooncakeDistributedStore {
         mooncake::OK
     }
 
-    /// The bytes of each buffer object, or INVALID_PARAMS for one that is
-    /// not a contiguous buffer.
+    /// The bytes of each buffer object; TypeError or ValueError for one that
+    /// is not a C-contiguous buffer.
     fn buffers(values: &[Bound<'_, PyAny>]) -> PyResult<Vec<PyUntypedBuffer>> {
         values
             .iter()
@@ -616,16 +627,11 @@ impl MooncakeDistributedStore {
                         .map(|h| h.extract::<String>())
                         .transpose()
                         .map_err(|_| "local_hostname must be a string or a dict".to_string())?,
-                    global_segment_size: global_segment_size
-                        .as_ref()
-                        .filter(|v| !v.is_none())
-                        .map(|v| size_arg("global_segment_size", v))
-                        .transpose()?,
-                    local_buffer_size: local_buffer_size
-                        .as_ref()
-                        .filter(|v| !v.is_none())
-                        .map(|v| size_arg("local_buffer_size", v))
-                        .transpose()?,
+                    global_segment_size: opt_size(
+                        "global_segment_size",
+                        global_segment_size.as_ref(),
+                    )?,
+                    local_buffer_size: opt_size("local_buffer_size", local_buffer_size.as_ref())?,
                     protocol,
                     rdma_devices,
                     master_server_addr,
@@ -814,10 +820,7 @@ impl MooncakeDistributedStore {
         let c = self.client()?;
         block(py, async { c.get(&key).await })
             .ok()
-            .filter(|v| !v.is_empty())
-            .map(|v| BufferHandle {
-                bytes: OwnedBytes::new(v),
-            })
+            .and_then(BufferHandle::of)
     }
 
     fn batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> Vec<Option<BufferHandle>> {
@@ -828,11 +831,7 @@ impl MooncakeDistributedStore {
         match block(py, async { c.get_batch(&refs).await }) {
             Ok(rs) => rs
                 .into_iter()
-                .map(|r| {
-                    r.ok().filter(|v| !v.is_empty()).map(|v| BufferHandle {
-                        bytes: OwnedBytes::new(v),
-                    })
-                })
+                .map(|r| r.ok().and_then(BufferHandle::of))
                 .collect(),
             Err(_) => keys.iter().map(|_| None).collect(),
         }
@@ -843,10 +842,7 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return NOT_SET_UP.into();
         };
-        match block(py, async { c.get_size(&key).await }) {
-            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
-            Err(e) => error_number(&e).into(),
-        }
+        count_or_code(block(py, async { c.get_size(&key).await }))
     }
 
     /// 1 present, 0 absent, or a negative code.
@@ -904,10 +900,9 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return NOT_SET_UP.into();
         };
-        match block(py, async { c.remove_by_regex(&regex_pattern, force).await }) {
-            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
-            Err(e) => error_number(&e).into(),
-        }
+        count_or_code(block(py, async {
+            c.remove_by_regex(&regex_pattern, force).await
+        }))
     }
 
     /// The number of objects removed, or a negative code.
@@ -916,10 +911,7 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return NOT_SET_UP.into();
         };
-        match block(py, async { c.remove_all(force).await }) {
-            Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
-            Err(e) => error_number(&e).into(),
-        }
+        count_or_code(block(py, async { c.remove_all(force).await }))
     }
 
     // ------------------------------------------------------ raw pointers
@@ -986,13 +978,12 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
         };
-        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size, Access::Read) {
-            Ok(r) => r,
-            Err(code) => return Ok(code),
-        };
+        if !self.registry().covers(buffer_ptr, size, Access::Read) {
+            return Ok(mooncake::INVALID_PARAMS);
+        }
         Ok(code_of(&block(py, async move {
-            // SAFETY: see caller_range.
-            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+            // SAFETY: covered (see `Registered`).
+            let data = unsafe { std::slice::from_raw_parts(buffer_ptr as *const u8, size) };
             c.put_from(&key, data, &cfg).await
         })))
     }
@@ -1002,13 +993,12 @@ impl MooncakeDistributedStore {
         let Some(c) = self.client() else {
             return NOT_SET_UP.into();
         };
-        let (ptr, len) = match caller_range(&self.registry(), buffer_ptr, size, Access::Write) {
-            Ok(r) => r,
-            Err(code) => return code.into(),
-        };
+        if !self.registry().covers(buffer_ptr, size, Access::Write) {
+            return mooncake::INVALID_PARAMS.into();
+        }
         match block(py, async move {
-            // SAFETY: see caller_range.
-            let buf = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            // SAFETY: covered (see `Registered`).
+            let buf = unsafe { std::slice::from_raw_parts_mut(buffer_ptr as *mut u8, size) };
             c.get_into(&key, buf).await
         }) {
             Ok(n) => n as i64,
@@ -1026,12 +1016,10 @@ impl MooncakeDistributedStore {
         sizes: Vec<usize>,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i32>> {
-        let ranges: Vec<Vec<(usize, usize)>> = buffer_ptrs
-            .iter()
-            .zip(&sizes)
-            .map(|(&p, &s)| vec![(p, s)])
-            .collect();
-        self.put_gathered(py, keys, ranges, sizes.len(), config)
+        match one_range_each(&buffer_ptrs, &sizes) {
+            Some(ranges) => self.put_gathered(py, keys, ranges, config),
+            None => Ok(vec![mooncake::INVALID_PARAMS; keys.len()]),
+        }
     }
 
     /// Per key: bytes read or a negative code.
@@ -1042,12 +1030,10 @@ impl MooncakeDistributedStore {
         buffer_ptrs: Vec<usize>,
         sizes: Vec<usize>,
     ) -> Vec<i64> {
-        let ranges: Vec<Vec<(usize, usize)>> = buffer_ptrs
-            .iter()
-            .zip(&sizes)
-            .map(|(&p, &s)| vec![(p, s)])
-            .collect();
-        self.get_scattered(py, keys, ranges, sizes.len())
+        match one_range_each(&buffer_ptrs, &sizes) {
+            Some(ranges) => self.get_scattered(py, keys, ranges),
+            None => vec![mooncake::INVALID_PARAMS.into(); keys.len()],
+        }
     }
 
     /// One object per key, made of that key's buffers in order.
@@ -1060,9 +1046,8 @@ impl MooncakeDistributedStore {
         all_sizes: Vec<Vec<usize>>,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i32>> {
-        let n = all_sizes.len();
         match zip_ranges(&all_buffer_ptrs, &all_sizes) {
-            Some(ranges) => self.put_gathered(py, keys, ranges, n, config),
+            Some(ranges) => self.put_gathered(py, keys, ranges, config),
             None => Ok(vec![mooncake::INVALID_PARAMS; keys.len()]),
         }
     }
@@ -1078,12 +1063,21 @@ impl MooncakeDistributedStore {
         prefer_alloc_in_same_node: bool,
     ) -> Vec<i64> {
         let _ = prefer_alloc_in_same_node;
-        let n = all_sizes.len();
         match zip_ranges(&all_buffer_ptrs, &all_sizes) {
-            Some(ranges) => self.get_scattered(py, keys, ranges, n),
+            Some(ranges) => self.get_scattered(py, keys, ranges),
             None => vec![mooncake::INVALID_PARAMS.into(); keys.len()],
         }
     }
+}
+
+/// One range per key; None when there are not as many sizes as pointers.
+fn one_range_each(ptrs: &[usize], sizes: &[usize]) -> Option<Vec<Vec<(usize, usize)>>> {
+    (ptrs.len() == sizes.len()).then(|| {
+        ptrs.iter()
+            .zip(sizes)
+            .map(|(&p, &s)| vec![(p, s)])
+            .collect()
+    })
 }
 
 /// Pairs each key's pointers with its sizes; None when the shapes differ.
@@ -1108,10 +1102,9 @@ impl MooncakeDistributedStore {
         py: Python<'_>,
         keys: Vec<String>,
         ranges: Vec<Vec<(usize, usize)>>,
-        n_sizes: usize,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<i32>> {
-        if keys.len() != ranges.len() || keys.len() != n_sizes {
+        if keys.len() != ranges.len() {
             return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
         }
         let cfg = replicate_config(config.as_ref())?;
@@ -1123,11 +1116,7 @@ impl MooncakeDistributedStore {
         {
             let reg = self.registry();
             for (i, rs) in ranges.into_iter().enumerate() {
-                if rs.is_empty()
-                    || rs
-                        .iter()
-                        .any(|&(p, s)| caller_range(&reg, p, s, Access::Read).is_err())
-                {
+                if !reg.covers_all(&rs, Access::Read) {
                     codes[i] = mooncake::INVALID_PARAMS;
                 } else {
                     valid.push((i, rs));
@@ -1150,7 +1139,7 @@ impl MooncakeDistributedStore {
             }
         });
         let results = block(py, async {
-            // SAFETY (both slices below): see caller_range.
+            // SAFETY (both slices below): covered (see `Registered`).
             let gathered: Vec<std::borrow::Cow<'_, [u8]>> = valid
                 .iter()
                 .map(|(_, rs)| match rs.as_slice() {
@@ -1202,9 +1191,8 @@ impl MooncakeDistributedStore {
         py: Python<'_>,
         keys: Vec<String>,
         ranges: Vec<Vec<(usize, usize)>>,
-        n_sizes: usize,
     ) -> Vec<i64> {
-        if keys.len() != ranges.len() || keys.len() != n_sizes {
+        if keys.len() != ranges.len() {
             return vec![mooncake::INVALID_PARAMS.into(); keys.len()];
         }
         let Some(c) = self.client() else {
@@ -1220,11 +1208,7 @@ impl MooncakeDistributedStore {
         {
             let reg = self.registry();
             for (i, rs) in ranges.into_iter().enumerate() {
-                if rs.is_empty()
-                    || rs
-                        .iter()
-                        .any(|&(p, s)| caller_range(&reg, p, s, Access::Write).is_err())
-                {
+                if !reg.covers_all(&rs, Access::Write) {
                     out[i] = mooncake::INVALID_PARAMS.into();
                 } else if rs.len() == 1 {
                     single.push((i, rs[0]));
@@ -1236,8 +1220,8 @@ impl MooncakeDistributedStore {
         block(py, async {
             if !single.is_empty() {
                 let ks: Vec<&str> = single.iter().map(|(i, _)| keys[*i].as_str()).collect();
-                // SAFETY: see caller_range; ranges of one batch may not
-                // overlap (the caller's contract, as in Mooncake).
+                // SAFETY: covered (see `Registered`), and checked above not
+                // to overlap.
                 let mut bufs: Vec<&mut [u8]> = single
                     .iter()
                     .map(|(_, (p, s))| unsafe { std::slice::from_raw_parts_mut(*p as *mut u8, *s) })
@@ -1291,7 +1275,7 @@ fn scatter(v: &[u8], ranges: &[(usize, usize)]) -> i64 {
     let mut rest = v;
     for &(p, s) in ranges {
         let n = s.min(rest.len());
-        // SAFETY: see caller_range.
+        // SAFETY: covered (see `Registered`).
         unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), p as *mut u8, n) };
         rest = &rest[n..];
     }
