@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crescent_client::local::LocalEtcd;
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
-use crescent_integration::{crescentctl, LocalCluster};
+use crescent_integration::{crescentctl, http_request, LocalCluster};
 use crescent_proto::pb;
 
 fn one() -> ReplicateConfig {
@@ -218,8 +218,8 @@ async fn a_dead_stores_segment_stops_counting_as_mounted() {
     cluster.stores[0].kill();
     let mc = MasterClient::new(&cluster.masters_arg()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, addr, _) = cluster
+    let leader = loop {
+        let (id, addr, _) = cluster
             .wait_for_leader(Duration::from_secs(15))
             .await
             .unwrap();
@@ -228,14 +228,14 @@ async fn a_dead_stores_segment_stops_counting_as_mounted() {
             .await
             .is_ok_and(|s| s.segment_count == 0)
         {
-            break;
+            break id;
         }
         assert!(
             Instant::now() < deadline,
             "the dead store's segment still counts as mounted after 30 s"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
     assert!(
         cluster
             .wait_for_segments(1, Duration::from_millis(500))
@@ -243,4 +243,9 @@ async fn a_dead_stores_segment_stops_counting_as_mounted() {
             .is_err(),
         "wait_for_segments must not count an expired segment"
     );
+    // The gauge of mounted segments agrees.
+    let http = cluster.by_id(leader).unwrap().http.clone();
+    let (code, body) = http_request(&http, "GET", "/metrics", &[]).await.unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("master_segment_count 0"), "{body}");
 }

@@ -142,9 +142,7 @@ impl ClusterService for ClusterApi {
             let sm = self.node.shared.sm.read().expect("state lock poisoned");
             (
                 sm.state.objects.len() as u64,
-                // Mounted ones only: an expired segment (its store missed
-                // its heartbeats) is kept for a grace period but serves nothing.
-                sm.state.segments.values().filter(|s| s.is_live()).count() as u64,
+                sm.state.live_segment_count() as u64,
             )
         };
         Ok(Response::new(pb::GetStatusResponse {

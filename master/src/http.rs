@@ -89,7 +89,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "master_segment_count",
             "gauge",
             "Mounted segments.",
-            st.segments.len(),
+            st.live_segment_count(),
         );
         sample(
             &mut out,

@@ -330,6 +330,12 @@ impl MetaState {
         self.allocators.get(&id)
     }
 
+    /// Segments that are mounted (not expired: an expired one is kept for a
+    /// grace period but takes no new replicas).
+    pub fn live_segment_count(&self) -> usize {
+        self.segments.values().filter(|s| s.is_live()).count()
+    }
+
     pub fn total_capacity(&self) -> u64 {
         self.allocators.values().map(|a| a.capacity()).sum()
     }
@@ -501,11 +507,11 @@ impl MetaState {
                 "replica_num must be at least 1".into(),
             ));
         }
-        if config.replica_num as usize > self.segments.values().filter(|s| s.is_live()).count() {
+        let live = self.live_segment_count();
+        if config.replica_num as usize > live {
             return Response::Rejected(MetaError::InvalidParams(format!(
-                "replica_num {} exceeds the {} mounted segments",
-                config.replica_num,
-                self.segments.len()
+                "replica_num {} exceeds the {live} mounted segments",
+                config.replica_num
             )));
         }
         let results = items
