@@ -41,4 +41,10 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; install Rust (rustup) first" >&2
   exit 1
 fi
-echo "install-deps: ok (protoc $(protoc --version | cut -d' ' -f2), $(cargo --version), $("$VENV/bin/maturin" --version))"
+# `make test` runs the suite with cargo-nextest (per-test processes, the
+# thread and timeout settings of .config/nextest.toml); built from crates.io.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "install-deps: installing cargo-nextest from crates.io (a few minutes on two cores)"
+  cargo install --locked cargo-nextest
+fi
+echo "install-deps: ok (protoc $(protoc --version | cut -d' ' -f2), $(cargo --version), $(cargo nextest --version | head -1), $("$VENV/bin/maturin" --version))"
