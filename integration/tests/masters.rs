@@ -2,7 +2,7 @@
 //! that survives SIGKILL of its leader, and bad input that changes nothing.
 //! Needs `cargo build --bins` first (`make test` does it).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crescent_client::MasterClient;
 use crescent_integration::{crescentctl, LocalCluster};
@@ -230,18 +230,32 @@ async fn add_transfer_and_remove_members() {
         .expect("node 4 listed");
     assert_eq!(m4["voter"], true);
 
-    // Leadership moves to it on request.
-    let (ok, out, err) = crescentctl(&["--master", &masters, "transfer-leader", "4"]).unwrap();
+    // Leadership moves to it on request. The target campaigns first but
+    // another voter can still win the election; crescentctl then says so and
+    // exits 1, so the request is repeated (a few times at most).
+    let mut attempts = Vec::new();
+    for _ in 0..3 {
+        let (ok, out, err) = crescentctl(&["--master", &masters, "transfer-leader", "4"]).unwrap();
+        attempts.push(format!("ok={ok} out={out} err={err}"));
+        if ok {
+            assert!(out.contains("leader is now node 4"), "{out}");
+            break;
+        }
+        assert!(
+            err.contains("instead of node 4"),
+            "transfer-leader: {err}\n{out}"
+        );
+    }
     assert!(
-        ok,
-        "transfer-leader: {err}\n{out}\n{}",
+        attempts.last().unwrap().starts_with("ok=true"),
+        "leadership never moved to node 4: {attempts:#?}\n{}",
         cluster.log_tail(4, 20)
     );
     let (leader, _, _) = cluster
         .wait_for_leader(Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(leader, 4, "{out}");
+    assert_eq!(leader, 4, "{attempts:#?}");
     // The new member holds every object.
     assert_eq!(client.get_replica_list("m-19").await.unwrap().checksum, 19);
 
@@ -334,4 +348,108 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
     );
     // The oldest unleased objects went first.
     assert!(!client.exists("obj-1").await.unwrap());
+}
+
+/// While the leader hands leadership over it refuses writes, naming the
+/// successor (so clients go there instead of writing to a leader about to
+/// step down); when the handover fails (here the target is frozen and never
+/// campaigns) the transfer reports it and the leader takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_refused_during_a_leadership_transfer() {
+    let mut cluster = LocalCluster::start(3, &[]).unwrap();
+    let (leader, leader_addr, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    mount(&client, "seg").await;
+    let target = cluster
+        .masters
+        .iter()
+        .map(|m| m.id)
+        .find(|id| *id != leader)
+        .unwrap();
+    let target_addr = cluster.by_id(target).unwrap().addr.clone();
+    // Frozen only once it holds the whole log, so the transfer gets past its
+    // catch-up check and actually hands over.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lead = client.node_status(&leader_addr).await.unwrap();
+        let t = client.node_status(&target_addr).await.unwrap();
+        if t.last_log_index == lead.last_log_index && t.committed == lead.committed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the target never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.pause(target).unwrap();
+    let masters = cluster.masters_arg();
+    let transfer = std::thread::spawn(move || {
+        crescentctl(&["--master", &masters, "transfer-leader", &target.to_string()]).unwrap()
+    });
+
+    // A PutStart sent to the leader itself (no redirect following).
+    let put_at_leader = |i: u32| {
+        let req = pb::PutStartRequest {
+            header: Some(client.header()),
+            key: format!("during-transfer-{i}"),
+            size: 64,
+            config: Some(cfg(1)),
+        };
+        client.call_node(&leader_addr, |ch| async move {
+            MasterClient::master(ch).put_start(req).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    let refusal = loop {
+        i += 1;
+        let status = put_at_leader(i).await.unwrap().status.unwrap();
+        if status.code == ErrorCode::NotLeader as i32 {
+            break status;
+        }
+        assert_eq!(status.code, ErrorCode::Ok as i32, "{status:?}");
+        if transfer.is_finished() || Instant::now() > deadline {
+            let outcome = transfer.join().unwrap();
+            let log = cluster.log_tail(leader, 2000);
+            let about: Vec<&str> = log
+                .lines()
+                .filter(|l| {
+                    l.contains("transfer") || l.contains("catch") || l.contains("leadership")
+                })
+                .collect();
+            panic!("the leader never refused a write while transferring: {outcome:?}\n{about:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(refusal.leader_id, target, "{refusal:?}");
+    assert_eq!(refusal.leader_addr, target_addr, "{refusal:?}");
+
+    // The frozen target never takes over: the transfer fails and says so...
+    let (ok, out, err) = transfer.join().unwrap();
+    assert!(!ok, "a transfer to a frozen node cannot succeed: {out}");
+    assert!(
+        err.contains("UNAVAILABLE") && err.contains(&format!("node {target}")),
+        "{err}"
+    );
+    // ...and the old leader, still leading, takes writes again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        i += 1;
+        let status = put_at_leader(i).await.unwrap().status.unwrap();
+        if status.code == ErrorCode::Ok as i32 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader refuses writes after a failed transfer: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.resume(target).unwrap();
+    let (now, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(now, leader);
 }

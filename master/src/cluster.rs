@@ -337,13 +337,9 @@ pub(crate) fn committed_index(
     matched[(matched.len() - 1) / 2]
 }
 
-/// Hands leadership to `to`. openraft 0.9 has no built-in transfer, so: wait
-/// until `to` has the whole log, stop accepting writes and stop heartbeating so
-/// the followers' leader lease runs out, then have `to` campaign just after the
-/// lease expires, before anyone else's election timer fires.
-async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
-    let addr = node.node_addr(to).ok_or("target has no address")?;
-    let caught_up_deadline = Instant::now() + Duration::from_secs(3);
+/// Waits until the leader knows `to` holds its whole log.
+async fn wait_caught_up(node: &MasterNode, to: NodeId, within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
     loop {
         let m = node.metrics();
         let last = m.last_log_index.unwrap_or(0);
@@ -354,26 +350,49 @@ async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
             .map(|l| l.index)
             .unwrap_or(0);
         if matched >= last {
-            break;
+            return Ok(());
         }
-        if Instant::now() > caught_up_deadline {
+        if Instant::now() > deadline {
             return Err(format!(
                 "node {to} did not catch up (matched {matched} of {last})"
             ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let lease = node.config.election_timeout_max;
+}
+
+/// Hands leadership to `to`. openraft 0.9 has no built-in transfer, so: stop
+/// accepting writes (so the log stops growing), wait until `to` has the whole
+/// log, stop heartbeating so the followers' leader lease runs out, then have
+/// `to` campaign just after the lease expires, before anyone else's election
+/// timer fires. Writes are refused, naming `to`, for the whole handover and
+/// taken again if it fails; every step is bounded in time, so a target that
+/// freezes mid-way cannot keep this leader from taking writes.
+async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
+    let addr = node.node_addr(to).ok_or("target has no address")?;
+    // Before the catch-up wait: under a steady write load the target would
+    // otherwise chase a growing log and never be caught up.
     *node.transferring_to.lock().expect("lock poisoned") = Some((to, Instant::now()));
+    let caught_up = wait_caught_up(node, to, Duration::from_secs(3)).await;
+    if let Err(e) = caught_up {
+        *node.transferring_to.lock().expect("lock poisoned") = None;
+        tracing::warn!(error = %e, "leadership transfer failed");
+        return Err(e);
+    }
+    let lease = node.config.election_timeout_max;
     node.raft.runtime_config().heartbeat(false);
     node.raft.runtime_config().elect(false);
     let term = node.metrics().current_term;
     let result = async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        // A frozen target accepts the TCP connection and then answers
+        // nothing; without deadlines writes stayed refused until it woke.
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_millis(500))
-            .connect()
+            .timeout(Duration::from_secs(1));
+        let channel = tokio::time::timeout(Duration::from_secs(1), endpoint.connect())
             .await
+            .map_err(|_| format!("cannot reach node {to}: connect timed out"))?
             .map_err(|e| format!("cannot reach node {to}: {e}"))?;
         let mut client = pb::cluster_service_client::ClusterServiceClient::new(channel);
         client

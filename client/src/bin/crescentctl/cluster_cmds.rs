@@ -234,14 +234,33 @@ pub async fn remove_member(client: &MasterClient, id: u64) -> anyhow::Result<()>
 }
 
 pub async fn transfer_leader(client: &MasterClient, id: u64) -> anyhow::Result<()> {
-    let r = client
-        .call_leader(|ch| async move {
-            MasterClient::cluster(ch)
-                .transfer_leader(pb::TransferLeaderRequest { to: id })
-                .await
-        })
-        .await?;
+    // One request to the leader, not call_leader's retries: a failed
+    // handover is a definitive answer (the leader stays), and a timed-out
+    // attempt must not start a second handover behind the user's back.
+    let leader = client.get_leader().await?;
+    let ch = client.channel(&leader.leader_addr)?;
+    let mut cluster = MasterClient::cluster(ch);
+    let call = cluster.transfer_leader(pb::TransferLeaderRequest { to: id });
+    // The master bounds a handover to a few seconds (catch-up, the target's
+    // answer, its election); this only guards against a leader that froze.
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), call)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "leader {} did not answer within 20 s; check `crescentctl leader`",
+                leader.leader_addr
+            )
+        })?
+        .map_err(|s| anyhow::anyhow!("leader {}: {}", leader.leader_addr, s.message()))?
+        .into_inner();
     check(r.status)?;
+    // The target campaigns first, but another voter may still win the
+    // election; that is a failed request, not a success to print.
+    anyhow::ensure!(
+        r.new_leader_id == id,
+        "leadership moved to node {} instead of node {id} (another voter won the election); ask again",
+        r.new_leader_id
+    );
     println!("leader is now node {}", r.new_leader_id);
     Ok(())
 }
