@@ -8,6 +8,9 @@ use crescent_client::{Client, ClientConfig, ReplicateConfig};
 async fn client(master: &str) -> anyhow::Result<Client> {
     let config = ClientConfig {
         master: master.to_string(),
+        // Never local-only: this process's memory dies with it, so a put
+        // "stored" there while no master answers would be a false success.
+        degrade_after: std::time::Duration::ZERO,
         ..ClientConfig::default()
     };
     Ok(Client::connect(config).await?)
