@@ -951,17 +951,15 @@ impl ClientCore {
     /// Fetches many objects: one GetReplicaList, one pipelined exchange per store.
     pub async fn get_batch(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
         if self.is_degraded() {
-            let mut out = Vec::with_capacity(keys.len());
-            for k in keys {
-                out.push(
-                    self.get_degraded(k, None)
-                        .await
-                        .map(|(_, v)| v.unwrap_or_default()),
-                );
-            }
-            return Ok(out);
+            return Ok(self.get_batch_degraded(keys).await);
         }
-        let found = self.lookup_batch(keys).await?;
+        let found = match self.lookup_batch(keys).await {
+            Ok(found) => found,
+            Err(Error::Unavailable(_)) if self.is_degraded() => {
+                return Ok(self.get_batch_degraded(keys).await)
+            }
+            Err(e) => return Err(e),
+        };
         let mut bufs: Vec<Vec<u8>> = found
             .iter()
             .map(|f| match f {
@@ -991,19 +989,68 @@ impl ClientCore {
                 bufs.len()
             )));
         }
-        let found = self.lookup_batch(keys).await?;
+        if self.is_degraded() {
+            return Ok(self.batch_get_into_degraded(keys, bufs).await);
+        }
+        let found = match self.lookup_batch(keys).await {
+            Ok(found) => found,
+            Err(Error::Unavailable(_)) if self.is_degraded() => {
+                return Ok(self.batch_get_into_degraded(keys, bufs).await)
+            }
+            Err(e) => return Err(e),
+        };
         Ok(self.read_batch(keys, &found, bufs).await)
     }
 
+    /// [`get_batch`](Self::get_batch) in degraded mode: each key as
+    /// [`get`](Self::get) would serve it (local cache or a held read lease).
+    async fn get_batch_degraded(&self, keys: &[&str]) -> Vec<Result<Vec<u8>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(
+                self.get_degraded(k, None)
+                    .await
+                    .map(|(_, v)| v.unwrap_or_default()),
+            );
+        }
+        out
+    }
+
+    /// [`batch_get_into`](Self::batch_get_into) in degraded mode, key by key.
+    async fn batch_get_into_degraded(
+        &self,
+        keys: &[&str],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<usize>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for (k, buf) in keys.iter().zip(bufs.iter_mut()) {
+            out.push(self.get_degraded(k, Some(buf)).await.map(|(n, _)| n));
+        }
+        out
+    }
+
+    /// BatchGetReplicaList; like [`lookup`](Self::lookup) it remembers each
+    /// answer for degraded reads and counts a failure toward degraded mode.
     async fn lookup_batch(&self, keys: &[&str]) -> Result<Vec<Result<pb::GetReplicaListResponse>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let res = self
+        let asked = Instant::now();
+        let res = match self
             .master
             .batch_get_replica_list(keys.iter().map(|k| k.to_string()).collect())
             .await
-            .map_err(|e| Error::from_master(e, ""))?;
+        {
+            Ok(res) => {
+                self.mark_master_ok();
+                res
+            }
+            Err(e) => {
+                let e = Error::from_master(e, "");
+                self.note_unavailable(&e);
+                return Err(e);
+            }
+        };
         if res.len() != keys.len() {
             return Err(Error::Master {
                 code: ErrorCode::InternalError,
@@ -1016,7 +1063,10 @@ impl ClientCore {
             .map(
                 |(r, k)| match r.status.as_ref().and_then(|s| Error::from_status(s, k)) {
                     Some(e) => Err(e),
-                    None => Ok(r),
+                    None => {
+                        self.remember_descriptor(k, &r, asked);
+                        Ok(r)
+                    }
                 },
             )
             .collect())

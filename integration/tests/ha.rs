@@ -36,6 +36,40 @@ async fn key_count(client: &MasterClient, addr: &str) -> Option<u64> {
     client.node_status(addr).await.ok().map(|s| s.key_count)
 }
 
+/// The leader record the leader publishes in etcd (`/crescent/<cluster>/leader`,
+/// JSON `{id, addr, term}`), read straight from etcd.
+async fn etcd_leader_record(endpoint: &str, cluster: &str) -> Option<serde_json::Value> {
+    let mut etcd = etcd_client::Client::connect([endpoint], None).await.ok()?;
+    let answer = etcd
+        .get(format!("/crescent/{cluster}/leader"), None)
+        .await
+        .ok()?;
+    serde_json::from_slice(answer.kvs().first()?.value()).ok()
+}
+
+/// Polls etcd until the leader record names `leader` (the leader republishes
+/// it every 500 ms); returns the record.
+async fn wait_etcd_leader(endpoint: &str, cluster: &str, leader: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let record = etcd_leader_record(endpoint, cluster).await;
+        if let Some(r) = record.as_ref().filter(|r| r["id"].as_u64() == Some(leader)) {
+            return r.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcd leader key never named node {leader}: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of an unlabelled Prometheus sample in `body`.
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_join_through_etcd_and_survive_leader_kill() {
     let etcd = LocalEtcd::start().unwrap();
@@ -51,6 +85,14 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let leader = v["leader_id"].as_u64().unwrap();
+    // The leader publishes itself in etcd, with the address clients dial.
+    let record = wait_etcd_leader(&etcd.endpoint, "ha1", leader).await;
+    assert_eq!(
+        record["addr"].as_str(),
+        Some(cluster.by_id(leader).unwrap().addr.as_str()),
+        "{record}"
+    );
+    let old_term = record["term"].as_u64().unwrap();
 
     cluster.start_store("64mb", &[]).unwrap();
     cluster
@@ -86,7 +128,15 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
             "{key}"
         );
     }
-    // The etcd leader key follows, and the CLI finds the new leader through it.
+    // The etcd leader key follows (the dead leader's record is replaced, at
+    // a higher term), and the CLI, pointed at etcd, names the new leader.
+    let record = wait_etcd_leader(&etcd.endpoint, "ha1", new_leader).await;
+    assert!(record["term"].as_u64().unwrap() > old_term, "{record}");
+    assert_eq!(
+        record["addr"].as_str(),
+        Some(cluster.by_id(new_leader).unwrap().addr.as_str()),
+        "{record}"
+    );
     let (ok, out, _) = crescentctl(&["--master", &url, "leader", "--json"]).unwrap();
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -107,29 +157,64 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     }
 }
 
+/// After a failover the store's heartbeats reach the new leader (which
+/// learns of it only through them: heartbeats are leader memory, not in the
+/// log), so its segment stays mounted past the client TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_reregisters_with_a_new_leader() {
     // A short client TTL: a store whose heartbeats did not reach the new leader
-    // would lose its segment two seconds after the failover.
+    // would lose its segment about two seconds after the failover.
+    let ttl = Duration::from_secs(2);
     let mut cluster = LocalCluster::start(3, &["--client-ttl".into(), "2s".into()]).unwrap();
     let (leader, _, _) = cluster.with_mounted_store("64mb").await.unwrap();
+    {
+        // A client that is gone before the failover, so the store is the only
+        // client the new leader can hear from.
+        let client = Client::connect(ClientConfig {
+            master: cluster.masters_arg(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        client.put("before", b"kept", &one()).await.unwrap();
+        client.close().await;
+    }
+    cluster.kill(leader).unwrap();
+    let (new_leader, addr, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    // Positive evidence: the new leader counts one live heartbeating client.
+    let http = cluster.by_id(new_leader).unwrap().http.clone();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, body) = http_request(&http, "GET", "/metrics", &[]).await.unwrap();
+        if metric(&body, "master_active_clients") == Some(1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store never heartbeated to the new leader:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // And what that buys: the segment stays live for three client TTLs after
+    // the heartbeat was seen, well past the new leader's own TTL wait before
+    // it expires anyone (a claim that something does not happen needs a
+    // window; every poll in it must see the segment).
+    let mc = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let window_end = Instant::now() + 3 * ttl;
+    while Instant::now() < window_end {
+        let live = mc.node_status(&addr).await.unwrap().segment_count;
+        assert_eq!(live, 1, "the store's segment expired under the new leader");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let client = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         ..Default::default()
     })
     .await
     .unwrap();
-    client.put("before", b"kept", &one()).await.unwrap();
-    cluster.kill(leader).unwrap();
-    cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    cluster
-        .wait_for_segments(1, Duration::from_secs(1))
-        .await
-        .unwrap();
     assert_eq!(client.get("before").await.unwrap(), b"kept");
     client.put("after", b"new", &one()).await.unwrap();
     assert_eq!(client.get("after").await.unwrap(), b"new");
@@ -146,18 +231,43 @@ async fn client_degrades_to_local_only_and_recovers() {
     })
     .await
     .unwrap();
+    // A second client that drops, rather than publishes, what it stored
+    // while degraded (CRESCENT_PUBLISH_ON_RECOVER=false).
+    let dropping = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        degrade_after: Duration::from_secs(1),
+        publish_on_recover: false,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     client
         .put("cluster-object", b"in the pool", &one())
         .await
         .unwrap();
-    // Reading it takes a read lease (10 s) and keeps its descriptor.
+    let batch = [
+        ("cluster-batch-1", b"first".as_slice()),
+        ("cluster-batch-2", b"second"),
+    ];
+    for r in client.put_batch(&batch, &one()).await.unwrap() {
+        r.unwrap();
+    }
+    // Reading takes a read lease (10 s) and keeps the descriptor; a batch
+    // read does too.
     assert_eq!(client.get("cluster-object").await.unwrap(), b"in the pool");
+    for r in client
+        .get_batch(&["cluster-batch-1", "cluster-batch-2"])
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
 
     for id in [1, 2, 3] {
         cluster.kill(id).unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(6);
-    while !client.is_degraded() {
+    while !client.is_degraded() || !dropping.is_degraded() {
         assert!(
             Instant::now() < deadline,
             "client never noticed the masters were gone"
@@ -176,12 +286,46 @@ async fn client_degrades_to_local_only_and_recovers() {
     assert_eq!(client.get("cluster-object").await.unwrap(), b"in the pool");
     // Nothing unknown is invented.
     assert!(client.get("never-put").await.is_err());
+    // Batch operations too: a batch put goes to local memory, and batch reads
+    // serve local objects and leased replicas (including ones first read by a
+    // batch), each unknown key failing on its own.
+    let local_batch = [
+        ("local-b1", b"batch one".as_slice()),
+        ("local-b2", b"batch two"),
+    ];
+    for r in client.batch_put_from(&local_batch, &one()).await.unwrap() {
+        r.unwrap();
+    }
+    let keys = ["local-b1", "cluster-batch-2", "never-put", "local-1"];
+    let got = client.get_batch(&keys).await.unwrap();
+    assert_eq!(got[0].as_ref().unwrap(), b"batch one");
+    assert_eq!(got[1].as_ref().unwrap(), b"second");
+    assert!(got[2].is_err());
+    assert_eq!(got[3].as_ref().unwrap(), b"while degraded");
+    let mut bufs = [[0u8; 32]; 4];
+    let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    let sizes = client.batch_get_into(&keys, &mut slices).await.unwrap();
+    assert_eq!(sizes[0].as_ref().unwrap(), &9);
+    assert_eq!(&bufs[0][..9], b"batch one");
+    assert_eq!(sizes[1].as_ref().unwrap(), &6);
+    assert_eq!(&bufs[1][..6], b"second");
+    assert!(sizes[2].is_err());
+    assert_eq!(sizes[3].as_ref().unwrap(), &14);
+    assert_eq!(&bufs[3][..14], b"while degraded");
+    dropping
+        .put("local-dropped", b"not published", &one())
+        .await
+        .unwrap();
+    assert_eq!(
+        dropping.get("local-dropped").await.unwrap(),
+        b"not published"
+    );
 
     for id in [1, 2, 3] {
         cluster.restart(id).unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(20);
-    while client.is_degraded() {
+    while client.is_degraded() || dropping.is_degraded() {
         assert!(Instant::now() < deadline, "client never left degraded mode");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -194,16 +338,39 @@ async fn client_degrades_to_local_only_and_recovers() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok(v) = other.get("local-1").await {
+        if let (Ok(v), Ok(b)) = (other.get("local-1").await, other.get("local-b2").await) {
             assert_eq!(v, b"while degraded");
+            assert_eq!(b, b"batch two");
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "local-only object was not published"
+            "local-only objects were not published"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The dropping client let its local object go: it no longer serves it
+    // (dropping happens when it leaves degraded mode, like publishing), and
+    // the cluster never saw it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match dropping.get("local-dropped").await {
+            Err(e) if e.code() == crescent_proto::ErrorCode::ObjectNotFound => break,
+            outcome => assert!(
+                Instant::now() < deadline,
+                "object stored while degraded was not dropped: {outcome:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!other.exists("local-dropped").await.unwrap());
+    assert_eq!(
+        dropping
+            .stats
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }
 
 /// A store that dies stops counting as mounted once it misses its
