@@ -338,6 +338,16 @@ impl StoreProcess {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
+
+    /// SIGSTOP: it keeps its sockets and memory but neither serves nor heartbeats.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        signal(&self.child, libc::SIGSTOP)
+    }
+
+    /// SIGCONT a paused store.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        signal(&self.child, libc::SIGCONT)
+    }
 }
 
 impl Drop for StoreProcess {

@@ -1,0 +1,220 @@
+//! Store liveness against real processes: a store that stops heartbeating
+//! has its segment expired, is told NEED_REMOUNT when it comes back and
+//! mounts again; a segment whose store never comes back is removed once its
+//! grace (`--expired-segment-grace`) has passed; only a segment's owner may
+//! unmount it. Needs `cargo build --bins` first (`make test` does it).
+
+use std::time::{Duration, Instant};
+
+use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
+use crescent_integration::{http_request, LocalCluster};
+use crescent_proto::pb;
+use crescent_proto::ErrorCode;
+
+/// Live segments as the current leader counts them, or None while there is
+/// no leader to ask.
+async fn live_segments(mc: &MasterClient) -> Option<u64> {
+    let leader = mc.get_leader().await.ok()?;
+    Some(
+        mc.node_status(&leader.leader_addr)
+            .await
+            .ok()?
+            .segment_count,
+    )
+}
+
+/// Polls until the leader counts `n` live segments.
+async fn wait_live_segments(mc: &MasterClient, n: u64, within: Duration, why: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let live = live_segments(mc).await;
+        if live == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{why}: leader counts {live:?} live segments, not {n}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every segment the leader holds (live or expired), from its `/segments`.
+async fn listed_segments(cluster: &LocalCluster) -> Vec<serde_json::Value> {
+    let Ok((leader, _, _)) = cluster.wait_for_leader(Duration::from_secs(15)).await else {
+        return Vec::new();
+    };
+    let http = cluster
+        .masters
+        .iter()
+        .find(|m| m.id == leader)
+        .map(|m| m.http.clone())
+        .unwrap_or_default();
+    let Ok((200, body)) = http_request(&http, "GET", "/segments", &[]).await else {
+        return Vec::new();
+    };
+    serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["segments"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn log_of(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// A store that stops heartbeating (SIGSTOP, so it keeps its socket and
+/// memory) past the client TTL has its segment expired; when it resumes, its
+/// next heartbeat is answered NEED_REMOUNT, it mounts again and serves puts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_missed_its_heartbeats_is_told_to_remount_and_does() {
+    let mut cluster = LocalCluster::start(3, &["--client-ttl".into(), "2s".into()]).unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let mc = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let before = listed_segments(&cluster).await;
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    cluster.stores[0].pause().unwrap();
+    wait_live_segments(
+        &mc,
+        0,
+        Duration::from_secs(30),
+        "a paused store's segment never expired",
+    )
+    .await;
+    cluster.stores[0].resume().unwrap();
+    wait_live_segments(
+        &mc,
+        1,
+        Duration::from_secs(30),
+        "the resumed store never mounted again",
+    )
+    .await;
+    let log = log_of(&cluster.stores[0].log_path);
+    assert!(
+        log.contains("master asked for a re-mount"),
+        "the store re-mounted without being told NEED_REMOUNT:\n{log}"
+    );
+    // Still one segment under the store's name, live again.
+    let after = listed_segments(&cluster).await;
+    let live: Vec<_> = after
+        .iter()
+        .filter(|s| s["expired_ms"].as_u64().unwrap_or(0) == 0)
+        .collect();
+    assert_eq!(live.len(), 1, "{after:?}");
+    assert_eq!(live[0]["name"], before[0]["name"], "{after:?}");
+
+    // And it takes new objects again.
+    let client = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let cfg = ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    client.put("after-remount", b"fresh", &cfg).await.unwrap();
+    assert_eq!(client.get("after-remount").await.unwrap(), b"fresh");
+}
+
+/// A store that dies and never comes back: its segment expires after the
+/// client TTL (still listed, no longer live, so its replicas are not
+/// offered), then is removed for good once the grace has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_segment_is_removed_after_its_grace() {
+    let mut cluster = LocalCluster::start(
+        3,
+        &[
+            "--client-ttl".into(),
+            "2s".into(),
+            // Long enough that "expired but still listed" is seen reliably
+            // after the expiry is noticed (polled every 100 ms).
+            "--expired-segment-grace".into(),
+            "15s".into(),
+        ],
+    )
+    .unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let mc = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let name = listed_segments(&cluster).await[0]["name"].clone();
+
+    cluster.stores[0].kill();
+    wait_live_segments(
+        &mc,
+        0,
+        Duration::from_secs(30),
+        "a dead store's segment never expired",
+    )
+    .await;
+    let listed = listed_segments(&cluster).await;
+    assert!(
+        listed
+            .iter()
+            .any(|s| s["name"] == name && s["expired_ms"].as_u64().unwrap_or(0) > 0),
+        "an expired segment is kept (marked expired) during its grace: {listed:?}"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = listed_segments(&cluster).await;
+        if !listed.iter().any(|s| s["name"] == name) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the expired segment was never removed: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let log = cluster.log_tail(leader, 400);
+    assert!(
+        log.contains("expired segment not re-mounted within its grace; removed"),
+        "{log}"
+    );
+}
+
+/// Only the client that mounted a segment may unmount it: another client
+/// is refused with INVALID_PARAMS naming the owner, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_may_unmount_a_segment() {
+    let cluster = LocalCluster::start(3, &[]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let owner = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let other = MasterClient::new(&cluster.masters_arg()).unwrap();
+    assert_ne!(owner.client_id(), other.client_id());
+    let id = owner
+        .mount_segment(pb::SegmentSpec {
+            name: "owned".into(),
+            endpoint: "127.0.0.1:1".into(),
+            capacity: 1 << 30,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let err = other.unmount_segment(id).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidParams, "{err}");
+    assert!(
+        err.to_string().contains(owner.client_id()),
+        "the refusal names the owner: {err}"
+    );
+    assert_eq!(
+        live_segments(&owner).await,
+        Some(1),
+        "a refused unmount changed nothing"
+    );
+    let err = other.unmount_segment(id + 1000).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SegmentNotFound, "{err}");
+
+    owner.unmount_segment(id).await.unwrap();
+    assert_eq!(live_segments(&owner).await, Some(0));
+}
