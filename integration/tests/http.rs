@@ -166,3 +166,67 @@ async fn metrics_health_and_admin_endpoints() {
     assert_eq!(code, 200);
     assert!(body.contains("\"mounted\":true"), "{body}");
 }
+
+/// `/health` on a follower: 200 while it follows a leader (the Kubernetes
+/// readiness probe and the PodDisruptionBudget count on it), 503
+/// `no_quorum` once it has lost its leader and cannot elect one, and 200
+/// again when a quorum is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_health_follows_the_quorum() {
+    let mut cluster = LocalCluster::start(3, &[]).unwrap();
+    let (leader, _, _) = cluster
+        .wait_for_leader(std::time::Duration::from_secs(15))
+        .await
+        .unwrap();
+    let followers: Vec<(u64, String)> = cluster
+        .masters
+        .iter()
+        .filter(|m| m.id != leader)
+        .map(|m| (m.id, m.http.clone()))
+        .collect();
+    for (id, http) in &followers {
+        let body = wait_health(http, 200, |b| {
+            b["role"] == "follower" && b["leader_id"] == leader && b["quorum"] == true
+        })
+        .await;
+        assert_eq!(body["id"], *id, "{body}");
+        assert_eq!(body["status"], "serving", "{body}");
+    }
+
+    // Only one master left: it cannot elect anyone.
+    let (survivor, survivor_http) = followers[0].clone();
+    cluster.kill(leader).unwrap();
+    cluster.kill(followers[1].0).unwrap();
+    let body = wait_health(&survivor_http, 503, |b| b["status"] == "no_quorum").await;
+    assert_eq!(body["quorum"], false, "{body}");
+
+    // A second master back: a quorum, a leader, and health again.
+    cluster.restart(followers[1].0).unwrap();
+    let body = wait_health(&survivor_http, 200, |b| b["status"] == "serving").await;
+    assert_eq!(body["id"], survivor, "{body}");
+}
+
+/// Polls `/health` at `http` until it answers `code` with a body that
+/// satisfies `ok`; returns that body.
+async fn wait_health(
+    http: &str,
+    code: u16,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut last = None;
+    loop {
+        if let Ok((c, body)) = http_request(http, "GET", "/health", &[]).await {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            if c == code && ok(&v) {
+                return v;
+            }
+            last = Some((c, body));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{http}/health never answered {code} as expected; last: {last:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
