@@ -18,25 +18,36 @@ use crescent_proto::pb;
 use crescent_proto::ErrorCode;
 use tokio::net::TcpListener;
 
-fn config(id: u64, port: u16, peers: &str, dir: &std::path::Path, lease_ttl: &str) -> MasterConfig {
-    MasterConfig::parse_from([
-        "crescent-master".to_string(),
-        "--node-id".into(),
-        id.to_string(),
-        "--listen".into(),
-        format!("127.0.0.1:{port}"),
-        "--data-dir".into(),
-        dir.join(format!("m{id}")).display().to_string(),
-        "--peers".into(),
-        peers.to_string(),
-        // Small, so the master that comes back must receive a snapshot.
-        "--snapshot-logs".into(),
-        "40".into(),
-        "--http".into(),
-        "127.0.0.1:0".into(),
-        "--lease-ttl".into(),
-        lease_ttl.into(),
-    ])
+fn config(
+    id: u64,
+    port: u16,
+    peers: &str,
+    dir: &std::path::Path,
+    lease_ttl: &str,
+    extra: &[String],
+) -> MasterConfig {
+    MasterConfig::parse_from(
+        [
+            "crescent-master".to_string(),
+            "--node-id".into(),
+            id.to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".into(),
+            dir.join(format!("m{id}")).display().to_string(),
+            "--peers".into(),
+            peers.to_string(),
+            // Small, so the master that comes back must receive a snapshot.
+            "--snapshot-logs".into(),
+            "40".into(),
+            "--http".into(),
+            "127.0.0.1:0".into(),
+            "--lease-ttl".into(),
+            lease_ttl.into(),
+        ]
+        .into_iter()
+        .chain(extra.iter().cloned()),
+    )
 }
 
 async fn leader_of(nodes: &[Option<RunningMaster>], timeout: Duration) -> usize {
@@ -63,11 +74,18 @@ struct Cluster {
     ports: Vec<u16>,
     peers: String,
     lease_ttl: String,
+    extra: Vec<String>,
     nodes: Vec<Option<RunningMaster>>,
 }
 
 impl Cluster {
     async fn start(lease_ttl: &str) -> Self {
+        Self::start_with(lease_ttl, &[]).await
+    }
+
+    /// [`start`](Self::start) with `extra` flags for every master.
+    async fn start_with(lease_ttl: &str, extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
         let mut listeners = Vec::new();
         for _ in 0..3 {
@@ -85,7 +103,14 @@ impl Cluster {
             .join(",");
         let mut nodes = Vec::new();
         for (i, l) in listeners.into_iter().enumerate() {
-            let cfg = config(i as u64 + 1, ports[i], &peers, dir.path(), lease_ttl);
+            let cfg = config(
+                i as u64 + 1,
+                ports[i],
+                &peers,
+                dir.path(),
+                lease_ttl,
+                &extra,
+            );
             nodes.push(Some(RunningMaster::start(cfg, l).await.unwrap()));
         }
         Self {
@@ -93,6 +118,7 @@ impl Cluster {
             ports,
             peers,
             lease_ttl: lease_ttl.into(),
+            extra,
             nodes,
         }
     }
@@ -120,6 +146,7 @@ impl Cluster {
             &self.peers,
             self.dir.path(),
             &self.lease_ttl,
+            &self.extra,
         );
         self.nodes[i] = Some(RunningMaster::start(cfg, listener).await.unwrap());
     }
@@ -438,5 +465,96 @@ async fn a_lookup_waits_for_an_in_flight_removal_instead_of_guessing() {
     node.undoom(&key);
     let found = lookup.await.unwrap().expect("the object is still there");
     assert_eq!(found.checksum, 7);
+    cluster.stop().await;
+}
+
+/// Sets up a pool over its eviction watermark whose only evictable object,
+/// "leased", was just read through the leader (a 5 s read lease), then stops
+/// that leader. Returns the cluster, the new leader's index, and when the
+/// lease was granted.
+async fn fail_over_with_a_leased_object_over_the_watermark(
+    extra: &[&str],
+) -> (Cluster, usize, Instant) {
+    let mut flags = vec!["--eviction-high-watermark", "0.5"];
+    flags.extend_from_slice(extra);
+    let mut cluster = Cluster::start_with("5s", &flags).await;
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    client
+        .mount_segment(pb::SegmentSpec {
+            name: "small".into(),
+            endpoint: "127.0.0.1:1".into(),
+            capacity: 4 * 4096,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let leader = past_takeover_grace(&cluster).await;
+    put(&client, "leased", 1).await;
+    let granted = Instant::now();
+    client.get_replica_list("leased").await.unwrap();
+    // Two unfinished puts take the pool to 75 %: over the watermark, and
+    // not evictable themselves, so "leased" is the only candidate.
+    let one = pb::ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    client
+        .put_start("unfinished-1", 4096, one.clone())
+        .await
+        .unwrap();
+    client.put_start("unfinished-2", 4096, one).await.unwrap();
+    cluster.nodes[leader].take().unwrap().stop().await;
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    (cluster, new_leader, granted)
+}
+
+fn holds(cluster: &Cluster, i: usize, key: &str) -> bool {
+    let node = &cluster.nodes[i].as_ref().unwrap().node;
+    let sm = node.shared.sm.read().unwrap();
+    sm.state.exists(key)
+}
+
+/// The eviction twin of `a_new_leader_honours_its_predecessors_leases`: a
+/// new leader over its watermark evicts nothing while its predecessor's
+/// leases may be in force (it cannot know them), then evicts as usual. The
+/// control run with `--unsafe-forget-leases` evicts the leased object while
+/// its lease is still in force, which is what the grace prevents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_evicts_nothing_during_its_lease_grace() {
+    let (cluster, new_leader, _) = fail_over_with_a_leased_object_over_the_watermark(&[]).await;
+    let node = cluster.nodes[new_leader].as_ref().unwrap().node.clone();
+    // Every poll until the grace ends must still find the object.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.may_hold_predecessor_leases() {
+        assert!(
+            holds(&cluster, new_leader, "leased"),
+            "evicted during the new leader's lease grace"
+        );
+        assert!(Instant::now() < deadline, "the lease grace never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Eviction was only held back: it happens once the grace is over.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while holds(&cluster, new_leader, "leased") {
+        assert!(
+            Instant::now() < deadline,
+            "no eviction after the grace: the set-up is not over the watermark"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.stop().await;
+
+    let (cluster, new_leader, granted) =
+        fail_over_with_a_leased_object_over_the_watermark(&["--unsafe-forget-leases"]).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while holds(&cluster, new_leader, "leased") {
+        assert!(Instant::now() < deadline, "the control run never evicted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        granted.elapsed() < Duration::from_secs(5),
+        "the control run must evict while the 5 s lease is in force, else it shows nothing"
+    );
     cluster.stop().await;
 }
