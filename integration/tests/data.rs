@@ -348,3 +348,144 @@ async fn an_object_over_one_gib_round_trips_in_pieces() {
     let found = c.master().get_replica_list("huge").await.unwrap();
     assert_eq!(found.checksum, crc32c::crc32c(&value));
 }
+
+// ---- Regression tests for what the chaos suite found -------------------
+
+/// A store restarted on the same address serves a new, empty segment under
+/// a new id. A reader or writer still holding a descriptor of the old
+/// segment must be refused (WRONG_SEGMENT), not served the new segment's
+/// bytes at that offset, nor let write into it. Found by the chaos suite;
+/// fixed in 7109e4a by the segment tag in every transfer request: before it
+/// the store served any request by offset, so the stale write below landed
+/// in the new object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_store_refuses_requests_for_its_previous_segment() {
+    let mut cluster = LocalCluster::start(1, &["--client-ttl".into(), "2s".into()]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    cluster.start_store("64mb", &[]).unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let c = client(&cluster).await;
+    let old_value = pattern(4096, 1);
+    c.put("old", &old_value, &replicas(1)).await.unwrap();
+    let old = c.master().get_replica_list("old").await.unwrap().replicas[0].clone();
+
+    cluster.stores[0].kill();
+    cluster.stores[0].restart().unwrap();
+    // The first put that succeeds is on the restarted store's new segment.
+    let new_value = pattern(4096, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.put("new", &new_value, &replicas(1)).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted store never took a put"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new = c.master().get_replica_list("new").await.unwrap().replicas[0].clone();
+    assert_ne!(new.segment_id, old.segment_id);
+    assert_eq!(new.endpoint, old.endpoint);
+
+    let tcp = TcpTransport::new();
+    let stale_tag = segment_tag(old.segment_id);
+    let mut buf = vec![0u8; 4096];
+    let read = tcp
+        .read(&old.endpoint, stale_tag, &mut [(new.offset, &mut buf[..])])
+        .await;
+    assert!(
+        matches!(
+            read,
+            Err(crescent_store::TransferError::Refused {
+                status: crescent_store::protocol::Status::WrongSegment,
+                ..
+            })
+        ),
+        "a read for the old segment was served: {read:?}"
+    );
+    let junk = vec![0xEEu8; 4096];
+    let write = tcp
+        .write(&old.endpoint, stale_tag, &[(new.offset, &junk[..])])
+        .await;
+    assert!(write.is_err(), "a write for the old segment was accepted");
+    assert_eq!(c.get("new").await.unwrap(), new_value);
+    // The old object is gone with its store: an error, never other bytes.
+    assert!(c.get("old").await.is_err());
+}
+
+/// A put racing another client's unfinished put of the same key must fail
+/// (REPLICA_IS_NOT_READY), not succeed: a client treats "already exists" as
+/// success, so answering that would acknowledge a put whose bytes may never
+/// become readable if the first writer fails. Found by the chaos checker;
+/// fixed in 7109e4a (the state machine answered OBJECT_ALREADY_EXISTS for an
+/// unfinished object, and this put returned Ok with nothing readable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_racing_an_unfinished_put_is_not_ready_not_acknowledged() {
+    let cluster = cluster_with_stores(1, &[]).await;
+    let first_writer = crescent_client::MasterClient::new(&cluster.masters_arg()).unwrap();
+    first_writer
+        .put_start(
+            "racy",
+            4096,
+            crescent_proto::pb::ReplicateConfig {
+                replica_num: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let c = client(&cluster).await;
+    let second = c.put("racy", &pattern(4096, 9), &replicas(1)).await;
+    assert_eq!(
+        second.as_ref().map_err(|e| e.code()),
+        Err(ErrorCode::ReplicaIsNotReady),
+        "{second:?}"
+    );
+    // The first writer gives up: nothing was acknowledged, nothing is readable,
+    // and the key is free for the next put.
+    first_writer.put_revoke("racy").await.unwrap();
+    assert!(!c.exists("racy").await.unwrap());
+    c.put("racy", &pattern(4096, 9), &replicas(1))
+        .await
+        .unwrap();
+    assert_eq!(c.get("racy").await.unwrap(), pattern(4096, 9));
+}
+
+/// One `Client` lets one put per key be in flight: a second put of the key
+/// from the same client while the first is under way fails at once, in the
+/// client, with REPLICA_IS_NOT_READY ("still in flight"), and the object
+/// holds the first put's bytes. The master tells writers apart by client id
+/// only, so before 9520544 both puts went to it as one writer, and the
+/// 30-minute soak caught a PutEnd completing an object with the other put's
+/// checksum (CHECKSUM_MISMATCH on every later read of an acknowledged write).
+/// With the client's claim disabled this test fails: the second put reaches
+/// the master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_put_per_key_in_flight_per_client() {
+    let cluster = cluster_with_stores(1, &[]).await;
+    let c = client(&cluster).await;
+    let big = pattern(32 << 20, 4);
+    let small = pattern(4096, 5);
+    let one = replicas(1);
+    // join! polls the big put first; it claims the key before its first await.
+    let (first, second) = tokio::join!(
+        c.put("contended", &big, &one),
+        c.put("contended", &small, &one)
+    );
+    first.unwrap();
+    let e = second.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ReplicaIsNotReady, "{e}");
+    assert!(e.to_string().contains("still in flight"), "{e}");
+    assert_eq!(c.get("contended").await.unwrap(), big);
+    // Once the first is done the key is free again (and exists: a success).
+    c.put("contended", &small, &replicas(1)).await.unwrap();
+    assert_eq!(c.get("contended").await.unwrap(), big);
+    // Different keys are not serialized against each other.
+    let (a, b) = tokio::join!(c.put("free-a", &big, &one), c.put("free-b", &small, &one));
+    a.unwrap();
+    b.unwrap();
+}
