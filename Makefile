@@ -35,7 +35,7 @@ test: deps
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast && \
 		$(CARGO) nextest run -p crescent-store --features rdma --no-fail-fast; \
-	elif [ -n "$$CI" ] && [ "$$CI" != false ] || [ "$$CRESCENT_REQUIRE_ALL" = 1 ]; then \
+	elif ./scripts/require-all; then \
 		echo "make test: cargo-nextest is not installed (cargo install cargo-nextest --locked); CI needs it" >&2; exit 1; \
 	else \
 		echo "SKIPPED nextest: not installed; cargo test ignores .config/nextest.toml (threads, slow timeouts)" | tee -a $(SKIP_LOG) >&2; \

@@ -14,8 +14,10 @@ pub use crescent_client::local::{
     find_binary, free_port, wait_listening, LocalCluster, LocalEtcd, MasterProcess, StoreProcess,
 };
 
-/// Whether every test must run (`CI` set, or `CRESCENT_REQUIRE_ALL=1`, which
-/// `.ci/run` sets): then a missing tool fails a test instead of skipping it.
+/// Whether every test must run (`CI` set to anything but "", "false" or "0",
+/// or `CRESCENT_REQUIRE_ALL=1`, which `.ci/run` sets): then a missing tool
+/// fails a test instead of skipping it. `scripts/require-all` is the same
+/// rule for the Makefile and the shell scripts.
 pub fn require_all() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0")
         || std::env::var("CRESCENT_REQUIRE_ALL").is_ok_and(|v| v == "1")
