@@ -558,3 +558,52 @@ async fn a_new_leader_evicts_nothing_during_its_lease_grace() {
     );
     cluster.stop().await;
 }
+
+/// A Raft message with an absurd term (issue 11: a Vote with term u64::MAX
+/// was granted and persisted by the leader, whose next election then
+/// panicked on `term + 1`, on every restart) is refused before openraft sees
+/// it: the leader keeps its term and leadership, and the next election,
+/// forced by stopping it, elects a successor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vote_with_an_absurd_term_is_refused() {
+    use crescent_raft::{codec, NodeId};
+    use openraft::raft::VoteRequest;
+    use openraft::Vote;
+
+    let mut cluster = Cluster::start("1s").await;
+    let leader = cluster.leader().await;
+    let node = cluster.nodes[leader].as_ref().unwrap().node.clone();
+    let term = node.current_term();
+    let client = MasterClient::new(&cluster.addrs()).unwrap();
+    let addr = cluster.nodes[leader].as_ref().unwrap().addr.to_string();
+    let mut raft = pb::raft_service_client::RaftServiceClient::new(client.channel(&addr).unwrap());
+    for forged in [
+        u64::MAX,
+        crescent_raft::terms::TERM_CEILING,
+        term + (1 << 33),
+    ] {
+        let vote: VoteRequest<NodeId> = VoteRequest {
+            vote: Vote::new(forged, 3),
+            last_log_id: None,
+        };
+        let refused = raft
+            .vote(pb::RaftPayload {
+                data: codec::encode(&vote).unwrap(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains("refused"), "{refused:?}");
+    }
+    assert!(node.is_leader());
+    assert_eq!(node.current_term(), term);
+    mount(&client).await;
+    put(&client, "after-forged-votes", 1).await;
+
+    cluster.nodes[leader].take().unwrap().stop().await;
+    let next = cluster.leader().await;
+    assert_ne!(next, leader);
+    assert!(cluster.nodes[next].as_ref().unwrap().node.current_term() > term);
+    cluster.restart(leader).await;
+    cluster.stop().await;
+}

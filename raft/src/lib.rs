@@ -3,7 +3,8 @@
 //! Owns the openraft type configuration, the pure and deterministic metadata
 //! state machine ([`state`]), the segment allocator ([`alloc`]), the eviction
 //! policy ([`eviction`]), the durable log and snapshot storage on redb
-//! ([`store`]) and the tonic Raft transport ([`network`]).
+//! ([`store`]), the tonic Raft transport ([`network`]) and the rules for
+//! which terms a node accepts ([`terms`]).
 //!
 //! It must not touch the master's leader-only memory (read leases, heartbeats),
 //! wall clocks or randomness inside `apply`, nor the data plane: the state
@@ -17,6 +18,7 @@ pub mod eviction;
 pub mod network;
 pub mod state;
 pub mod store;
+pub mod terms;
 
 pub use state::{Command, MetaError, MetaState, Op, Response};
 

@@ -222,6 +222,16 @@ impl RaftGrpcServer {
     pub fn new(raft: Raft) -> Self {
         Self { raft }
     }
+
+    /// Refuses a message whose term no peer can legitimately have reached
+    /// (see [`crate::terms`]) before openraft adopts and persists it.
+    fn check_term(&self, theirs: u64) -> Result<(), tonic::Status> {
+        let ours = self.raft.metrics().borrow().current_term;
+        crate::terms::check_incoming(ours, theirs).map_err(|reason| {
+            tracing::warn!(ours, theirs, "refused a raft message: {reason}");
+            tonic::Status::invalid_argument(reason)
+        })
+    }
 }
 
 fn decode_req<T: DeserializeOwned>(req: tonic::Request<RaftPayload>) -> Result<T, tonic::Status> {
@@ -242,6 +252,7 @@ impl RaftService for RaftGrpcServer {
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
         let req: AppendEntriesRequest<TypeConfig> = decode_req(request)?;
+        self.check_term(req.vote.leader_id.term)?;
         let result = self.raft.append_entries(req).await;
         encode_resp(&result)
     }
@@ -251,6 +262,7 @@ impl RaftService for RaftGrpcServer {
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
         let req: VoteRequest<NodeId> = decode_req(request)?;
+        self.check_term(req.vote.leader_id.term)?;
         let result = self.raft.vote(req).await;
         encode_resp(&result)
     }
@@ -260,6 +272,7 @@ impl RaftService for RaftGrpcServer {
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
         let req: InstallSnapshotRequest<TypeConfig> = decode_req(request)?;
+        self.check_term(req.vote.leader_id.term)?;
         let result = self.raft.install_snapshot(req).await;
         encode_resp(&result)
     }

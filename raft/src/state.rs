@@ -18,6 +18,11 @@ pub type SegmentId = u64;
 
 /// Results kept per client for deduplicating retried writes.
 pub const DEDUP_RESULTS_PER_CLIENT: usize = 64;
+
+/// How far past its latest recorded request a known client's sequence
+/// number may jump: a client numbers its requests one by one, so even a
+/// million in flight at once stays within it.
+pub const MAX_SEQ_AHEAD: u64 = 1 << 20;
 /// A client that sent no write for this long loses its dedup table.
 pub const DEDUP_CLIENT_TTL_MS: u64 = 60 * 60 * 1000;
 const DEDUP_GC_INTERVAL_MS: u64 = 60 * 1000;
@@ -261,6 +266,10 @@ pub struct ClientRequests {
     pub results: BTreeMap<u64, Response>,
 }
 
+/// The largest segment a mount may declare (256 TiB): far above any machine's
+/// memory; with sums saturating besides, a total can never wrap around.
+pub const MAX_SEGMENT_CAPACITY: u64 = 1 << 48;
+
 /// All replicated metadata.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct MetaState {
@@ -336,12 +345,31 @@ impl MetaState {
         self.segments.values().filter(|s| s.is_live()).count()
     }
 
+    /// Capacity of every segment (expired ones too), saturating: mounts
+    /// bound each capacity (see `mount`), and a sum must never wrap.
     pub fn total_capacity(&self) -> u64 {
-        self.allocators.values().map(|a| a.capacity()).sum()
+        self.allocators
+            .values()
+            .fold(0u64, |sum, a| sum.saturating_add(a.capacity()))
+    }
+
+    /// Whether `size` bytes would fit in some live segment were it empty:
+    /// when not, no eviction can make room.
+    fn fits_some_empty_live_segment(&self, size: u64) -> bool {
+        let Some(len) = crate::alloc::aligned_len(size) else {
+            return false;
+        };
+        self.segments
+            .values()
+            .filter(|s| s.is_live())
+            .filter_map(|s| self.allocators.get(&s.id))
+            .any(|a| a.capacity() >= len)
     }
 
     pub fn total_allocated(&self) -> u64 {
-        self.allocators.values().map(|a| a.allocated()).sum()
+        self.allocators
+            .values()
+            .fold(0u64, |sum, a| sum.saturating_add(a.allocated()))
     }
 
     /// Share of capacity in use, 0.0 with no segments.
@@ -418,6 +446,20 @@ impl MetaState {
                 if origin.seq < prev.trimmed_below {
                     return Response::Rejected(MetaError::InvalidParams(format!(
                         "request {} of client {} is older than the deduplication window; not applied",
+                        origin.seq, origin.client_id
+                    )));
+                }
+                // A sequence number far ahead would push the window past the
+                // client's real requests, which would then all be refused as
+                // too old (issue 11). Not recorded, so it moves nothing.
+                let highest = prev
+                    .results
+                    .last_key_value()
+                    .map_or(0, |(seq, _)| *seq)
+                    .max(prev.trimmed_below);
+                if origin.seq > highest.saturating_add(MAX_SEQ_AHEAD) {
+                    return Response::Rejected(MetaError::InvalidParams(format!(
+                        "request {} of client {} is more than {MAX_SEQ_AHEAD} ahead of its latest ({highest}); not applied",
                         origin.seq, origin.client_id
                     )));
                 }
@@ -596,7 +638,12 @@ impl MetaState {
             }
         }
         if replicas.is_empty() {
-            self.alloc_failures += 1;
+            // Only a failure eviction could cure asks for an eviction round:
+            // a size no live segment could hold even empty evicted 85 of 100
+            // objects of a nearly empty pool when repeated (issue 11).
+            if self.fits_some_empty_live_segment(size) {
+                self.alloc_failures += 1;
+            }
             return Err(MetaError::NoAvailableHandle(size));
         }
         let granted = replicas.clone();
@@ -778,6 +825,14 @@ impl MetaState {
                 "segment capacity {} is below the minimum of {} bytes",
                 spec.capacity,
                 crate::alloc::ALIGNMENT
+            )));
+        }
+        if spec.capacity > MAX_SEGMENT_CAPACITY {
+            // A capacity near 2^64 wrapped the total capacity to 1 KiB, and
+            // eviction started on a nearly empty pool (issue 11).
+            return Err(MetaError::InvalidParams(format!(
+                "segment capacity {} is above the maximum of {MAX_SEGMENT_CAPACITY} bytes (256 TiB)",
+                spec.capacity
             )));
         }
         if let Some(existing) = self.segment_by_name(&spec.name) {

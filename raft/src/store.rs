@@ -188,10 +188,15 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
     }
     let decode_meta =
         |key: &str| -> Result<Option<Vec<u8>>, OpenError> { Ok(metas.get(key).cloned()) };
-    let vote = decode_meta(KEY_VOTE)?
+    let vote: Option<Vote<NodeId>> = decode_meta(KEY_VOTE)?
         .map(|b| codec::decode(&b))
         .transpose()
         .map_err(|e| corrupt(format!("vote: {e}")))?;
+    if let Some(v) = &vote {
+        // openraft adds 1 to the term when it campaigns; a term near u64::MAX
+        // would panic there on every start.
+        crate::terms::check_persisted(v.leader_id.term).map_err(corrupt)?;
+    }
     let committed: Option<LogId<NodeId>> = decode_meta(KEY_COMMITTED)?
         .map(|b| codec::decode::<Option<LogId<NodeId>>>(&b))
         .transpose()

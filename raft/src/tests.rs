@@ -241,7 +241,8 @@ fn replicas_land_on_distinct_segments_best_effort() {
         first_item(&put(&mut s, 2, "c", 4, "huge", 100 * MB, 1)),
         Err(MetaError::NoAvailableHandle(100 * MB))
     );
-    assert_eq!(s.alloc_failures, 1);
+    // Larger than any segment: no eviction could help, so none is asked for.
+    assert_eq!(s.alloc_failures, 0);
 }
 
 #[test]
@@ -815,4 +816,113 @@ mod durability {
         assert!(log.try_get_log_entries(0..10).await.unwrap().is_empty());
         assert_eq!(sm.applied_state().await.unwrap().0, None);
     }
+
+    /// A persisted vote with an absurd term (issue 11: a forged Vote with
+    /// term u64::MAX was saved, then openraft panicked at every start's
+    /// election) is refused when the store opens, with a clear error.
+    #[tokio::test]
+    async fn an_absurd_persisted_term_is_refused_at_open() {
+        let dir = tempfile::TempDir::new().unwrap();
+        {
+            let (mut log, _sm) = store::open(dir.path()).unwrap();
+            log.save_vote(&Vote::new(u64::MAX, 2)).await.unwrap();
+        }
+        let err = match store::open(dir.path()) {
+            Ok(_) => panic!("a vote at term u64::MAX was loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("beyond any reachable term"), "{err}");
+    }
+}
+
+/// Issue 11: a segment declared with a capacity near 2^64 wrapped the total
+/// capacity (to 1 KiB after 2^64 − 2^28 + 1024) and eviction started on a
+/// nearly empty pool. Such a mount is refused and changes nothing. (Totals
+/// also saturate; 65,536 maximal segments would be needed to reach 2^64,
+/// more than `--max-segments` allows.)
+#[test]
+fn an_absurd_segment_capacity_is_refused_and_totals_never_wrap() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 256 * MB);
+    let before = s.clone();
+    let r = s.apply(&Command {
+        now_ms: 2,
+        seed: 0,
+        origin: None,
+        op: Op::MountSegment {
+            spec: SegmentSpec {
+                name: "huge".into(),
+                endpoint: "huge:1".into(),
+                capacity: u64::MAX - (1 << 28) + 1024,
+                ..Default::default()
+            },
+            owner: "attacker".into(),
+        },
+    });
+    assert!(
+        matches!(r, Response::Mounted(Err(MetaError::InvalidParams(_)))),
+        "{r:?}"
+    );
+    assert_eq!(s.segments, before.segments);
+    assert_eq!(s.total_allocated(), before.total_allocated());
+    assert_eq!(s.next_segment_id, before.next_segment_id);
+    assert_eq!(s.total_capacity(), 256 * MB);
+    // The largest allowed segment mounts.
+    mount(&mut s, 3, "big", "store", MAX_SEGMENT_CAPACITY);
+    assert_eq!(s.total_capacity(), 256 * MB + MAX_SEGMENT_CAPACITY);
+}
+
+/// Issue 11: every failed allocation asked for an eviction round, so 30
+/// PutStarts of 2^63 bytes evicted 85 of 100 objects of a pool 0.03 % full,
+/// and one put larger than any segment evicted the only object. A size no
+/// live segment could hold even empty fails without asking for eviction; a
+/// size that fits once space is freed still does.
+#[test]
+fn only_allocation_failures_eviction_can_cure_ask_for_eviction() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 4 * MB);
+    first_item(&put(&mut s, 10, "c", 1, "small", MB, 1)).unwrap();
+    for (seq, size) in [(2, u64::MAX), (3, 1 << 63), (4, 4 * MB + 1), (5, 300 * MB)] {
+        assert_eq!(
+            first_item(&put(&mut s, 11, "c", seq, &format!("k{seq}"), size, 1)),
+            Err(MetaError::NoAvailableHandle(size))
+        );
+    }
+    assert_eq!(s.alloc_failures, 0, "impossible sizes asked for eviction");
+    // 4 MiB fits the segment once "small" is evicted: that failure counts.
+    assert_eq!(
+        first_item(&put(&mut s, 12, "c", 6, "whole", 4 * MB, 1)),
+        Err(MetaError::NoAvailableHandle(4 * MB))
+    );
+    assert_eq!(s.alloc_failures, 1);
+}
+
+/// Issue 11: requests with sequence numbers far ahead of a client's pushed
+/// its deduplication window past its real requests, which were then all
+/// refused as "older than the deduplication window" (the client could no
+/// longer mount). A jump beyond MAX_SEQ_AHEAD is refused and recorded
+/// nowhere, so the real client carries on; a new client may start anywhere.
+#[test]
+fn a_sequence_number_far_ahead_does_not_move_the_dedup_window() {
+    let mut s = MetaState::new();
+    mount(&mut s, 1, "seg", "store", 64 * MB);
+    first_item(&put(&mut s, 10, "victim", 1, "a", 100, 1)).unwrap();
+    let before = s.dedup.get("victim").cloned();
+    for i in 0..(DEDUP_RESULTS_PER_CLIENT as u64 + 10) {
+        let forged = u64::MAX - i;
+        assert!(
+            matches!(
+                put(&mut s, 11, "victim", forged, "forged", 100, 1),
+                Response::Rejected(MetaError::InvalidParams(_))
+            ),
+            "seq {forged} accepted"
+        );
+    }
+    assert_eq!(s.dedup.get("victim").cloned(), before);
+    assert!(!s.objects.contains_key("forged"));
+    // The real client's next requests still apply.
+    first_item(&put(&mut s, 12, "victim", 2, "b", 100, 1)).unwrap();
+    first_item(&put(&mut s, 12, "victim", 2 + MAX_SEQ_AHEAD, "c", 100, 1)).unwrap();
+    // A client the master has not seen may start at any number.
+    first_item(&put(&mut s, 13, "newcomer", u64::MAX / 2, "d", 100, 1)).unwrap();
 }
