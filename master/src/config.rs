@@ -129,6 +129,15 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_MAX_KEY_LEN", default_value_t = crescent_proto::DEFAULT_MAX_KEY_LEN)]
     pub max_key_len: usize,
 
+    /// Most segments (live or expired) the cluster holds; a mount beyond it
+    /// is refused with INVALID_PARAMS.
+    #[arg(long, env = "CRESCENT_MAX_SEGMENTS", default_value_t = 4096)]
+    pub max_segments: usize,
+
+    /// Most segments one client (store) may own.
+    #[arg(long, env = "CRESCENT_MAX_SEGMENTS_PER_CLIENT", default_value_t = 64)]
+    pub max_segments_per_client: usize,
+
     /// How long a write may wait for a Raft commit before answering RPC_TIMEOUT
     /// (the write may still commit; a retry with the same request id is safe).
     #[arg(long, env = "CRESCENT_WRITE_TIMEOUT", default_value = "5s", value_parser = duration)]

@@ -198,8 +198,12 @@ async fn liveness_loop(node: Arc<MasterNode>) {
                 .collect()
         };
         let dead: Vec<String> = {
-            let mem = node.leader_mem.lock().expect("lock poisoned");
+            let mut mem = node.leader_mem.lock().expect("lock poisoned");
             let now = Instant::now();
+            // Forget clients silent for two TTLs: their segments are expired
+            // by then (or they own none), so the entry no longer decides anything.
+            mem.heartbeats
+                .retain(|_, last| now.duration_since(*last) <= 2 * ttl);
             owners
                 .into_iter()
                 .filter(|o| {

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crescent_proto::pb::cluster_service_server::ClusterServiceServer;
 use crescent_proto::pb::master_service_server::MasterServiceServer;
@@ -13,6 +14,14 @@ use tonic::transport::server::TcpIncoming;
 use crate::cluster::ClusterApi;
 use crate::node::MasterNode;
 use crate::service::MasterApi;
+
+/// Longest any gRPC request may run on the server; every handler bounds its
+/// own work well below it (writes by `--write-timeout`, a leadership
+/// transfer to a few seconds, a snapshot chunk by its size).
+pub const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Requests served at once on one connection; more wait in HTTP/2 flow control.
+pub const GRPC_CONCURRENCY_PER_CONNECTION: usize = 1024;
 
 /// Serves MasterService, ClusterService and RaftService until `shutdown` resolves.
 pub async fn serve(
@@ -30,6 +39,14 @@ pub async fn serve(
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
+        // Dead or vanished peers are noticed and their connections dropped;
+        // no request runs unbounded; one connection cannot queue unbounded
+        // work (issue 11: nothing bounded the gRPC server).
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .timeout(GRPC_REQUEST_TIMEOUT)
+        .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
         .add_service(master)
         .add_service(cluster)
         .add_service(raft)
