@@ -114,6 +114,7 @@ impl StoreAgent {
             segment.clone(),
             listener,
             stats.clone(),
+            crescent_store::server::ServeLimits::default(),
         ));
         let spec = pb::SegmentSpec {
             name: name.clone(),

@@ -19,6 +19,7 @@ fn main() {
             seg.clone(),
             l,
             Arc::new(Default::default()),
+            Default::default(),
         ));
         let t = Arc::new(crescent_store::TcpTransport::new());
         for batch in [1usize, 16] {
