@@ -539,7 +539,7 @@ impl MasterClient {
         Self::check(r).map(|_| ())
     }
 
-    pub async fn batch_put_start(
+    async fn batch_put_start_part(
         &self,
         items: Vec<pb::PutStartItem>,
         config: pb::ReplicateConfig,
@@ -558,7 +558,7 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn batch_put_end(
+    async fn batch_put_end_part(
         &self,
         items: Vec<pb::PutEndItem>,
     ) -> Result<Vec<pb::Status>, ClientError> {
@@ -575,7 +575,7 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn batch_put_revoke(
+    async fn batch_put_revoke_part(
         &self,
         keys: Vec<String>,
     ) -> Result<Vec<pb::Status>, ClientError> {
@@ -590,6 +590,66 @@ impl MasterClient {
             })
             .await?;
         Ok(Self::check(r)?.results)
+    }
+
+    // Batch calls: a batch larger than one request may be
+    // (`crescent_proto::MAX_BATCH_ITEMS` items or `MAX_BATCH_KEY_BYTES` of
+    // keys) is sent as several requests in order, and the answers joined;
+    // an error in one stops the rest and is returned (parts already sent
+    // took effect: started puts are discarded by the master's timeout).
+    pub async fn batch_put_start(
+        &self,
+        items: Vec<pb::PutStartItem>,
+        config: pb::ReplicateConfig,
+    ) -> Result<Vec<pb::PutStartResult>, ClientError> {
+        in_parts(
+            items,
+            |i| i.key.len(),
+            |part| self.batch_put_start_part(part, config.clone()),
+        )
+        .await
+    }
+
+    pub async fn batch_put_end(
+        &self,
+        items: Vec<pb::PutEndItem>,
+    ) -> Result<Vec<pb::Status>, ClientError> {
+        in_parts(items, |i| i.key.len(), |part| self.batch_put_end_part(part)).await
+    }
+
+    pub async fn batch_put_revoke(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<pb::Status>, ClientError> {
+        in_parts(keys, String::len, |part| self.batch_put_revoke_part(part)).await
+    }
+
+    pub async fn batch_get_replica_list(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<pb::GetReplicaListResponse>, ClientError> {
+        in_parts(keys, String::len, |part| {
+            self.batch_get_replica_list_part(part)
+        })
+        .await
+    }
+
+    pub async fn batch_exists(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<pb::ExistResponse>, ClientError> {
+        in_parts(keys, String::len, |part| self.batch_exists_part(part)).await
+    }
+
+    pub async fn batch_remove(
+        &self,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<Vec<pb::Status>, ClientError> {
+        in_parts(keys, String::len, |part| {
+            self.batch_remove_part(part, force)
+        })
+        .await
     }
 
     pub async fn put_start(
@@ -657,7 +717,7 @@ impl MasterClient {
         Self::check(r)
     }
 
-    pub async fn batch_get_replica_list(
+    async fn batch_get_replica_list_part(
         &self,
         keys: Vec<String>,
     ) -> Result<Vec<pb::GetReplicaListResponse>, ClientError> {
@@ -682,7 +742,7 @@ impl MasterClient {
         Ok(Self::check(r)?.exists)
     }
 
-    pub async fn batch_exists(
+    async fn batch_exists_part(
         &self,
         keys: Vec<String>,
     ) -> Result<Vec<pb::ExistResponse>, ClientError> {
@@ -710,7 +770,7 @@ impl MasterClient {
         Self::check(r).map(|_| ())
     }
 
-    pub async fn batch_remove(
+    async fn batch_remove_part(
         &self,
         keys: Vec<String>,
         force: bool,
@@ -776,6 +836,23 @@ impl MasterClient {
         let r = Self::check(r)?;
         Ok(pb::HeartbeatResult::try_from(r.result).unwrap_or(pb::HeartbeatResult::HeartbeatOk))
     }
+}
+
+/// Sends `items` in parts a master accepts (see
+/// [`crescent_proto::split_batch`]) and joins the answers in order.
+async fn in_parts<T, R, Fut>(
+    items: Vec<T>,
+    key_len: impl Fn(&T) -> usize,
+    mut send: impl FnMut(Vec<T>) -> Fut,
+) -> Result<Vec<R>, ClientError>
+where
+    Fut: Future<Output = Result<Vec<R>, ClientError>>,
+{
+    let mut answers = Vec::with_capacity(items.len());
+    for part in crescent_proto::split_batch(items, key_len) {
+        answers.extend(send(part).await?);
+    }
+    Ok(answers)
 }
 
 #[cfg(test)]

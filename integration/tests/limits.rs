@@ -183,3 +183,217 @@ async fn heartbeats_from_strangers_are_not_recorded() {
     assert_eq!(r.result, pb::HeartbeatResult::NeedRemount as i32);
     assert_eq!(leader_metric(&cluster, "master_active_clients").await, 1.0);
 }
+
+/// A Prometheus sample of one master (None while it does not answer).
+async fn metric_of(cluster: &LocalCluster, id: u64, name: &str) -> Option<f64> {
+    let http = cluster.masters.iter().find(|m| m.id == id)?.http.clone();
+    let (_, body) = http_request(&http, "GET", "/metrics", &[]).await.ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `n` keys of exactly `len` bytes, distinct per `tag`.
+fn keys(tag: &str, n: usize, len: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let k = format!("{tag}-{i:08}-");
+            format!("{k}{}", "x".repeat(len - k.len()))
+        })
+        .collect()
+}
+
+fn put_start_items(keys: &[String]) -> Vec<pb::PutStartItem> {
+    keys.iter()
+        .map(|k| pb::PutStartItem {
+            key: k.clone(),
+            size: 1,
+        })
+        .collect()
+}
+
+fn put_end_items(keys: &[String]) -> Vec<pb::PutEndItem> {
+    keys.iter()
+        .map(|k| pb::PutEndItem {
+            key: k.clone(),
+            checksum: 7,
+        })
+        .collect()
+}
+
+fn one_replica() -> pb::ReplicateConfig {
+    pb::ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    }
+}
+
+/// Issue 11: one BatchPutStart of ~16 MB became one log entry that a
+/// follower could not receive within openraft's 50 ms AppendEntries wait, and
+/// a 61 MB one cost the leader its term. The largest batch a master accepts
+/// (16,384 keys, 1 MiB of keys) commits on three masters and every master
+/// applies it; a batch one byte of keys larger is refused with a clear
+/// error and changes nothing; the client library sends that same batch in
+/// two requests, which both commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
+    let cluster = LocalCluster::start(3, &[]).unwrap();
+    let (_, leader_addr, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    client.mount_segment(spec("big", 1 << 40)).await.unwrap();
+    let mut raw = MasterClient::master(client.channel(&leader_addr).unwrap());
+    let header = || Some(client.header());
+
+    let n = crescent_proto::MAX_BATCH_ITEMS;
+    let largest = keys("max", n, crescent_proto::MAX_BATCH_KEY_BYTES / n);
+    assert_eq!(
+        largest.iter().map(String::len).sum::<usize>(),
+        crescent_proto::MAX_BATCH_KEY_BYTES
+    );
+    let started = raw
+        .batch_put_start(pb::BatchPutStartRequest {
+            header: header(),
+            items: put_start_items(&largest),
+            config: Some(one_replica()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(started.status.unwrap().code, ErrorCode::Ok as i32);
+    assert!(started
+        .results
+        .iter()
+        .all(|r| r.status.as_ref().unwrap().code == ErrorCode::Ok as i32));
+    let ended = raw
+        .batch_put_end(pb::BatchPutEndRequest {
+            header: header(),
+            items: put_end_items(&largest),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ended.status.unwrap().code, ErrorCode::Ok as i32);
+    assert!(ended.results.iter().all(|s| s.code == ErrorCode::Ok as i32));
+
+    // Every master applies both entries.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for m in &cluster.masters {
+        while metric_of(&cluster, m.id, "master_key_count").await != Some(n as f64) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "master {} never applied the largest batch:\n{}",
+                m.id,
+                cluster.log_tail(m.id, 20)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // One byte of keys more: refused before anything is proposed.
+    let mut larger = keys("over", n, crescent_proto::MAX_BATCH_KEY_BYTES / n);
+    larger[0].push('y');
+    let refused = raw
+        .batch_put_start(pb::BatchPutStartRequest {
+            header: header(),
+            items: put_start_items(&larger),
+            config: Some(one_replica()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let status = refused.status.unwrap();
+    assert_eq!(status.code, ErrorCode::InvalidParams as i32, "{status:?}");
+    assert!(status.message.contains("split the batch"), "{status:?}");
+    assert!(refused.results.is_empty());
+    assert_eq!(
+        leader_metric(&cluster, "master_key_count").await,
+        n as f64,
+        "a refused batch changed the state"
+    );
+
+    // The library cuts the same batch into requests the master accepts.
+    let results = client
+        .batch_put_start(put_start_items(&larger), one_replica())
+        .await
+        .unwrap();
+    assert_eq!(results.len(), n);
+    let ended = client.batch_put_end(put_end_items(&larger)).await.unwrap();
+    assert!(ended.iter().all(|s| s.code == ErrorCode::Ok as i32));
+    assert_eq!(
+        leader_metric(&cluster, "master_key_count").await,
+        (2 * n) as f64
+    );
+}
+
+/// Issue 11: openraft sends up to 256 entries per AppendEntries and waits
+/// only a heartbeat interval (50 ms) for the answer, then retries the same
+/// range, so a follower that fell behind by tens of MB of large entries
+/// never caught up. Here a follower is down while ~40 MB of maximal batches
+/// commit; restarted, it catches up (messages are cut to 8 MiB and may take
+/// longer than 50 ms), and then carries the quorum on its own with the
+/// other follower stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_by_large_entries_catches_up() {
+    let mut cluster = LocalCluster::start(3, &[]).unwrap();
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
+    client.mount_segment(spec("big", 1 << 40)).await.unwrap();
+    let followers: Vec<u64> = cluster
+        .masters
+        .iter()
+        .map(|m| m.id)
+        .filter(|id| *id != leader)
+        .collect();
+    let (behind, other) = (followers[0], followers[1]);
+    cluster.kill(behind).unwrap();
+
+    let n = crescent_proto::MAX_BATCH_ITEMS;
+    let rounds = 16;
+    for round in 0..rounds {
+        let batch = keys(
+            &format!("r{round}"),
+            n,
+            crescent_proto::MAX_BATCH_KEY_BYTES / n,
+        );
+        let started = client
+            .batch_put_start(put_start_items(&batch), one_replica())
+            .await
+            .unwrap();
+        assert_eq!(started.len(), n);
+        client.batch_put_end(put_end_items(&batch)).await.unwrap();
+    }
+    let expected = (rounds * n) as f64;
+    assert_eq!(leader_metric(&cluster, "master_key_count").await, expected);
+
+    cluster.restart(behind).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric_of(&cluster, behind, "master_key_count").await != Some(expected) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted follower never caught up:\n{}",
+            cluster.log_tail(behind, 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The caught-up follower now makes the quorum with the leader alone.
+    cluster.pause(other).unwrap();
+    let key = "after-catch-up".to_string();
+    let written = async {
+        client
+            .batch_put_start(put_start_items(std::slice::from_ref(&key)), one_replica())
+            .await?;
+        client.batch_put_end(put_end_items(&[key])).await
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(20), written).await;
+    cluster.resume(other).unwrap();
+    assert!(
+        matches!(outcome, Ok(Ok(ref v)) if v[0].code == ErrorCode::Ok as i32),
+        "{outcome:?}"
+    );
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crescent_raft::eviction::{select_victims, should_evict, AccessInfo};
 use crescent_raft::state::Op;
-use crescent_raft::Response;
+use crescent_raft::{sizing, Response};
 use openraft::ServerState;
 use tokio::task::JoinSet;
 
@@ -107,11 +107,16 @@ async fn eviction_loop(node: Arc<MasterNode>) {
             }
             let now = Instant::now();
             let now_ms = now_ms();
-            let victims =
+            let mut victims =
                 select_victims(state, now_ms, node.config.eviction_ratio, |k| AccessInfo {
                     leased: mem.is_leased(k, now) || mem.is_doomed(k),
                     last_access_ms: mem.last_access_ms.get(k).copied(),
                 });
+            // One log entry per round: the rest is chosen again next round.
+            victims = sizing::chunk_keys(victims, sizing::ENTRY_KEY_BUDGET)
+                .into_iter()
+                .next()
+                .unwrap_or_default();
             mem.doom(&victims);
             (victims, state.alloc_failures)
         };

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory};
+use crescent_raft::sizing;
 use crescent_raft::state::{Command, Op, Origin};
 use crescent_raft::store::SharedState;
 use crescent_raft::{BasicNode, NodeId, Raft, Response};
@@ -44,6 +45,10 @@ pub enum NodeError {
     Timeout,
     #[error("{0}")]
     Unavailable(String),
+    /// The command would make a log entry no follower is sure to receive in
+    /// time (see `crescent_raft::sizing`); nothing was proposed.
+    #[error("request encodes to {bytes} bytes, above the {limit}-byte limit of one Raft log entry; send it in smaller batches")]
+    TooLarge { bytes: u64, limit: u64 },
 }
 
 /// What the leader remembers that is not in the log. A new leader starts empty
@@ -286,13 +291,23 @@ impl MasterNode {
             .is_some()
     }
 
-    fn command(origin: Option<Origin>, op: Op) -> Command {
-        Command {
+    /// The command for `op`, or `TooLarge` when its log entry would exceed
+    /// [`sizing::MAX_ENTRY_BYTES`].
+    fn command(origin: Option<Origin>, op: Op) -> Result<Command, NodeError> {
+        let cmd = Command {
             now_ms: now_ms(),
             seed: rand::random(),
             origin,
             op,
+        };
+        let bytes = crescent_raft::codec::encoded_len(&cmd).unwrap_or(u64::MAX);
+        if bytes > sizing::MAX_ENTRY_BYTES {
+            return Err(NodeError::TooLarge {
+                bytes,
+                limit: sizing::MAX_ENTRY_BYTES,
+            });
         }
+        Ok(cmd)
     }
 
     /// Proposes a command and waits for it to be committed by a quorum and applied.
@@ -300,7 +315,7 @@ impl MasterNode {
         if self.transferring() {
             return Err(self.not_leader());
         }
-        let write = self.write_until_decided(Self::command(origin, op));
+        let write = self.write_until_decided(Self::command(origin, op)?);
         tokio::time::timeout(self.config.write_timeout, write)
             .await
             .unwrap_or(Err(NodeError::Timeout))
@@ -324,7 +339,14 @@ impl MasterNode {
             return refused;
         }
         let node = self.clone();
-        let cmd = Self::command(origin, op);
+        let cmd = match Self::command(origin, op) {
+            Ok(cmd) => cmd,
+            Err(refused) => {
+                let refused = Err(refused);
+                settle(self, &refused);
+                return refused;
+            }
+        };
         let task = tokio::spawn(async move {
             let outcome = node.write_until_decided(cmd).await;
             settle(&node, &outcome);

@@ -9,7 +9,7 @@ use crescent_proto::ErrorCode;
 use crescent_raft::state::{
     MetaError, MetaState, Op, Origin, PutPolicy, Replica, ReplicateConfig, SegmentSpec,
 };
-use crescent_raft::Response;
+use crescent_raft::{sizing, Response};
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
 
 use crate::node::{MasterNode, NodeError};
@@ -43,6 +43,7 @@ pub fn node_status(e: &NodeError) -> pb::Status {
         } => pb::Status::not_leader(*leader_id, leader_addr.clone()),
         NodeError::Timeout => pb::Status::error(ErrorCode::RpcTimeout, e.to_string()),
         NodeError::Unavailable(m) => pb::Status::error(ErrorCode::Unavailable, m.clone()),
+        NodeError::TooLarge { .. } => pb::Status::error(ErrorCode::InvalidParams, e.to_string()),
     }
 }
 
@@ -96,9 +97,7 @@ impl MasterApi {
             request_seq: crate::node::now_ms() * 1000 + (rand::random::<u16>() % 1000) as u64,
         };
         let keys = self.matching_keys(|_| true).await?;
-        Ok(count_ok(
-            &self.remove_keys(Some(header), keys, force).await?,
-        ))
+        self.remove_matching(Some(header), keys, force).await
     }
 
     fn check_key(&self, key: &str) -> Result<(), pb::Status> {
@@ -119,6 +118,7 @@ impl MasterApi {
     }
 
     fn check_keys<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<(), pb::Status> {
+        let mut key_bytes = 0usize;
         for (i, k) in keys.enumerate() {
             if i >= crescent_proto::MAX_BATCH_ITEMS {
                 return Err(invalid(
@@ -130,6 +130,16 @@ impl MasterApi {
                 s.message = format!("item {i}: {}", s.message);
                 s
             })?;
+            key_bytes += k.len();
+            if key_bytes > crescent_proto::MAX_BATCH_KEY_BYTES {
+                return Err(invalid(
+                    ErrorCode::InvalidParams,
+                    format!(
+                        "batch keys exceed {} bytes in all at item {i}; split the batch",
+                        crescent_proto::MAX_BATCH_KEY_BYTES
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -330,6 +340,41 @@ impl MasterApi {
         force: bool,
     ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
         let origin = Self::origin(header)?;
+        self.remove_keys_as(Some(origin), keys, force).await
+    }
+
+    /// Removes the keys that remove-all or remove-by-regex matched and
+    /// returns how many went. Keys beyond one log entry
+    /// ([`sizing::ENTRY_KEY_BUDGET`]) are removed in several entries, each
+    /// without the request's dedup origin (one origin answers one entry): a
+    /// retry of such a request removes whatever still matches instead of
+    /// repeating the first answer.
+    async fn remove_matching(
+        &self,
+        header: Option<pb::RequestHeader>,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<u64, pb::Status> {
+        let origin = Self::origin(header)?;
+        let key_bytes: usize = keys.iter().map(String::len).sum();
+        if key_bytes <= sizing::ENTRY_KEY_BUDGET {
+            return Ok(count_ok(
+                &self.remove_keys_as(Some(origin), keys, force).await?,
+            ));
+        }
+        let mut removed = 0;
+        for chunk in sizing::chunk_keys(keys, sizing::ENTRY_KEY_BUDGET) {
+            removed += count_ok(&self.remove_keys_as(None, chunk, force).await?);
+        }
+        Ok(removed)
+    }
+
+    async fn remove_keys_as(
+        &self,
+        origin: Option<Origin>,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -366,7 +411,7 @@ impl MasterApi {
         };
         let outcome = self
             .node
-            .propose_settled(Some(origin), op, move |node, _| node.undoom(&doomed_here))
+            .propose_settled(origin, op, move |node, _| node.undoom(&doomed_here))
             .await;
         match outcome {
             Ok(Response::Items(v)) if v.len() == n => Ok(v),
@@ -782,10 +827,10 @@ impl MasterService for MasterApi {
                 })
             }
         };
-        ok(match self.remove_keys(r.header, keys, r.force).await {
-            Ok(v) => pb::CountResponse {
+        ok(match self.remove_matching(r.header, keys, r.force).await {
+            Ok(count) => pb::CountResponse {
                 status: Some(pb::Status::ok()),
-                count: count_ok(&v),
+                count,
             },
             Err(s) => pb::CountResponse {
                 status: Some(s),
@@ -811,10 +856,10 @@ impl MasterService for MasterApi {
                 })
             }
         };
-        ok(match self.remove_keys(r.header, keys, r.force).await {
-            Ok(v) => pb::CountResponse {
+        ok(match self.remove_matching(r.header, keys, r.force).await {
+            Ok(count) => pb::CountResponse {
                 status: Some(pb::Status::ok()),
-                count: count_ok(&v),
+                count,
             },
             Err(s) => pb::CountResponse {
                 status: Some(s),

@@ -22,6 +22,33 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 4096;
 pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Largest number of items in one batch request.
 pub const MAX_BATCH_ITEMS: usize = 16 * 1024;
+/// Largest sum of key lengths in one batch request: with its sizes and
+/// replica settings it stays within one Raft log entry (4 MiB), which a
+/// follower receives well within a replication deadline.
+pub const MAX_BATCH_KEY_BYTES: usize = 1024 * 1024;
+
+/// Cuts a batch into requests a master accepts: at most [`MAX_BATCH_ITEMS`]
+/// items and [`MAX_BATCH_KEY_BYTES`] of keys each, in order. A single key
+/// over the byte limit goes alone (the master then refuses that key).
+pub fn split_batch<T>(items: Vec<T>, key_len: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut parts = Vec::new();
+    let mut part = Vec::new();
+    let mut bytes = 0usize;
+    for item in items {
+        let len = key_len(&item);
+        if !part.is_empty() && (part.len() == MAX_BATCH_ITEMS || bytes + len > MAX_BATCH_KEY_BYTES)
+        {
+            parts.push(std::mem::take(&mut part));
+            bytes = 0;
+        }
+        bytes += len;
+        part.push(item);
+    }
+    if !part.is_empty() || parts.is_empty() {
+        parts.push(part);
+    }
+    parts
+}
 
 impl pb::Status {
     pub fn ok() -> Self {
@@ -63,4 +90,32 @@ impl pb::Status {
 /// Mooncake's spelling of an error code (`OBJECT_NOT_FOUND`).
 pub fn error_code_name(code: ErrorCode) -> &'static str {
     code.as_str_name()
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_cut_by_count_and_by_key_bytes_in_order() {
+        let keys: Vec<String> = (0..MAX_BATCH_ITEMS * 2 + 5)
+            .map(|i| i.to_string())
+            .collect();
+        let parts = split_batch(keys.clone(), String::len);
+        assert_eq!(
+            parts.iter().map(Vec::len).collect::<Vec<_>>(),
+            [MAX_BATCH_ITEMS, MAX_BATCH_ITEMS, 5]
+        );
+        assert_eq!(parts.concat(), keys);
+
+        let big: Vec<String> = (0..5)
+            .map(|_| "k".repeat(MAX_BATCH_KEY_BYTES / 2))
+            .collect();
+        let parts = split_batch(big, String::len);
+        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+
+        // An empty batch stays one (empty) request, so callers keep their
+        // empty-batch answer.
+        assert_eq!(split_batch(Vec::<String>::new(), String::len).len(), 1);
+    }
 }

@@ -16,6 +16,11 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, bincode::Erro
     options().serialize(value)
 }
 
+/// The length [`encode`] would produce, without encoding.
+pub fn encoded_len<T: Serialize + ?Sized>(value: &T) -> Result<u64, bincode::Error> {
+    options().serialized_size(value)
+}
+
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
     options().deserialize(bytes)
 }

@@ -3,8 +3,9 @@
 //! Owns the openraft type configuration, the pure and deterministic metadata
 //! state machine ([`state`]), the segment allocator ([`alloc`]), the eviction
 //! policy ([`eviction`]), the durable log and snapshot storage on redb
-//! ([`store`]), the tonic Raft transport ([`network`]) and the rules for
-//! which terms a node accepts ([`terms`]).
+//! ([`store`]), the tonic Raft transport ([`network`]), the rules for
+//! which terms a node accepts ([`terms`]) and how big entries and
+//! replication messages may be ([`sizing`]).
 //!
 //! It must not touch the master's leader-only memory (read leases, heartbeats),
 //! wall clocks or randomness inside `apply`, nor the data plane: the state
@@ -16,6 +17,7 @@ pub mod alloc;
 pub mod codec;
 pub mod eviction;
 pub mod network;
+pub mod sizing;
 pub mod state;
 pub mod store;
 pub mod terms;

@@ -18,14 +18,14 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, LogId};
 use serde::{de::DeserializeOwned, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{codec, NodeId, Raft, TypeConfig};
+use crate::{codec, sizing, NodeId, Raft, TypeConfig};
 
-/// Largest Raft message accepted on the wire (bounded by `max_payload_entries`
-/// and the snapshot chunk size in practice).
+/// Largest Raft message accepted on the wire (senders keep to
+/// [`sizing::MAX_MESSAGE_BYTES`] of entries and 4 MiB snapshot chunks).
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 
 /// When each peer last answered an RPC: reported as "last contact" by ListMembers.
@@ -90,6 +90,29 @@ pub struct GrpcNetwork {
     target: NodeId,
     client: Result<RaftServiceClient<Channel>, String>,
     contacts: Arc<ContactBook>,
+    /// The AppendEntries with entries still on its way to `target`, if any.
+    in_flight: Option<InFlightAppend>,
+}
+
+/// A message with entries, sent by a task of its own so that openraft's
+/// heartbeat-long wait ending does not cancel it (see [`crate::sizing`]).
+struct InFlightAppend {
+    prev: Option<LogId<NodeId>>,
+    first: LogId<NodeId>,
+    last: LogId<NodeId>,
+    task: tokio::task::JoinHandle<AppendResult>,
+}
+
+type AppendResult =
+    Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>>;
+
+impl Drop for GrpcNetwork {
+    fn drop(&mut self) {
+        // The replication stream ended (new term, member removed): stop sending.
+        if let Some(f) = self.in_flight.take() {
+            f.task.abort();
+        }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
@@ -110,6 +133,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
             target,
             client,
             contacts: self.contacts.clone(),
+            in_flight: None,
         }
     }
 }
@@ -131,41 +155,135 @@ impl GrpcNetwork {
         E: std::error::Error + DeserializeOwned,
         Result<Resp, E>: DeserializeOwned,
     {
-        let client = match &self.client {
-            Ok(c) => c.clone(),
-            Err(e) => {
-                return Err(RPCError::Unreachable(Unreachable::new(&TransportError(
-                    e.clone(),
-                ))))
-            }
-        };
-        let mut client = client;
+        let client = self.client.clone().map_err(unreachable)?;
         let data = codec::encode(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&TransportError(e.to_string()))))?;
-        let mut request = tonic::Request::new(RaftPayload { data });
-        request.set_timeout(option.hard_ttl());
-        let resp = match method {
-            Method::Append => client.append_entries(request).await,
-            Method::Vote => client.vote(request).await,
-            Method::Snapshot => client.install_snapshot(request).await,
-        };
-        let payload = match resp {
-            Ok(r) => r.into_inner(),
-            Err(status) => {
-                let err = TransportError(format!("{}: {}", status.code(), status.message()));
-                return Err(match status.code() {
-                    tonic::Code::Unavailable | tonic::Code::Unknown => {
-                        RPCError::Unreachable(Unreachable::new(&err))
-                    }
-                    _ => RPCError::Network(NetworkError::new(&err)),
-                });
-            }
-        };
-        self.contacts.touch(self.target);
-        let result: Result<Resp, E> = codec::decode(&payload.data)
-            .map_err(|e| RPCError::Network(NetworkError::new(&TransportError(e.to_string()))))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        send(
+            client,
+            self.contacts.clone(),
+            self.target,
+            method,
+            data,
+            option.hard_ttl(),
+        )
+        .await
     }
+
+    /// Sends the entries of `rpc` that fit one message (at least one) by a
+    /// task with a deadline sized for their bytes, or waits for the task
+    /// already sending the same start of the same range (openraft retries a
+    /// range whose 50 ms wait ended). A success for fewer entries than asked
+    /// is answered `PartialSuccess`, and openraft sends the rest next.
+    async fn append_in_task(&mut self, mut rpc: AppendEntriesRequest<TypeConfig>) -> AppendResult {
+        let (Some(first), Some(asked_last)) = (
+            rpc.entries.first().map(|e| e.log_id),
+            rpc.entries.last().map(|e| e.log_id),
+        ) else {
+            return Err(RPCError::Network(NetworkError::new(&TransportError(
+                "no entries to send".into(),
+            ))));
+        };
+        let reusable = self
+            .in_flight
+            .as_ref()
+            .is_some_and(|f| f.prev == rpc.prev_log_id && f.first == first && f.last <= asked_last);
+        if !reusable {
+            if let Some(stale) = self.in_flight.take() {
+                stale.task.abort();
+            }
+            let sizes: Vec<u64> = rpc
+                .entries
+                .iter()
+                .map(|e| codec::encoded_len(e).unwrap_or(u64::MAX))
+                .collect();
+            let n = sizing::sendable_prefix(sizes.iter().copied(), sizing::MAX_MESSAGE_BYTES);
+            let bytes = sizes[..n].iter().fold(0u64, |a, b| a.saturating_add(*b));
+            rpc.entries.truncate(n);
+            let last = rpc.entries[n - 1].log_id;
+            let client = self.client.clone().map_err(unreachable)?;
+            let data = codec::encode(&rpc).map_err(|e| {
+                RPCError::Network(NetworkError::new(&TransportError(e.to_string())))
+            })?;
+            let task = tokio::spawn(send(
+                client,
+                self.contacts.clone(),
+                self.target,
+                Method::Append,
+                data,
+                sizing::replication_timeout(bytes),
+            ));
+            self.in_flight = Some(InFlightAppend {
+                prev: rpc.prev_log_id,
+                first,
+                last,
+                task,
+            });
+        }
+        let Some(f) = self.in_flight.as_mut() else {
+            return Err(RPCError::Network(NetworkError::new(&TransportError(
+                "no replication task".into(),
+            ))));
+        };
+        // Awaiting a handle that stays in `self` keeps the send going if
+        // openraft gives up on this call.
+        let joined = (&mut f.task).await;
+        let sent_last = f.last;
+        self.in_flight = None;
+        let outcome = joined.map_err(|e| {
+            RPCError::Network(NetworkError::new(&TransportError(format!(
+                "replication task ended: {e}"
+            ))))
+        })??;
+        Ok(match outcome {
+            AppendEntriesResponse::Success if sent_last != asked_last => {
+                AppendEntriesResponse::PartialSuccess(Some(sent_last))
+            }
+            other => other,
+        })
+    }
+}
+
+fn unreachable<E: std::error::Error>(reason: String) -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Unreachable(Unreachable::new(&TransportError(reason)))
+}
+
+/// One Raft RPC of already-encoded `data`, answered within `timeout`.
+async fn send<Resp, E>(
+    mut client: RaftServiceClient<Channel>,
+    contacts: Arc<ContactBook>,
+    target: NodeId,
+    method: Method,
+    data: Vec<u8>,
+    timeout: Duration,
+) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
+where
+    Resp: DeserializeOwned,
+    E: std::error::Error + DeserializeOwned,
+    Result<Resp, E>: DeserializeOwned,
+{
+    let mut request = tonic::Request::new(RaftPayload { data });
+    request.set_timeout(timeout);
+    let resp = match method {
+        Method::Append => client.append_entries(request).await,
+        Method::Vote => client.vote(request).await,
+        Method::Snapshot => client.install_snapshot(request).await,
+    };
+    let payload = match resp {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            let err = TransportError(format!("{}: {}", status.code(), status.message()));
+            return Err(match status.code() {
+                tonic::Code::Unavailable | tonic::Code::Unknown => {
+                    RPCError::Unreachable(Unreachable::new(&err))
+                }
+                _ => RPCError::Network(NetworkError::new(&err)),
+            });
+        }
+    };
+    contacts.touch(target);
+    let result: Result<Resp, E> = codec::decode(&payload.data)
+        .map_err(|e| RPCError::Network(NetworkError::new(&TransportError(e.to_string()))))?;
+    result.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
 }
 
 enum Method {
@@ -182,13 +300,19 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
         openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(100)))
     }
 
+    /// Heartbeats (no entries) go at once with openraft's deadline; entries
+    /// go through [`GrpcNetwork::append_in_task`].
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call::<_, _, RaftError<NodeId>>(Method::Append, &rpc, &option)
-            .await
+        if rpc.entries.is_empty() {
+            return self
+                .call::<_, _, RaftError<NodeId>>(Method::Append, &rpc, &option)
+                .await;
+        }
+        self.append_in_task(rpc).await
     }
 
     async fn install_snapshot(
