@@ -138,6 +138,11 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_MAX_SEGMENTS_PER_CLIENT", default_value_t = 64)]
     pub max_segments_per_client: usize,
 
+    /// Most connections the gRPC port holds; more are closed at accept. A
+    /// connection silent both ways for 90 s is closed too.
+    #[arg(long, env = "CRESCENT_MAX_CONNECTIONS", default_value_t = crate::conn_limit::DEFAULT_MAX_GRPC_CONNECTIONS)]
+    pub max_connections: usize,
+
     /// How long a write may wait for a Raft commit before answering RPC_TIMEOUT
     /// (the write may still commit; a retry with the same request id is safe).
     #[arg(long, env = "CRESCENT_WRITE_TIMEOUT", default_value = "5s", value_parser = duration)]
@@ -197,6 +202,10 @@ impl MasterConfig {
             "--heartbeat-interval must be below --election-timeout-min"
         );
         anyhow::ensure!(self.max_key_len > 0, "--max-key-len must be positive");
+        anyhow::ensure!(
+            self.max_connections >= 16,
+            "--max-connections must be at least 16 (peers, stores and clients share it)"
+        );
         let peers = self.initial_peers()?;
         anyhow::ensure!(
             self.etcd_endpoints().is_empty() || peers.is_empty(),

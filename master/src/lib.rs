@@ -12,6 +12,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod conn_limit;
 pub mod etcd;
 pub mod http;
 pub mod leader;

@@ -9,9 +9,9 @@ use crescent_proto::pb::master_service_server::MasterServiceServer;
 use crescent_proto::pb::raft_service_server::RaftServiceServer;
 use crescent_raft::network::{RaftGrpcServer, MAX_RAFT_MESSAGE_BYTES};
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 
 use crate::cluster::ClusterApi;
+use crate::conn_limit::{self, CappedListener};
 use crate::node::MasterNode;
 use crate::service::MasterApi;
 
@@ -37,7 +37,13 @@ pub async fn serve(
     let raft = RaftServiceServer::new(RaftGrpcServer::new(node.raft.clone()))
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // At most --max-connections connections, silent ones closed (issue 11:
+    // idle connections exhausted the leader's file descriptors).
+    let incoming = CappedListener::new(
+        listener,
+        node.config.max_connections,
+        conn_limit::GRPC_IDLE_TIMEOUT,
+    );
     tonic::transport::Server::builder()
         // Dead or vanished peers are noticed and their connections dropped;
         // no request runs unbounded; one connection cannot queue unbounded
@@ -81,6 +87,11 @@ impl RunningMaster {
             .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {http_addr}: {e}"))?;
         let http_bound = http_listener.local_addr()?;
         let router = crate::http::router(node.clone());
+        let http_listener = CappedListener::new(
+            http_listener,
+            conn_limit::MAX_HTTP_CONNECTIONS,
+            conn_limit::HTTP_IDLE_TIMEOUT,
+        );
         let http = tokio::spawn(async move {
             if let Err(e) = axum::serve(http_listener, router).await {
                 tracing::warn!(error = %e, "admin HTTP server stopped");
