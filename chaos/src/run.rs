@@ -427,6 +427,20 @@ async fn inject(
             dep.kill_store(1)?;
             dep.start_store(1)?;
         }
+        FaultKind::BigBatch => {
+            let (committed, failed) = probe.big_batches(fault.hold, start_us).await;
+            println!("chaos:      big batches: {committed} committed, {failed} failed");
+            anyhow::ensure!(committed > 0, "no big batch committed ({failed} failed)");
+            target = "leader".into();
+        }
+        FaultKind::ConnectionFlood => {
+            let leader = probe.leader(Duration::from_secs(20)).await?;
+            let mut targets = vec![dep.master_addr(leader), dep.master_http(leader)];
+            targets.extend(probe.store_endpoints().await?);
+            let held = flood(&targets, fault.hold).await;
+            println!("chaos:      flood: {held} connections held to {targets:?}");
+            target = format!("master {leader}");
+        }
     }
     let healed_us = now_us();
     let recovered_us = probe
@@ -542,6 +556,82 @@ impl Prober {
         self.wait_ready(1, within).await
     }
 
+    /// Starts, commits and force-removes the largest batches a master
+    /// accepts until `hold` has passed (at most 20); returns how many
+    /// committed and how many failed. Keys are the checker's business only
+    /// if a worker wrote them: these are `chaos-big-…`, 1 byte each.
+    async fn big_batches(&self, hold: Duration, tag: u64) -> (u32, u32) {
+        let n = crescent_proto::MAX_BATCH_ITEMS;
+        let len = crescent_proto::MAX_BATCH_KEY_BYTES / n;
+        let one = pb::ReplicateConfig {
+            replica_num: 1,
+            ..Default::default()
+        };
+        let deadline = Instant::now() + hold;
+        let (mut committed, mut failed) = (0, 0);
+        for round in 0..20 {
+            if round > 0 && Instant::now() >= deadline {
+                break;
+            }
+            let keys: Vec<String> = (0..n)
+                .map(|i| {
+                    let k = format!("chaos-big-{tag}-{round}-{i}-");
+                    format!("{k}{}", "x".repeat(len.saturating_sub(k.len())))
+                })
+                .collect();
+            let items = keys
+                .iter()
+                .map(|k| pb::PutStartItem {
+                    key: k.clone(),
+                    size: 1,
+                })
+                .collect();
+            let ends = keys
+                .iter()
+                .map(|k| pb::PutEndItem {
+                    key: k.clone(),
+                    checksum: 0,
+                })
+                .collect();
+            let outcome = async {
+                self.client.batch_put_start(items, one.clone()).await?;
+                self.client.batch_put_end(ends).await?;
+                self.client.batch_remove(keys, true).await
+            }
+            .await;
+            match outcome {
+                Ok(_) => committed += 1,
+                Err(e) => {
+                    failed += 1;
+                    println!("chaos:      big batch {round} failed: {e}");
+                }
+            }
+        }
+        (committed, failed)
+    }
+
+    /// The data endpoints of the stores, as a put is told them (a probe put
+    /// with a replica on each store, then revoked).
+    async fn store_endpoints(&self) -> anyhow::Result<Vec<String>> {
+        let key = format!("chaos-endpoints-{}", now_us());
+        let replicas = self
+            .client
+            .put_start(
+                &key,
+                64,
+                pb::ReplicateConfig {
+                    replica_num: 2,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let _ = self.client.put_revoke(&key).await;
+        let mut endpoints: Vec<String> = replicas.into_iter().map(|r| r.endpoint).collect();
+        endpoints.sort();
+        endpoints.dedup();
+        Ok(endpoints)
+    }
+
     /// `master_evicted_key_count` from the leader's /metrics.
     async fn evicted_keys(&self, dep: &dyn Deployment) -> Option<u64> {
         let leader = self.leader(Duration::from_secs(10)).await.ok()?;
@@ -558,4 +648,42 @@ impl Prober {
             .and_then(|v| v.parse::<f64>().ok())
             .map(|v| v as u64)
     }
+}
+
+/// Connections a flood opens to each target: half the store's default cap
+/// of 4,096, so the flood presses on every listener without locking real
+/// clients out of a store.
+const FLOOD_PER_TARGET: usize = 2_000;
+
+/// Opens up to [`FLOOD_PER_TARGET`] connections to each of `targets` (every
+/// other one sends the first bytes of a frame and stops), holds them for
+/// `hold`, closes them all; returns how many were open. Connecting stops
+/// early at a target that refuses or after 20 s in all.
+async fn flood(targets: &[String], hold: Duration) -> usize {
+    use tokio::io::AsyncWriteExt;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut held = Vec::new();
+    for addr in targets {
+        for i in 0..FLOOD_PER_TARGET {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let Ok(Ok(mut conn)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::TcpStream::connect(addr.as_str()),
+            )
+            .await
+            else {
+                break;
+            };
+            if i % 2 == 1 {
+                let _ = conn.write_all(&[0, 0, 0x10, 0x01]).await;
+            }
+            held.push(conn);
+        }
+    }
+    let n = held.len();
+    tokio::time::sleep(hold).await;
+    drop(held);
+    n
 }

@@ -33,10 +33,18 @@ pub enum FaultKind {
     /// those are in flight: the window where a retried remove and a new
     /// leader's missing lease memory once lost acknowledged writes.
     KillLeaderAmidRemoves,
+    /// Propose the largest batches a master accepts (16,384 keys, 1 MiB of
+    /// keys) for `hold`: start, commit and remove each. Every one is a log
+    /// entry of over 1 MiB that followers must receive.
+    BigBatch,
+    /// Hold a few thousand idle and half-written connections to the
+    /// leader's gRPC and HTTP ports and to every store's data port for
+    /// `hold`, then close them.
+    ConnectionFlood,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -46,6 +54,8 @@ impl FaultKind {
         FaultKind::KillEtcdMember,
         FaultKind::RollingRestart,
         FaultKind::KillLeaderAmidRemoves,
+        FaultKind::BigBatch,
+        FaultKind::ConnectionFlood,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,6 +69,8 @@ impl FaultKind {
             FaultKind::KillEtcdMember => "kill etcd member",
             FaultKind::RollingRestart => "rolling restart",
             FaultKind::KillLeaderAmidRemoves => "kill leader amid removes",
+            FaultKind::BigBatch => "big batch",
+            FaultKind::ConnectionFlood => "connection flood",
         }
     }
 
@@ -99,6 +111,7 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
         FaultKind::PauseMaster => rng.random_range(1_000..2_500),
         FaultKind::PartitionLeader | FaultKind::PartitionFollower => rng.random_range(2_000..5_000),
         FaultKind::RollingRestart => 0,
+        FaultKind::BigBatch | FaultKind::ConnectionFlood => rng.random_range(2_000..5_000),
         _ => rng.random_range(500..2_500),
     };
     Fault {
@@ -111,8 +124,9 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 
 /// The short CI schedule: 10 leader kills, 2 random-master kills, 2 pauses,
 /// 2 leader partitions and 1 follower partition (when the network can be
-/// controlled), a store kill, an etcd member kill, a rolling restart and 2
-/// leader kills amid removes, in a seeded order.
+/// controlled), a store kill, an etcd member kill, a rolling restart, 2
+/// leader kills amid removes, a big batch and a connection flood, in a
+/// seeded order.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -127,6 +141,8 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::KillEtcdMember);
     kinds.push(FaultKind::RollingRestart);
     kinds.extend([FaultKind::KillLeaderAmidRemoves; 2]);
+    kinds.push(FaultKind::BigBatch);
+    kinds.push(FaultKind::ConnectionFlood);
     kinds.shuffle(&mut rng);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
@@ -145,6 +161,8 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::KillEtcdMember, 1),
         (FaultKind::RollingRestart, 1),
         (FaultKind::KillLeaderAmidRemoves, 3),
+        (FaultKind::BigBatch, 1),
+        (FaultKind::ConnectionFlood, 1),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -182,6 +200,9 @@ mod tests {
         assert_eq!(count(FaultKind::PauseMaster), 2);
         assert_eq!(count(FaultKind::PartitionLeader), 2);
         assert_eq!(count(FaultKind::KillLeaderAmidRemoves), 2);
+        assert_eq!(count(FaultKind::BigBatch), 1);
+        assert_eq!(count(FaultKind::ConnectionFlood), 1);
+        assert_eq!(a.len(), 24);
         assert!(a
             .iter()
             .filter(|f| f.kind == FaultKind::PauseMaster)

@@ -125,6 +125,8 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
     };
     assert!(count("kill_leader") >= 10, "{}", report["faults"]);
     assert_eq!(count("kill_leader_amid_removes"), 2);
+    assert_eq!(count("big_batch"), 1, "{}", report["faults"]);
+    assert_eq!(count("connection_flood"), 1, "{}", report["faults"]);
     let engine = Command::new("docker")
         .arg("version")
         .output()
