@@ -176,21 +176,30 @@ async fn bad_input_is_refused_and_changes_nothing() {
         client.remove("good", false).await.unwrap_err().code(),
         ErrorCode::ObjectHasLease
     );
-    // Oversized message: refused by the transport limit, master keeps serving.
+    // A batch over the item limit, sent raw (the library would split it):
+    // refused, and the master keeps serving.
     let huge: Vec<pb::PutStartItem> = (0..20_000)
         .map(|i| pb::PutStartItem {
             key: format!("{i:0>60}"),
             size: 1,
         })
         .collect();
-    assert_eq!(
-        client
-            .batch_put_start(huge, cfg(1))
-            .await
-            .unwrap_err()
-            .code(),
-        ErrorCode::InvalidParams
-    );
+    let header = client.header();
+    let refused = client
+        .call_leader(|ch| {
+            let req = pb::BatchPutStartRequest {
+                header: Some(header.clone()),
+                items: huge.clone(),
+                config: Some(cfg(1)),
+            };
+            async move { MasterClient::master(ch).batch_put_start(req).await }
+        })
+        .await;
+    let code = match refused {
+        Ok(r) => r.status.map(|s| s.code).unwrap_or_default(),
+        Err(e) => e.code() as i32,
+    };
+    assert_eq!(code, ErrorCode::InvalidParams as i32);
     let status = client
         .node_status(&cluster.masters[0].addr.clone())
         .await
