@@ -87,6 +87,99 @@ async fn absurd_capacities_and_segment_quotas_are_refused() {
         leader_metric(&cluster, "master_total_capacity_bytes").await,
         (3u64 << 30) as f64
     );
+    assert_eq!(
+        leader_metric(
+            &cluster,
+            "master_quota_rejections_total{quota=\"segments\"}"
+        )
+        .await,
+        2.0
+    );
+}
+
+/// Issue 11: nothing bounded what one client id could make the leader hold
+/// (82 k unfinished puts with 1 KiB keys took it to 850 MB). Per-client
+/// quotas on unfinished puts, objects and key bytes refuse a PutStart beyond
+/// them with NO_AVAILABLE_HANDLE, count it in `/metrics`, leave other
+/// clients alone, and free up again as the client finishes or removes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_client_quotas_refuse_and_free_up() {
+    let mut args = no_expiry();
+    for (flag, v) in [
+        ("--max-unfinished-puts-per-client", "100"),
+        ("--max-objects-per-client", "150"),
+        ("--max-key-bytes-per-client", "64kb"),
+    ] {
+        args.extend([flag.to_string(), v.to_string()]);
+    }
+    let cluster = LocalCluster::start(3, &args).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let a = MasterClient::new(&cluster.masters_arg()).unwrap();
+    a.mount_segment(spec("seg", 1 << 30)).await.unwrap();
+    let quota = |which: &str| format!("master_quota_rejections_total{{quota=\"{which}\"}}");
+
+    // Unfinished puts: 100 pass, the 101st is refused and changes nothing.
+    let first = keys("a", 100, 16);
+    for r in a
+        .batch_put_start(put_start_items(&first), one_replica())
+        .await
+        .unwrap()
+    {
+        assert!(r.status.unwrap_or_default().is_ok());
+    }
+    let e = a.put_start("a-extra", 1, one_replica()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
+    assert!(
+        e.to_string().contains("--max-unfinished-puts-per-client"),
+        "{e}"
+    );
+    assert!(a.get_replica_list("a-extra").await.is_err());
+    assert_eq!(
+        leader_metric(&cluster, &quota("unfinished_puts")).await,
+        1.0
+    );
+
+    // Another client is not affected.
+    let b = MasterClient::new(&cluster.masters_arg()).unwrap();
+    b.put_start("b-0", 1, one_replica()).await.unwrap();
+    b.put_end("b-0", 7).await.unwrap();
+
+    // Finishing frees the unfinished quota; objects stop at 150.
+    for st in a.batch_put_end(put_end_items(&first)).await.unwrap() {
+        assert!(st.is_ok(), "{st:?}");
+    }
+    let more = keys("more", 50, 16);
+    a.batch_put_start(put_start_items(&more), one_replica())
+        .await
+        .unwrap();
+    a.batch_put_end(put_end_items(&more)).await.unwrap();
+    let e = a.put_start("a-151", 1, one_replica()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
+    assert!(e.to_string().contains("--max-objects-per-client"), "{e}");
+    assert_eq!(leader_metric(&cluster, &quota("objects")).await, 1.0);
+    // Removing frees it.
+    a.remove(&first[0], true).await.unwrap();
+    a.put_start("a-151", 1, one_replica()).await.unwrap();
+    a.put_end("a-151", 7).await.unwrap();
+
+    // Key bytes: 65 keys of 1,000 bytes fit in 64 KiB, a 66th does not.
+    let c = MasterClient::new(&cluster.masters_arg()).unwrap();
+    let long = keys("c", 66, 1000);
+    c.batch_put_start(put_start_items(&long[..65]), one_replica())
+        .await
+        .unwrap();
+    let e = c.put_start(&long[65], 1, one_replica()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
+    assert!(e.to_string().contains("--max-key-bytes-per-client"), "{e}");
+    assert_eq!(leader_metric(&cluster, &quota("key_bytes")).await, 1.0);
+    assert_eq!(leader_metric(&cluster, &quota("objects")).await, 1.0);
+    assert_eq!(
+        leader_metric(&cluster, &quota("unfinished_puts")).await,
+        1.0
+    );
 }
 
 /// Issue 11: every failed allocation ran an eviction round, so PutStarts of

@@ -17,6 +17,10 @@ fn duration(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
+fn size(s: &str) -> Result<u64, String> {
+    crescent_proto::units::parse_size(s).map_err(|e| e.to_string())
+}
+
 fn ratio(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if (0.0..=1.0).contains(&v) {
@@ -138,9 +142,27 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_MAX_SEGMENTS_PER_CLIENT", default_value_t = 64)]
     pub max_segments_per_client: usize,
 
+    /// Most objects (finished or not) one client may hold; a PutStart beyond
+    /// it is refused with NO_AVAILABLE_HANDLE. Bounds the leader's memory per
+    /// client id.
+    #[arg(long, env = "CRESCENT_MAX_OBJECTS_PER_CLIENT", default_value_t = 4 * 1024 * 1024)]
+    pub max_objects_per_client: u64,
+
+    /// Most unfinished puts (PutStart without PutEnd) one client may hold.
+    #[arg(
+        long,
+        env = "CRESCENT_MAX_UNFINISHED_PUTS_PER_CLIENT",
+        default_value_t = 65_536
+    )]
+    pub max_unfinished_puts_per_client: u64,
+
+    /// Most key bytes over all objects one client holds, e.g. `512mb`.
+    #[arg(long, env = "CRESCENT_MAX_KEY_BYTES_PER_CLIENT", default_value = "512mb", value_parser = size)]
+    pub max_key_bytes_per_client: u64,
+
     /// Most connections the gRPC port holds; more are closed at accept. A
     /// connection silent both ways for 90 s is closed too.
-    #[arg(long, env = "CRESCENT_MAX_CONNECTIONS", default_value_t = crate::conn_limit::DEFAULT_MAX_GRPC_CONNECTIONS)]
+    #[arg(long, env = "CRESCENT_MAX_CONNECTIONS", default_value_t = crescent_runtime::conn_limit::DEFAULT_MAX_GRPC_CONNECTIONS)]
     pub max_connections: usize,
 
     /// How long a write may wait for a Raft commit before answering RPC_TIMEOUT

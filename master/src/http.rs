@@ -188,6 +188,22 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
     ] {
         sample(&mut out, name, "counter", help, v.load(Relaxed));
     }
+    let _ = writeln!(
+        out,
+        "# HELP master_quota_rejections_total Requests refused by a per-client quota (objects, unfinished puts, key bytes, segments).\n# TYPE master_quota_rejections_total counter"
+    );
+    for (quota, v) in [
+        ("objects", &mm.quota_rejections_objects),
+        ("unfinished_puts", &mm.quota_rejections_unfinished_puts),
+        ("key_bytes", &mm.quota_rejections_key_bytes),
+        ("segments", &mm.quota_rejections_segments),
+    ] {
+        let _ = writeln!(
+            out,
+            "master_quota_rejections_total{{quota=\"{quota}\"}} {}",
+            v.load(Relaxed)
+        );
+    }
     sample(
         &mut out,
         "raft_term",

@@ -29,6 +29,11 @@ pub struct MasterMetrics {
     pub heartbeat_requests: AtomicU64,
     pub leader_changes: AtomicU64,
     pub eviction_rounds: AtomicU64,
+    /// Requests refused by a per-client quota, by quota.
+    pub quota_rejections_objects: AtomicU64,
+    pub quota_rejections_unfinished_puts: AtomicU64,
+    pub quota_rejections_key_bytes: AtomicU64,
+    pub quota_rejections_segments: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }

@@ -150,13 +150,24 @@ impl MasterApi {
     /// name adds nothing and always passes. Checked before proposing, so
     /// concurrent mounts may overshoot by the few in flight.
     fn check_segment_quota(&self, name: &str, owner: &str) -> Result<(), pb::Status> {
+        if !self.node.is_leader() {
+            // A follower answers NOT_LEADER when it proposes; its view may lag.
+            return Ok(());
+        }
         let sm = self.node.shared.sm.read().expect("state lock poisoned");
         let state = &sm.state;
         if state.segment_by_name(name).is_some() {
             return Ok(());
         }
         let cfg = &self.node.config;
+        let refused = || {
+            self.node
+                .counters
+                .quota_rejections_segments
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        };
         if state.segments.len() >= cfg.max_segments {
+            refused();
             return Err(invalid(
                 ErrorCode::InvalidParams,
                 format!(
@@ -168,6 +179,7 @@ impl MasterApi {
         }
         let owned = state.segments.values().filter(|s| s.owner == owner).count();
         if owned >= cfg.max_segments_per_client {
+            refused();
             return Err(invalid(
                 ErrorCode::InvalidParams,
                 format!(
@@ -175,6 +187,74 @@ impl MasterApi {
                     cfg.max_segments_per_client
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a PutStart that would take its client past
+    /// `--max-objects-per-client`, `--max-unfinished-puts-per-client` or
+    /// `--max-key-bytes-per-client` (issue 11: 82 k unfinished puts with 1 KiB
+    /// keys from one client id took the leader to 850 MB). Counted against
+    /// what the state machine holds now, so concurrent batches of one client
+    /// may overshoot by what is in flight. A retry of a request that was
+    /// already applied passes: it adds nothing, and it must get the answer of
+    /// its first attempt from the dedup table.
+    fn check_put_quota(&self, origin: &Origin, items: &[(String, u64)]) -> Result<(), pb::Status> {
+        if !self.node.is_leader() {
+            // A follower answers NOT_LEADER when it proposes; its view may lag.
+            return Ok(());
+        }
+        let sm = self.node.shared.sm.read().expect("state lock poisoned");
+        let state = &sm.state;
+        let applied = state
+            .dedup
+            .get(&origin.client_id)
+            .is_some_and(|c| c.results.contains_key(&origin.seq));
+        if applied {
+            return Ok(());
+        }
+        let held = state.writer_usage(&origin.client_id);
+        let cfg = &self.node.config;
+        let n = items.len() as u64;
+        let key_bytes: u64 = items.iter().map(|(k, _)| k.len() as u64).sum();
+        let m = &self.node.counters;
+        let quotas = [
+            (
+                held.objects,
+                n,
+                cfg.max_objects_per_client,
+                "objects",
+                "--max-objects-per-client",
+                &m.quota_rejections_objects,
+            ),
+            (
+                held.unfinished,
+                n,
+                cfg.max_unfinished_puts_per_client,
+                "unfinished puts",
+                "--max-unfinished-puts-per-client",
+                &m.quota_rejections_unfinished_puts,
+            ),
+            (
+                held.key_bytes,
+                key_bytes,
+                cfg.max_key_bytes_per_client,
+                "key bytes",
+                "--max-key-bytes-per-client",
+                &m.quota_rejections_key_bytes,
+            ),
+        ];
+        for (held, asked, limit, what, flag, refusals) in quotas {
+            if held.saturating_add(asked) > limit {
+                refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(pb::Status::error(
+                    ErrorCode::NoAvailableHandle,
+                    format!(
+                        "quota: client {} holds {held} {what} and asks for {asked} more ({flag} {limit}); finish or remove objects, or raise the limit",
+                        origin.client_id
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -253,6 +333,7 @@ impl MasterApi {
                 format!("item {i}: size must be greater than 0"),
             ));
         }
+        self.check_put_quota(&origin, &items)?;
         let config = Self::replicate_config(config)?;
         let n = items.len();
         let op = Op::PutStart {

@@ -266,6 +266,34 @@ pub struct ClientRequests {
     pub results: BTreeMap<u64, Response>,
 }
 
+/// What one writer (client id) holds in `objects`: the leader refuses its
+/// PutStarts beyond the per-client quotas, so one client cannot fill the
+/// leader's memory with objects, keys or puts it never finishes (issue 11).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterUsage {
+    pub objects: u64,
+    pub unfinished: u64,
+    pub key_bytes: u64,
+}
+
+fn count_in(usage: &mut BTreeMap<String, WriterUsage>, key: &str, obj: &Object) {
+    let u = usage.entry(obj.writer.clone()).or_default();
+    u.objects += 1;
+    u.unfinished += u64::from(!obj.is_complete());
+    u.key_bytes += key.len() as u64;
+}
+
+fn count_out(usage: &mut BTreeMap<String, WriterUsage>, key: &str, obj: &Object) {
+    if let Some(u) = usage.get_mut(&obj.writer) {
+        u.objects = u.objects.saturating_sub(1);
+        u.unfinished = u.unfinished.saturating_sub(u64::from(!obj.is_complete()));
+        u.key_bytes = u.key_bytes.saturating_sub(key.len() as u64);
+        if u.objects == 0 {
+            usage.remove(&obj.writer);
+        }
+    }
+}
+
 /// The largest segment a mount may declare (256 TiB): far above any machine's
 /// memory; with sums saturating besides, a total can never wrap around.
 pub const MAX_SEGMENT_CAPACITY: u64 = 1 << 48;
@@ -287,6 +315,9 @@ pub struct MetaState {
     /// Derived from `objects` and `pending_release`; rebuilt after a snapshot install.
     #[serde(skip)]
     allocators: BTreeMap<SegmentId, Allocator>,
+    /// Derived from `objects`; rebuilt with the allocators.
+    #[serde(skip)]
+    usage: BTreeMap<String, WriterUsage>,
 }
 
 /// A read of one object for GetReplicaList.
@@ -309,8 +340,13 @@ impl MetaState {
         }
     }
 
-    /// Rebuilds the allocators from the replicas; needed after deserializing.
-    pub fn rebuild_allocators(&mut self) -> Result<(), CorruptState> {
+    /// Rebuilds what is derived from the objects (the allocators and the
+    /// per-writer usage); needed after deserializing.
+    pub fn rebuild_derived(&mut self) -> Result<(), CorruptState> {
+        self.usage.clear();
+        for (key, obj) in &self.objects {
+            count_in(&mut self.usage, key, obj);
+        }
         self.allocators = self
             .segments
             .values()
@@ -333,6 +369,16 @@ impl MetaState {
             }
         }
         Ok(())
+    }
+
+    /// What `writer` holds now (zero for a client that holds nothing).
+    pub fn writer_usage(&self, writer: &str) -> WriterUsage {
+        self.usage.get(writer).copied().unwrap_or_default()
+    }
+
+    /// How many writers hold at least one object.
+    pub fn writer_count(&self) -> usize {
+        self.usage.len()
     }
 
     pub fn allocator(&self, id: SegmentId) -> Option<&Allocator> {
@@ -611,6 +657,7 @@ impl MetaState {
                     // Zombie put: take the key over, but keep its space out of
                     // reach until the old writer can no longer be writing.
                     let old = self.objects.remove(key).expect("checked above");
+                    count_out(&mut self.usage, key, &old);
                     for replica in old.replicas {
                         self.pending_release.push(PendingRelease {
                             replica,
@@ -647,27 +694,26 @@ impl MetaState {
             return Err(MetaError::NoAvailableHandle(size));
         }
         let granted = replicas.clone();
-        self.objects.insert(
-            key.to_string(),
-            Object {
-                size,
-                replicas,
-                phase: PutPhase::Processing {
-                    started_ms: now,
-                    discard_at_ms: now.saturating_add(policy.discard_after_ms),
-                    release_at_ms: now.saturating_add(policy.release_after_ms),
-                },
-                checksum: 0,
-                soft_pin_until_ms: if config.soft_pin {
-                    now.saturating_add(policy.soft_pin_ttl_ms)
-                } else {
-                    0
-                },
-                hard_pin: config.hard_pin,
-                created_ms: now,
-                writer: writer.unwrap_or_default().to_string(),
+        let obj = Object {
+            size,
+            replicas,
+            phase: PutPhase::Processing {
+                started_ms: now,
+                discard_at_ms: now.saturating_add(policy.discard_after_ms),
+                release_at_ms: now.saturating_add(policy.release_after_ms),
             },
-        );
+            checksum: 0,
+            soft_pin_until_ms: if config.soft_pin {
+                now.saturating_add(policy.soft_pin_ttl_ms)
+            } else {
+                0
+            },
+            hard_pin: config.hard_pin,
+            created_ms: now,
+            writer: writer.unwrap_or_default().to_string(),
+        };
+        count_in(&mut self.usage, key, &obj);
+        self.objects.insert(key.to_string(), obj);
         Ok(granted)
     }
 
@@ -717,6 +763,9 @@ impl MetaState {
             PutPhase::Processing { .. } => {
                 obj.phase = PutPhase::Complete { completed_ms: now };
                 obj.checksum = checksum;
+                if let Some(u) = self.usage.get_mut(&obj.writer) {
+                    u.unfinished = u.unfinished.saturating_sub(1);
+                }
                 Ok(())
             }
         }
@@ -738,6 +787,7 @@ impl MetaState {
             )));
         }
         let obj = self.objects.remove(key).expect("checked above");
+        count_out(&mut self.usage, key, &obj);
         // The writer itself gave up, so nobody writes into this space any more.
         self.free_replicas(&obj.replicas);
         Ok(())
@@ -770,6 +820,7 @@ impl MetaState {
             }
         }
         let obj = self.objects.remove(key).expect("checked above");
+        count_out(&mut self.usage, key, &obj);
         match obj.phase {
             PutPhase::Complete { .. } if hold_until > now => {
                 for replica in obj.replicas {
@@ -808,6 +859,7 @@ impl MetaState {
                 .is_some_and(|o| o.is_complete() && !o.hard_pin);
             if evictable {
                 let obj = self.objects.remove(key).expect("checked above");
+                count_out(&mut self.usage, key, &obj);
                 self.free_replicas(&obj.replicas);
                 evicted += 1;
             }
@@ -886,9 +938,14 @@ impl MetaState {
             .retain(|p| p.replica.segment_id != segment_id);
         // Objects lose their replicas there; those left with none vanish (an
         // unfinished put then fails at PutEnd with OBJECT_NOT_FOUND).
-        self.objects.retain(|_, obj| {
+        let usage = &mut self.usage;
+        self.objects.retain(|key, obj| {
             obj.replicas.retain(|r| r.segment_id != segment_id);
-            !obj.replicas.is_empty()
+            let keep = !obj.replicas.is_empty();
+            if !keep {
+                count_out(usage, key, obj);
+            }
+            keep
         });
         Ok(())
     }
@@ -903,6 +960,7 @@ impl MetaState {
             .collect();
         for key in stale {
             if let Some(obj) = self.objects.remove(&key) {
+                count_out(&mut self.usage, &key, &obj);
                 self.free_replicas(&obj.replicas);
                 reclaimed += 1;
             }

@@ -257,7 +257,7 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
 
 fn decode_sm(data: &[u8]) -> Result<SmData, String> {
     let mut sm: SmData = codec::decode(data).map_err(|e| e.to_string())?;
-    sm.state.rebuild_allocators().map_err(|e| e.to_string())?;
+    sm.state.rebuild_derived().map_err(|e| e.to_string())?;
     Ok(sm)
 }
 

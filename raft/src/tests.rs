@@ -185,12 +185,44 @@ fn snapshot_roundtrip_rebuilds_identical_state() {
     }
     let bytes = crate::codec::encode(&a).unwrap();
     let mut b: MetaState = crate::codec::decode(&bytes).unwrap();
-    b.rebuild_allocators().unwrap();
+    b.rebuild_derived().unwrap();
     assert_eq!(a, b, "decoded snapshot differs");
     for c in second {
         assert_eq!(a.apply(c), b.apply(c));
     }
     assert_eq!(a, b);
+}
+
+/// The per-writer usage the leader's quotas read is kept up to date by every
+/// op that adds, finishes or drops an object (zombie takeover, revoke,
+/// remove, evict, reclaim, unmount): after each command it equals a recount.
+#[test]
+fn writer_usage_matches_a_recount_after_every_command() {
+    let mut cmds = workload(3000);
+    cmds.insert(
+        2000,
+        Command {
+            now_ms: 200_000,
+            seed: 0,
+            origin: None,
+            op: Op::UnmountSegment { segment_id: 2 },
+        },
+    );
+    let mut s = MetaState::new();
+    let mut saw_unfinished = false;
+    for (i, c) in cmds.iter().enumerate() {
+        s.apply(c);
+        let mut recount = s.clone();
+        recount.rebuild_derived().unwrap();
+        assert_eq!(s, recount, "usage drifted at command {i}: {:?}", c.op);
+        saw_unfinished |= (0..4).any(|w| s.writer_usage(&format!("c{w}")).unfinished > 0);
+    }
+    assert!(saw_unfinished);
+    let total: u64 = (0..4)
+        .map(|w| s.writer_usage(&format!("c{w}")).objects)
+        .sum();
+    assert_eq!(total, s.objects.len() as u64);
+    assert!(s.writer_count() > 0);
 }
 
 #[test]
