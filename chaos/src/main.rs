@@ -119,12 +119,7 @@ impl From<WorkerArgs> for WorkerConfig {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crescent_runtime::init_tool_logging("warn");
     match real_main(Cli::parse()).await {
         Ok(code) => code,
         Err(e) => {

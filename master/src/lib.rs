@@ -12,7 +12,6 @@
 
 pub mod cluster;
 pub mod config;
-pub mod conn_limit;
 pub mod etcd;
 pub mod http;
 pub mod leader;

@@ -1,41 +1,23 @@
 use crescent_master::config::MasterConfig;
 use crescent_master::server::RunningMaster;
-use tracing_subscriber::EnvFilter;
 
 // The master allocates many small, short-lived objects per request (keys,
 // protobuf messages, log entries); mimalloc measured faster than glibc here.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn init_tracing(format: &str) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,h2=warn,tower=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("install SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
 fn main() -> anyhow::Result<()> {
     let config = MasterConfig::load()?;
-    init_tracing(&config.log_format);
+    crescent_runtime::init_server_logging(
+        &config.log_format,
+        "info,openraft=warn,h2=warn,tower=warn",
+    );
+    // Both listeners' caps, plus a reserve for Raft peers, etcd and the log.
+    let needed =
+        (config.max_connections + crescent_runtime::conn_limit::MAX_HTTP_CONNECTIONS + 1024) as u64;
+    if let Err(e) = crescent_runtime::raise_open_file_limit(needed) {
+        tracing::warn!(error = %e, "cannot read the open-file limit");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("crescent-master")
@@ -57,7 +39,7 @@ fn main() -> anyhow::Result<()> {
             r = master.wait() => {
                 r?;
             }
-            _ = shutdown_signal() => {
+            _ = crescent_runtime::shutdown_signal() => {
                 tracing::info!("shutting down");
                 master.stop().await;
             }

@@ -11,9 +11,9 @@ use crescent_raft::network::{RaftGrpcServer, MAX_RAFT_MESSAGE_BYTES};
 use tokio::net::TcpListener;
 
 use crate::cluster::ClusterApi;
-use crate::conn_limit::{self, CappedListener};
 use crate::node::MasterNode;
 use crate::service::MasterApi;
+use crescent_runtime::conn_limit::{self, CappedListener};
 
 /// Longest any gRPC request may run on the server; every handler bounds its
 /// own work well below it (writes by `--write-timeout`, a leadership
@@ -92,11 +92,11 @@ impl RunningMaster {
             conn_limit::MAX_HTTP_CONNECTIONS,
             conn_limit::HTTP_IDLE_TIMEOUT,
         );
-        let http = tokio::spawn(async move {
-            if let Err(e) = axum::serve(http_listener, router).await {
-                tracing::warn!(error = %e, "admin HTTP server stopped");
-            }
-        });
+        let http = tokio::spawn(conn_limit::serve_http(
+            http_listener,
+            router,
+            conn_limit::HTTP_HEADER_READ_TIMEOUT,
+        ));
         tracing::info!(%http_bound, "admin/metrics HTTP listening");
         let watch = tokio::spawn(crate::leader::run_leadership_watch(node.clone()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -10,6 +10,7 @@ use clap::Parser;
 use crescent_client::agent::{AgentConfig, StoreAgent};
 use crescent_client::MasterClient;
 use crescent_proto::units::{parse_duration, parse_size};
+use crescent_runtime::conn_limit::{self, CappedListener};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -53,29 +54,16 @@ struct Args {
     log_format: String,
 }
 
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if args.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
+    crescent_runtime::init_server_logging(&args.log_format, "info,h2=warn,tower=warn");
+    // The data port's cap, the metrics port's, and a reserve for the
+    // master connection and shared-memory files.
+    let needed = crescent_store::server::ServeLimits::default().max_connections
+        + crescent_runtime::conn_limit::MAX_HTTP_CONNECTIONS as u64
+        + 256;
+    if let Err(e) = crescent_runtime::raise_open_file_limit(needed) {
+        tracing::warn!(error = %e, "cannot read the open-file limit");
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -107,13 +95,18 @@ fn main() -> anyhow::Result<()> {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {}: {e}", args.http))?;
             let router = crescent_client::agent::http_router(agent.clone());
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    tracing::warn!(error = %e, "metrics HTTP server stopped");
-                }
-            });
+            let listener = CappedListener::new(
+                listener,
+                conn_limit::MAX_HTTP_CONNECTIONS,
+                conn_limit::HTTP_IDLE_TIMEOUT,
+            );
+            tokio::spawn(conn_limit::serve_http(
+                listener,
+                router,
+                conn_limit::HTTP_HEADER_READ_TIMEOUT,
+            ));
         }
-        shutdown_signal().await;
+        crescent_runtime::shutdown_signal().await;
         tracing::info!("shutting down");
         agent.shutdown().await;
         Ok(())

@@ -1,4 +1,4 @@
-//! Caps on the connections a master's listeners hold (issue 11: ~20 k idle
+//! Caps on the connections a server's listeners hold (issue 11: ~20 k idle
 //! connections exhausted the leader's file descriptors; its clients went
 //! degraded and no failover happened, because the leader still answered
 //! its peers).
@@ -31,6 +31,35 @@ pub const MAX_HTTP_CONNECTIONS: usize = 256;
 pub const GRPC_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// An admin HTTP connection with no traffic either way for this long is closed.
 pub const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest a client may take to send one request's headers to the admin
+/// HTTP port; the idle timeout alone let a sender of one byte every 29 s keep
+/// its connection for ever.
+pub const HTTP_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` over HTTP/1.1 with hyper directly:
+/// `axum::serve` gives hyper no timer, and without one hyper enforces no
+/// header read timeout.
+pub async fn serve_http(
+    mut listener: CappedListener,
+    router: axum::Router,
+    header_timeout: Duration,
+) {
+    loop {
+        let (io, _peer) = axum::serve::Listener::accept(&mut listener).await;
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "admin HTTP connection ended");
+            }
+        });
+    }
+}
 
 /// A connection that holds one of its listener's slots and closes itself
 /// after `idle` without progress.
@@ -309,6 +338,40 @@ mod tests {
             );
         }
         assert!(!closed_within(&mut b, Duration::from_millis(100)).await);
+        server.abort();
+    }
+
+    /// A client that sends its request headers one byte at a time, each
+    /// well within the idle timeout, is cut off by the header read timeout;
+    /// a normal request on the same server is answered.
+    #[tokio::test]
+    async fn a_trickled_request_header_is_cut_off() {
+        let (l, addr) = listener(8, Duration::from_secs(60)).await;
+        let router = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+        let server = tokio::spawn(serve_http(l, router, Duration::from_millis(500)));
+
+        let mut normal = TcpStream::connect(addr).await.unwrap();
+        normal
+            .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        normal.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        let header = b"GET /health HTTP/1.1\r\nhost: x\r\nx-padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+        let mut cut_off = false;
+        // 100 bytes over 10 s: far longer than the 0.5 s header timeout.
+        for byte in header.iter().cycle().take(100) {
+            if slow.write_all(&[*byte]).await.is_err()
+                || closed_within(&mut slow, Duration::from_millis(100)).await
+            {
+                cut_off = true;
+                break;
+            }
+        }
+        assert!(cut_off, "a trickled header held its connection for 10 s");
         server.abort();
     }
 

@@ -1,0 +1,108 @@
+//! What every Crescent program shares at run time.
+//!
+//! Owns the process-level plumbing of the binaries (`crescent-master`,
+//! `crescent-store`, `crescentctl`, `crescent-chaos`): logging set-up,
+//! the shutdown signal, raising the open-file limit, and the listeners'
+//! connection caps with the admin HTTP server that uses them.
+//!
+//! It must not hold Crescent behaviour (metadata, placement, the data
+//! path) and must not be a dependency of the library an engine links
+//! beyond what that library's own servers need.
+
+pub mod conn_limit;
+
+use tracing_subscriber::EnvFilter;
+
+/// Logs of a long-running server to stdout: `format` is `text` or `json`;
+/// `RUST_LOG` overrides `default_filter`.
+pub fn init_server_logging(format: &str, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Logs of a command-line tool to stderr, so they never mix with its
+/// output; `RUST_LOG` overrides `default_filter`.
+pub fn init_tool_logging(default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Resolves at the first SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit and
+/// warns when the result is below `needed` (the connection caps plus a
+/// reserve): the usual soft limit of 1,024 would run out long before a
+/// listener's cap of 4,096 connections, and `accept` would fail with "Too
+/// many open files" instead of the cap closing the newest connection.
+/// Returns the soft limit now in force.
+pub fn raise_open_file_limit(needed: u64) -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read or write the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        } else {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot raise the open-file limit");
+        }
+    }
+    let soft: u64 = lim.rlim_cur;
+    if soft < needed {
+        tracing::warn!(
+            open_file_limit = soft,
+            needed,
+            "the open-file limit is below the connection caps plus a reserve; raise `ulimit -n` (or the container's nofile) or lower the caps"
+        );
+    }
+    Ok(soft)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        let soft = super::raise_open_file_limit(0).unwrap();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(lim.rlim_cur, lim.rlim_max);
+        assert_eq!(soft, lim.rlim_cur);
+    }
+}
