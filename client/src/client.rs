@@ -79,6 +79,19 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Where a put left its bytes (issue 11: `crescentctl put` printed "stored"
+/// while no master answered).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Committed by the masters: any client can read it, and it outlives this
+    /// process.
+    InCluster,
+    /// Degraded mode: only in this process's bounded local cache, lost with
+    /// the process; published to the cluster on recovery when
+    /// `publish_on_recover` is set, else dropped then.
+    LocalOnly,
+}
+
 /// Replication options of a put (Mooncake's `ReplicateConfig`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplicateConfig {
@@ -648,24 +661,38 @@ impl ClientCore {
 
     /// Stores `value` under `key`. A key that already exists counts as success
     /// (objects are immutable, as in Mooncake). In degraded mode the value goes
-    /// to the bounded local cache only (not replicated: see the README).
+    /// to the bounded local cache only (not replicated: see the README); use
+    /// [`put_placed`](Self::put_placed) to learn which happened.
     pub async fn put(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
+        self.put_placed(key, value, cfg).await.map(|_| ())
+    }
+
+    /// [`put`](Self::put) that says where the bytes went: committed by the
+    /// masters, or only into this process's local cache because no master
+    /// was reachable.
+    pub async fn put_placed(
+        &self,
+        key: &str,
+        value: &[u8],
+        cfg: &ReplicateConfig,
+    ) -> Result<Stored> {
         if value.is_empty() {
             return Err(Error::InvalidArgument("value is empty".into()));
         }
         if self.is_degraded() {
-            return self.put_local(key, value);
+            return self.put_local(key, value).map(|_| Stored::LocalOnly);
         }
         match self.put_cluster(key, value, cfg).await {
+            Ok(()) => Ok(Stored::InCluster),
             Err(e @ Error::Unavailable(_)) => {
                 self.note_unavailable(&e);
                 if self.is_degraded() {
-                    self.put_local(key, value)
+                    self.put_local(key, value).map(|_| Stored::LocalOnly)
                 } else {
                     Err(e)
                 }
             }
-            other => other,
+            Err(e) => Err(e),
         }
     }
 
@@ -731,9 +758,30 @@ impl ClientCore {
         items: &[(&str, &[u8])],
         cfg: &ReplicateConfig,
     ) -> Result<Vec<Result<()>>> {
-        if self.is_degraded() {
-            return Ok(items.iter().map(|(k, v)| self.put_local(k, v)).collect());
-        }
+        let placed = self.put_batch_placed(items, cfg).await?;
+        Ok(placed.into_iter().map(|r| r.map(|_| ())).collect())
+    }
+
+    /// [`put_batch`](Self::put_batch) that says, per item, where the bytes went.
+    pub async fn put_batch_placed(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<Stored>>> {
+        let (results, stored) = if self.is_degraded() {
+            let local = items.iter().map(|(k, v)| self.put_local(k, v)).collect();
+            (local, Stored::LocalOnly)
+        } else {
+            (self.put_batch_cluster(items, cfg).await?, Stored::InCluster)
+        };
+        Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
+    }
+
+    async fn put_batch_cluster(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<()>>> {
         if items.is_empty() {
             return Ok(Vec::new());
         }

@@ -20,6 +20,6 @@ pub mod local_cache;
 pub mod master;
 pub mod mooncake;
 
-pub use client::{Client, ClientCore, Error, ReplicateConfig};
+pub use client::{Client, ClientCore, Error, ReplicateConfig, Stored};
 pub use config::{ClientConfig, Protocol};
 pub use master::{ClientError, MasterClient, RetryPolicy};

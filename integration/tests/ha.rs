@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crescent_client::local::LocalEtcd;
-use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
+use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig, Stored};
 use crescent_integration::{crescentctl, http_request, LocalCluster};
 use crescent_proto::pb;
 
@@ -241,16 +241,18 @@ async fn client_degrades_to_local_only_and_recovers() {
     })
     .await
     .unwrap();
-    client
-        .put("cluster-object", b"in the pool", &one())
+    // The library says where each put went (issue 11): in the cluster now...
+    let placed = client
+        .put_placed("cluster-object", b"in the pool", &one())
         .await
         .unwrap();
+    assert_eq!(placed, Stored::InCluster);
     let batch = [
         ("cluster-batch-1", b"first".as_slice()),
         ("cluster-batch-2", b"second"),
     ];
-    for r in client.put_batch(&batch, &one()).await.unwrap() {
-        r.unwrap();
+    for r in client.put_batch_placed(&batch, &one()).await.unwrap() {
+        assert_eq!(r.unwrap(), Stored::InCluster);
     }
     // Reading takes a read lease (10 s) and keeps the descriptor; a batch
     // read does too.
@@ -274,11 +276,12 @@ async fn client_degrades_to_local_only_and_recovers() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Puts and gets keep working from local memory...
-    client
-        .put("local-1", b"while degraded", &one())
+    // Puts and gets keep working from local memory, and say so...
+    let placed = client
+        .put_placed("local-1", b"while degraded", &one())
         .await
         .unwrap();
+    assert_eq!(placed, Stored::LocalOnly);
     assert_eq!(client.get("local-1").await.unwrap(), b"while degraded");
     let mut buf = [0u8; 64];
     assert_eq!(client.get_into("local-1", &mut buf).await.unwrap(), 14);
@@ -293,8 +296,8 @@ async fn client_degrades_to_local_only_and_recovers() {
         ("local-b1", b"batch one".as_slice()),
         ("local-b2", b"batch two"),
     ];
-    for r in client.batch_put_from(&local_batch, &one()).await.unwrap() {
-        r.unwrap();
+    for r in client.put_batch_placed(&local_batch, &one()).await.unwrap() {
+        assert_eq!(r.unwrap(), Stored::LocalOnly);
     }
     let keys = ["local-b1", "cluster-batch-2", "never-put", "local-1"];
     let got = client.get_batch(&keys).await.unwrap();

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_client::{Client, ClientConfig, ReplicateConfig, Stored};
 
 async fn client(master: &str) -> anyhow::Result<Client> {
     let config = ClientConfig {
@@ -36,7 +36,13 @@ pub async fn put(
         replica_num: replicas,
         ..Default::default()
     };
-    c.put(key, &bytes, &cfg).await?;
+    let stored = c.put_placed(key, &bytes, &cfg).await?;
+    // Cannot happen with `degrade_after` zero; checked so that a change
+    // there can never turn into a false "stored" again.
+    anyhow::ensure!(
+        stored == Stored::InCluster,
+        "no master reachable: {key} was not stored in the cluster"
+    );
     eprintln!(
         "stored {key} ({} bytes, {replicas} replica(s))",
         bytes.len()
