@@ -801,7 +801,7 @@ impl ClientCore {
         if idx.is_empty() {
             return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
         }
-        let starts = self
+        let starts = match self
             .master
             .batch_put_start(
                 idx.iter()
@@ -813,7 +813,21 @@ impl ClientCore {
                 self.replicate(cfg),
             )
             .await
-            .map_err(|e| Error::from_master(e, ""))?;
+        {
+            Ok(starts) => starts,
+            Err(e) => {
+                // A batch over 1 MiB of keys goes in parts; a part refused
+                // after earlier ones started (a quota, a failover) would leave
+                // those puts unfinished, holding the keys and this client's
+                // unfinished-put quota until the master reclaims them. The
+                // master revokes only this client's unfinished puts.
+                let keys = idx.iter().map(|&i| items[i].0.to_string()).collect();
+                if let Err(re) = self.master.batch_put_revoke(keys).await {
+                    tracing::debug!(error = %re, "revoke after a failed batch PutStart failed; the master will reclaim");
+                }
+                return Err(Error::from_master(e, ""));
+            }
+        };
         if starts.len() != idx.len() {
             return Err(Error::Master {
                 code: ErrorCode::InternalError,

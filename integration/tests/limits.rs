@@ -164,6 +164,10 @@ async fn per_client_quotas_refuse_and_free_up() {
     a.remove(&first[0], true).await.unwrap();
     a.put_start("a-151", 1, one_replica()).await.unwrap();
     a.put_end("a-151", 7).await.unwrap();
+    // At the limit, a put of a key that exists adds nothing: it gets
+    // "already exists" (success to a client), not the quota.
+    let e = a.put_start(&more[0], 1, one_replica()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ObjectAlreadyExists, "{e}");
 
     // Key bytes: 65 keys of 1,000 bytes fit in 64 KiB, a 66th does not.
     let c = MasterClient::new(&cluster.masters_arg()).unwrap();
@@ -495,4 +499,44 @@ async fn a_follower_behind_by_large_entries_catches_up() {
         matches!(outcome, Ok(Ok(ref v)) if v[0].code == ErrorCode::Ok as i32),
         "{outcome:?}"
     );
+}
+
+/// A batch over 1 MiB of keys goes to the master in parts. When a later part
+/// is refused (here by the unfinished-put quota), the client revokes what the
+/// earlier parts started: otherwise those puts stayed unfinished, holding
+/// their keys and the client's quota until the master reclaimed them
+/// (`--put-start-release-timeout`, 10 minutes), and the next batch was refused
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_part_way_leaves_no_unfinished_puts() {
+    let mut args = no_expiry();
+    args.extend(["--max-unfinished-puts-per-client".into(), "1500".into()]);
+    let mut cluster = LocalCluster::start(3, &args).unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let client = crescent_client::Client::connect(crescent_client::ClientConfig {
+        master: cluster.masters_arg(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let cfg = crescent_client::ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    // 2,000 keys of 1,000 bytes: two parts of about 1,000 keys each; the
+    // second would take the client past 1,500 unfinished puts.
+    let big = keys("split", 2000, 1000);
+    let items: Vec<(&str, &[u8])> = big.iter().map(|k| (k.as_str(), b"v".as_slice())).collect();
+    let e = client.put_batch(&items, &cfg).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
+    let master = MasterClient::new(&cluster.masters_arg()).unwrap();
+    for k in [&big[0], &big[999], &big[1999]] {
+        let e = master.get_replica_list(k).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::ObjectNotFound, "{k}: {e}");
+    }
+    // Nothing is left holding the quota: a batch of 1,000 goes through.
+    for r in client.put_batch(&items[..1000], &cfg).await.unwrap() {
+        r.unwrap();
+    }
+    assert_eq!(client.get(&big[0]).await.unwrap(), b"v");
 }

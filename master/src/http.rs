@@ -190,7 +190,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
     }
     let _ = writeln!(
         out,
-        "# HELP master_quota_rejections_total Requests refused by a per-client quota (objects, unfinished puts, key bytes, segments).\n# TYPE master_quota_rejections_total counter"
+        "# HELP master_quota_rejections_total Requests refused by a quota: objects, unfinished puts and key bytes per client; segments per client or in all.\n# TYPE master_quota_rejections_total counter"
     );
     for (quota, v) in [
         ("objects", &mm.quota_rejections_objects),

@@ -215,8 +215,14 @@ impl MasterApi {
         }
         let held = state.writer_usage(&origin.client_id);
         let cfg = &self.node.config;
-        let n = items.len() as u64;
-        let key_bytes: u64 = items.iter().map(|(k, _)| k.len() as u64).sum();
+        // Only keys the state does not hold yet: a put of an existing key
+        // adds nothing (and answers "already exists", which a client counts
+        // as success), so it must not be refused at the limit.
+        let (mut n, mut key_bytes) = (0u64, 0u64);
+        for (key, _) in items.iter().filter(|(k, _)| !state.objects.contains_key(k)) {
+            n += 1;
+            key_bytes += key.len() as u64;
+        }
         let m = &self.node.counters;
         let quotas = [
             (
