@@ -6,8 +6,8 @@
 //! connection caps with the admin HTTP server that uses them.
 //!
 //! It must not hold Crescent behaviour (metadata, placement, the data
-//! path) and must not be a dependency of the library an engine links
-//! beyond what that library's own servers need.
+//! path), and the library an engine links must not use it: `crescent-client`
+//! depends on it only for the binaries that still live in that crate.
 
 pub mod conn_limit;
 
