@@ -32,7 +32,7 @@ if [ -z "$ETCD" ]; then
   exit 1
 fi
 
-BINS=(crescent-master crescent-store crescentctl crescent-chaos)
+BINS=(crescent-master crescent-store crescentctl crescent-bench crescent-chaos)
 for b in "${BINS[@]}"; do
   if [ ! -x "target/$PROFILE/$b" ]; then
     echo "images: target/$PROFILE/$b missing (cargo build $([ "$PROFILE" = release ] && echo --release) --bins)" >&2

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crescent_integration::{find_binary, LocalCluster, LocalEtcd};
+use crescent_integration::{find_binary, LocalCluster, LocalEtcd, ManagedChild};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -135,7 +135,7 @@ fn worker_args(plan: &WorkerPlan, i: u32, master: &str, dir: &str) -> Vec<String
 pub struct ProcessDeployment {
     etcd: LocalEtcd,
     cluster: LocalCluster,
-    workers: Vec<std::process::Child>,
+    workers: Vec<ManagedChild>,
 }
 
 impl ProcessDeployment {
@@ -222,14 +222,13 @@ impl Deployment for ProcessDeployment {
         let bin = find_binary("crescent-chaos")?;
         let dir = plan.dir.display().to_string();
         for i in 0..plan.workers {
-            let log = std::fs::File::create(plan.dir.join(format!("worker-{i}.log")))?;
-            let child = Command::new(&bin)
-                .args(worker_args(plan, i, &self.cluster.masters_arg(), &dir))
-                .stdin(std::process::Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()?;
-            self.workers.push(child);
+            let mut worker = ManagedChild::new(
+                bin.clone(),
+                worker_args(plan, i, &self.cluster.masters_arg(), &dir),
+                plan.dir.join(format!("worker-{i}.log")),
+            );
+            worker.start()?;
+            self.workers.push(worker);
         }
         Ok(())
     }
@@ -241,19 +240,18 @@ impl Deployment for ProcessDeployment {
         let early: Vec<bool> = self
             .workers
             .iter_mut()
-            .map(|w| matches!(w.try_wait(), Ok(Some(_))))
+            .map(|w| matches!(w.exit_status(), Ok(Some(_))))
             .collect();
         std::fs::write(stop_file(plan), b"stop")?;
         let deadline = Instant::now() + timeout;
         let mut exits = Vec::new();
         for (i, w) in self.workers.iter_mut().enumerate() {
             let code = loop {
-                if let Some(status) = w.try_wait()? {
+                if let Some(status) = w.exit_status()? {
                     break status.code();
                 }
                 if Instant::now() > deadline {
                     let _ = w.kill();
-                    let _ = w.wait();
                     break None;
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -279,7 +277,6 @@ impl Deployment for ProcessDeployment {
     fn teardown(&mut self) {
         for w in &mut self.workers {
             let _ = w.kill();
-            let _ = w.wait();
         }
     }
 }

@@ -3,15 +3,17 @@
 //! N masters, stores, readiness waits, SIGKILL, SIGSTOP/SIGCONT pauses,
 //! restarts and log tails, plus `crescentctl` and a tiny HTTP client.
 //!
-//! The process control itself lives in `crescent_client::local` (the
-//! `crescentctl bench failover` command shares it) and is re-exported here so
-//! tests and the chaos suite have one place to import from. Test plumbing
-//! only: it must never be linked into a production binary.
+//! The process control is in [`harness`]; its types are re-exported here so
+//! tests, `crescent-bench` and the chaos suite have one place to import
+//! from. Test and benchmark plumbing only: no production binary links it.
 
 use std::process::Command;
 
-pub use crescent_client::local::{
-    find_binary, free_port, wait_listening, LocalCluster, LocalEtcd, MasterProcess, StoreProcess,
+pub mod harness;
+
+pub use harness::{
+    find_binary, free_port, wait_listening, LocalCluster, LocalEtcd, ManagedChild, MasterProcess,
+    StoreProcess,
 };
 
 /// Whether every test must run (`CI` set to anything but "", "false" or "0",

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crescent_client::local::LocalEtcd;
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig, Stored};
+use crescent_integration::LocalEtcd;
 use crescent_integration::{crescentctl, http_request, LocalCluster};
 use crescent_proto::pb;
 

@@ -15,9 +15,7 @@ fn main() -> anyhow::Result<()> {
     // Both listeners' caps, plus a reserve for Raft peers, etcd and the log.
     let needed =
         (config.max_connections + crescent_runtime::conn_limit::MAX_HTTP_CONNECTIONS + 1024) as u64;
-    if let Err(e) = crescent_runtime::raise_open_file_limit(needed) {
-        tracing::warn!(error = %e, "cannot read the open-file limit");
-    }
+    crescent_runtime::raise_open_file_limit(needed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("crescent-master")

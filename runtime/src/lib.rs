@@ -37,6 +37,30 @@ pub fn init_tool_logging(default_filter: &str) {
         .init();
 }
 
+/// Runs a command-line tool's `main` on a multi-threaded runtime: exit
+/// status 0 when it returns Ok, else 1 with `error: ...` on stderr.
+pub fn run_tool<E: std::fmt::Display>(
+    main: impl std::future::Future<Output = Result<(), E>>,
+) -> std::process::ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(main) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Resolves at the first SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -59,8 +83,19 @@ pub async fn shutdown_signal() {
 /// reserve): the usual soft limit of 1,024 would run out long before a
 /// listener's cap of 4,096 connections, and `accept` would fail with "Too
 /// many open files" instead of the cap closing the newest connection.
-/// Returns the soft limit now in force.
-pub fn raise_open_file_limit(needed: u64) -> std::io::Result<u64> {
+/// Returns the soft limit now in force, or `None` (logged) when it cannot
+/// be read.
+pub fn raise_open_file_limit(needed: u64) -> Option<u64> {
+    match try_raise_open_file_limit(needed) {
+        Ok(soft) => Some(soft),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the open-file limit");
+            None
+        }
+    }
+}
+
+fn try_raise_open_file_limit(needed: u64) -> std::io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -97,6 +132,7 @@ mod tests {
     #[test]
     fn the_open_file_limit_is_raised_to_the_hard_limit() {
         let soft = super::raise_open_file_limit(0).unwrap();
+        assert!(soft > 0);
         let mut lim = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,

@@ -1,6 +1,8 @@
 //! crescent-store: contributes one memory segment to a Crescent pool and serves
 //! its bytes (TCP; same-host shared memory with --shm).
 
+mod http;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -62,9 +64,7 @@ fn main() -> anyhow::Result<()> {
     let needed = crescent_store::server::ServeLimits::default().max_connections
         + crescent_runtime::conn_limit::MAX_HTTP_CONNECTIONS as u64
         + 256;
-    if let Err(e) = crescent_runtime::raise_open_file_limit(needed) {
-        tracing::warn!(error = %e, "cannot read the open-file limit");
-    }
+    crescent_runtime::raise_open_file_limit(needed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("crescent-store")
@@ -94,7 +94,7 @@ fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(&args.http)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {}: {e}", args.http))?;
-            let router = crescent_client::agent::http_router(agent.clone());
+            let router = http::router(agent.clone());
             let listener = CappedListener::new(
                 listener,
                 conn_limit::MAX_HTTP_CONNECTIONS,

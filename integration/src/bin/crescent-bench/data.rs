@@ -1,4 +1,4 @@
-//! `crescentctl bench data`: put/get throughput and latency of real bytes,
+//! `crescent-bench data` (also `crescentctl bench data`): put/get throughput and latency of real bytes,
 //! over TCP and shared memory, against the machine's own ceilings measured in
 //! the same run (loopback TCP between two sockets, single-thread memcpy).
 
@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use crescent_client::local::LocalCluster;
 use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_integration::LocalCluster;
 use crescent_proto::units::{format_size, parse_size};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

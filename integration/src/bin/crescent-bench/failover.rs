@@ -1,4 +1,4 @@
-//! `crescentctl bench failover`: SIGKILL the leader again and again under a
+//! `crescent-bench failover` (also `crescentctl bench failover`): SIGKILL the leader again and again under a
 //! steady put workload; measure the time from each kill to the first
 //! successful write, and check that no acknowledged write was lost.
 
@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use crescent_client::local::{LocalCluster, LocalEtcd};
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
+use crescent_integration::{LocalCluster, LocalEtcd};
 use serde_json::json;
 
 #[derive(Args, Debug)]

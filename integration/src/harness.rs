@@ -1,12 +1,14 @@
-//! Local master processes for benchmarks, demos and tests: free loopback
-//! ports, a temp dir per cluster, SIGKILL and restart.
+//! Local etcd, master and store processes for tests, benchmarks and chaos
+//! runs: free loopback ports, a temp dir per cluster, logs, pauses, SIGKILL
+//! and restart. Every child process is a [`ManagedChild`], the one place
+//! that spawns, signals, kills and reaps.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::master::MasterClient;
+use crescent_client::MasterClient;
 
 /// Finds one of our binaries: `$CRESCENT_<NAME>_BIN`, next to the running
 /// executable (or its parent, for test binaries in `target/*/deps`), else PATH.
@@ -50,20 +52,148 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// One child process: its command line, the log file its stdout and stderr
+/// are appended to, and the running process if any. Dropping it kills and
+/// reaps the process.
+pub struct ManagedChild {
+    binary: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl ManagedChild {
+    /// Not started yet.
+    pub fn new(binary: PathBuf, args: Vec<String>, log_path: PathBuf) -> Self {
+        Self {
+            binary,
+            args,
+            env: Vec::new(),
+            log_path,
+            child: None,
+        }
+    }
+
+    /// Sets an environment variable for every start.
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Starts the process unless it is running; a killed or exited one starts
+    /// again with the same command line and log.
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        if self.is_running() {
+            return Ok(());
+        }
+        self.reap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", self.binary.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// How the process ended, once it has; `None` while it runs (or before
+    /// its first start).
+    pub fn exit_status(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        match &mut self.child {
+            Some(c) => Ok(c.try_wait()?),
+            None => Ok(None),
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL and reap; nothing to do when it is not running.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP: it keeps its sockets and memory but runs no code.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGSTOP)
+    }
+
+    /// SIGCONT a paused process.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGCONT)
+    }
+
+    fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow::anyhow!("{} is not running", self.binary.display()))?;
+        // SAFETY: kill(2) on a pid we spawned and have not reaped.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+        anyhow::ensure!(
+            rc == 0,
+            "kill({pid}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
+        Ok(())
+    }
+
+    /// Collects an exited process so it leaves no zombie.
+    fn reap(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ManagedChild {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 pub struct MasterProcess {
     pub id: u64,
     pub addr: String,
     pub http: String,
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
-    args: Vec<String>,
-    child: Option<Child>,
+    process: ManagedChild,
 }
 
 impl MasterProcess {
     /// A master `id` on loopback `port` (HTTP on `http`), data under `root`;
     /// `flags` follow the common ones. Not started yet.
-    fn new(root: &Path, id: u64, port: u16, http: u16, flags: Vec<String>) -> anyhow::Result<Self> {
+    fn new(
+        binary: &Path,
+        root: &Path,
+        id: u64,
+        port: u16,
+        http: u16,
+        flags: Vec<String>,
+    ) -> anyhow::Result<Self> {
         let data_dir = root.join(format!("master-{id}"));
         std::fs::create_dir_all(&data_dir)?;
         let mut args = vec![
@@ -77,26 +207,24 @@ impl MasterProcess {
             data_dir.display().to_string(),
         ];
         args.extend(flags);
+        let log_path = root.join(format!("master-{id}.log"));
         Ok(Self {
             id,
             addr: format!("127.0.0.1:{port}"),
             http: format!("127.0.0.1:{http}"),
-            log_path: root.join(format!("master-{id}.log")),
+            process: ManagedChild::new(binary.to_path_buf(), args, log_path.clone())
+                .with_env("CRESCENT_LOG_FORMAT", "text"),
+            log_path,
             data_dir,
-            args,
-            child: None,
         })
     }
 
     pub fn is_running(&mut self) -> bool {
-        match &mut self.child {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
+        self.process.is_running()
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.process.pid()
     }
 }
 
@@ -111,10 +239,8 @@ pub struct LocalEtcd {
 }
 
 struct EtcdMember {
-    args: Vec<String>,
     client: String,
-    log_path: PathBuf,
-    child: Option<Child>,
+    process: ManagedChild,
 }
 
 impl LocalEtcd {
@@ -126,6 +252,8 @@ impl LocalEtcd {
     /// `n` members forming one cluster.
     pub fn start_cluster(n: usize) -> anyhow::Result<Self> {
         anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
+        let bin = which("etcd")
+            .ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
         let dir = tempfile::Builder::new()
             .prefix("crescent-etcd-")
             .tempdir()?;
@@ -160,10 +288,12 @@ impl LocalEtcd {
                 "crescent-local".into(),
             ];
             members.push(EtcdMember {
-                args,
                 client: format!("127.0.0.1:{client}"),
-                log_path: dir.path().join(format!("{name}.log")),
-                child: None,
+                process: ManagedChild::new(
+                    bin.clone(),
+                    args,
+                    dir.path().join(format!("{name}.log")),
+                ),
             });
         }
         let mut etcd = Self {
@@ -171,32 +301,13 @@ impl LocalEtcd {
             members,
             _dir: dir,
         };
-        for i in 0..n {
-            etcd.spawn(i)?;
+        for m in &mut etcd.members {
+            m.process.start()?;
         }
         for m in &etcd.members {
             wait_listening(&m.client, Duration::from_secs(15))?;
         }
         Ok(etcd)
-    }
-
-    fn spawn(&mut self, i: usize) -> anyhow::Result<()> {
-        let bin = which("etcd")
-            .ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
-        let m = &mut self.members[i];
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&m.log_path)?;
-        m.child = Some(
-            Command::new(bin)
-                .args(&m.args)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()?,
-        );
-        Ok(())
     }
 
     /// Every member's client endpoint, comma-separated (`--etcd` takes this).
@@ -218,23 +329,22 @@ impl LocalEtcd {
 
     /// SIGKILL member `i` and reap it.
     pub fn kill(&mut self, i: usize) -> anyhow::Result<()> {
-        let m = self
-            .members
+        self.members
             .get_mut(i)
-            .ok_or_else(|| anyhow::anyhow!("no etcd member {i}"))?;
-        if let Some(mut c) = m.child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+            .ok_or_else(|| anyhow::anyhow!("no etcd member {i}"))?
+            .process
+            .kill()
     }
 
     /// Starts a killed member again with its data.
     pub fn restart(&mut self, i: usize) -> anyhow::Result<()> {
-        anyhow::ensure!(i < self.members.len(), "no etcd member {i}");
-        if self.members[i].child.is_none() {
-            self.spawn(i)?;
-            wait_listening(&self.members[i].client, Duration::from_secs(15))?;
+        let m = self
+            .members
+            .get_mut(i)
+            .ok_or_else(|| anyhow::anyhow!("no etcd member {i}"))?;
+        if !m.process.is_running() {
+            m.process.start()?;
+            wait_listening(&m.client, Duration::from_secs(15))?;
         }
         Ok(())
     }
@@ -242,17 +352,6 @@ impl LocalEtcd {
     /// `etcd://<endpoints>/<cluster>`.
     pub fn url(&self, cluster: &str) -> String {
         format!("etcd://{}/{cluster}", self.endpoints())
-    }
-}
-
-impl Drop for LocalEtcd {
-    fn drop(&mut self) {
-        for m in &mut self.members {
-            if let Some(mut c) = m.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
     }
 }
 
@@ -269,22 +368,6 @@ pub fn wait_listening(addr: &str, timeout: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `signal` to a child process (SIGSTOP/SIGCONT for pauses).
-fn signal(child: &Option<Child>, signal: libc::c_int) -> anyhow::Result<()> {
-    let pid = child
-        .as_ref()
-        .ok_or_else(|| anyhow::anyhow!("process is not running"))?
-        .id();
-    // SAFETY: kill(2) on a pid we spawned and have not reaped.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
-    anyhow::ensure!(
-        rc == 0,
-        "kill({pid}, {signal}): {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
-}
-
 fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|p| p.join(name))
@@ -297,62 +380,34 @@ pub struct StoreProcess {
     /// Metrics/health HTTP address.
     pub http: String,
     pub log_path: PathBuf,
-    binary: PathBuf,
-    args: Vec<String>,
-    child: Option<Child>,
+    process: ManagedChild,
 }
 
 impl StoreProcess {
-    fn spawn(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)?;
-        let child = Command::new(&self.binary)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", self.binary.display()))?;
-        self.child = Some(child);
-        Ok(())
-    }
-
     /// SIGKILL and reap. Its memory, and every replica in it, is gone.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Err(e) = self.process.kill() {
+            eprintln!("harness: killing store {}: {e}", self.endpoint);
         }
     }
 
     /// Starts a killed store again on the same address (with a new, empty segment).
     pub fn restart(&mut self) -> anyhow::Result<()> {
-        if self.child.is_none() {
-            self.spawn()?;
-        }
-        Ok(())
+        self.process.start()
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.process.pid()
     }
 
     /// SIGSTOP: it keeps its sockets and memory but neither serves nor heartbeats.
     pub fn pause(&self) -> anyhow::Result<()> {
-        signal(&self.child, libc::SIGSTOP)
+        self.process.pause()
     }
 
     /// SIGCONT a paused store.
     pub fn resume(&self) -> anyhow::Result<()> {
-        signal(&self.child, libc::SIGCONT)
-    }
-}
-
-impl Drop for StoreProcess {
-    fn drop(&mut self) {
-        self.kill();
+        self.process.resume()
     }
 }
 
@@ -436,7 +491,7 @@ impl LocalCluster {
                 flags.extend(["--peers".to_string(), peers.clone()]);
             }
             flags.extend(extra.iter().cloned());
-            masters.push(MasterProcess::new(root, id, port, http, flags)?);
+            masters.push(MasterProcess::new(&binary, root, id, port, http, flags)?);
         }
         let mut cluster = Self {
             masters,
@@ -445,28 +500,10 @@ impl LocalCluster {
             _dir: None,
             root: root.to_path_buf(),
         };
-        for i in 0..n {
-            cluster.spawn(i)?;
+        for m in &mut cluster.masters {
+            m.process.start()?;
         }
         Ok(cluster)
-    }
-
-    fn spawn(&mut self, idx: usize) -> anyhow::Result<()> {
-        let m = &mut self.masters[idx];
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&m.log_path)?;
-        let child = Command::new(&self.binary)
-            .args(&m.args)
-            .env("CRESCENT_LOG_FORMAT", "text")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", self.binary.display()))?;
-        m.child = Some(child);
-        Ok(())
     }
 
     /// Starts one more master (id `id`) with `--join`: it waits to be added
@@ -479,11 +516,11 @@ impl LocalCluster {
         let mut flags = vec!["--join".to_string()];
         flags.extend(extra.iter().cloned());
         let (port, http) = (free_port()?, free_port()?);
-        self.masters
-            .push(MasterProcess::new(&self.root, id, port, http, flags)?);
-        let idx = self.masters.len() - 1;
-        self.spawn(idx)?;
-        Ok(self.masters[idx].addr.clone())
+        let mut master = MasterProcess::new(&self.binary, &self.root, id, port, http, flags)?;
+        master.process.start()?;
+        let addr = master.addr.clone();
+        self.masters.push(master);
+        Ok(addr)
     }
 
     /// Starts a `crescent-store` against this cluster's masters; returns its index
@@ -508,12 +545,10 @@ impl LocalCluster {
         let mut store = StoreProcess {
             endpoint: format!("127.0.0.1:{port}"),
             http: format!("127.0.0.1:{http_port}"),
+            process: ManagedChild::new(binary, args, log_path.clone()),
             log_path,
-            binary,
-            args,
-            child: None,
         };
-        store.spawn()?;
+        store.process.start()?;
         self.stores.push(store);
         Ok(idx)
     }
@@ -565,45 +600,31 @@ impl LocalCluster {
         self.masters.iter_mut().find(|m| m.id == id)
     }
 
+    fn process(&mut self, id: u64) -> anyhow::Result<&mut ManagedChild> {
+        Ok(&mut self
+            .by_id(id)
+            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?
+            .process)
+    }
+
     /// SIGKILL one master and reap it.
     pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
-        let m = self
-            .by_id(id)
-            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
-        if let Some(mut c) = m.child.take() {
-            c.kill()?;
-            c.wait()?;
-        }
-        Ok(())
+        self.process(id)?.kill()
     }
 
     /// SIGSTOP one master: it keeps its sockets but answers nothing.
     pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
-        let m = self
-            .by_id(id)
-            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
-        signal(&m.child, libc::SIGSTOP)
+        self.process(id)?.pause()
     }
 
     /// SIGCONT a paused master.
     pub fn resume(&mut self, id: u64) -> anyhow::Result<()> {
-        let m = self
-            .by_id(id)
-            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
-        signal(&m.child, libc::SIGCONT)
+        self.process(id)?.resume()
     }
 
     /// Starts a killed master again with the same id, address and data dir.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
-        let idx = self
-            .masters
-            .iter()
-            .position(|m| m.id == id)
-            .ok_or_else(|| anyhow::anyhow!("no master {id}"))?;
-        if self.masters[idx].is_running() {
-            return Ok(());
-        }
-        self.spawn(idx)
+        self.process(id)?.start()
     }
 
     /// Waits until some master names a leader that itself says it leads.
@@ -639,16 +660,5 @@ impl LocalCluster {
         let text = std::fs::read_to_string(&m.log_path).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-impl Drop for LocalCluster {
-    fn drop(&mut self) {
-        for m in &mut self.masters {
-            if let Some(mut c) = m.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
     }
 }

@@ -1,8 +1,5 @@
 //! crescentctl: the operator's CLI for a Crescent cluster.
 
-mod bench;
-mod bench_data;
-mod bench_failover;
 mod cluster_cmds;
 mod object_cmds;
 
@@ -74,10 +71,12 @@ enum Cmd {
     },
     /// Whether an object exists (exit status 0 when it does, 2 when not).
     Exists { key: String },
-    /// Benchmarks.
+    /// Benchmarks: runs `crescent-bench` (found next to this program) with
+    /// the rest of the arguments, e.g. `bench meta --masters H:P`.
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(subcommand)]
-        what: bench::BenchCmd,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -94,34 +93,14 @@ enum MembersCmd {
     Remove { id: u64 },
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     crescent_runtime::init_tool_logging("warn");
-    let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    let code = rt.block_on(async move {
-        match run(cli).await {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                1
-            }
-        }
-    });
-    std::process::exit(code);
+    crescent_runtime::run_tool(run(Cli::parse()))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Cmd::Bench { what } = cli.command {
-        return bench::run(what, &cli.master, cli.json).await;
+    if let Cmd::Bench { args } = cli.command {
+        return run_bench(args, cli.json);
     }
     let client = MasterClient::connect(&cli.master).await?;
     match cli.command {
@@ -146,4 +125,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Exists { key } => object_cmds::exists(&cli.master, &key, cli.json).await,
         Cmd::Bench { .. } => unreachable!("handled above"),
     }
+}
+
+/// The benchmarks are their own program (they start local clusters with the
+/// test harness, which this CLI must not link); `crescentctl bench` keeps
+/// working by running it with the same arguments and passing on its exit.
+fn run_bench(args: Vec<String>, json: bool) -> anyhow::Result<()> {
+    let bench = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("crescent-bench")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "crescent-bench".into());
+    let mut cmd = std::process::Command::new(&bench);
+    if json && !args.iter().any(|a| a == "--json") {
+        cmd.arg("--json");
+    }
+    let status = cmd.args(&args).status().map_err(|e| {
+        anyhow::anyhow!(
+            "cannot run {}: {e} (build it with `cargo build --bins`)",
+            bench.display()
+        )
+    })?;
+    if !status.success() {
+        // crescent-bench has said why; pass its exit status on.
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
 }

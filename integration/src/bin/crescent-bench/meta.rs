@@ -1,29 +1,15 @@
-//! `crescentctl bench meta`: metadata throughput and latency against real masters.
+//! `crescent-bench meta` (also `crescentctl bench meta`): metadata throughput and latency against real masters.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand};
-use crescent_client::local::LocalCluster;
+use clap::Args;
 use crescent_client::MasterClient;
+use crescent_integration::LocalCluster;
 use crescent_proto::pb;
 use crescent_proto::units::parse_size;
 use serde_json::json;
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCmd {
-    /// PutStart+PutEnd and GetReplicaList throughput/latency. Without --masters it
-    /// starts a 1-node and a 3-node local cluster (persisted, fsynced log) and
-    /// compares them in one run.
-    Meta(MetaArgs),
-    /// Put/get of real bytes over TCP and shared memory, with the loopback and
-    /// memcpy ceilings measured in the same run.
-    Data(crate::bench_data::DataArgs),
-    /// Repeatedly SIGKILL the leader under a put workload (restarting it each
-    /// time); time to the first successful write, and acknowledged writes lost.
-    Failover(crate::bench_failover::FailoverArgs),
-}
 
 #[derive(Args, Debug)]
 pub struct MetaArgs {
@@ -48,14 +34,6 @@ pub struct MetaArgs {
     value_size: u64,
 }
 
-pub async fn run(cmd: BenchCmd, _master: &str, json_out: bool) -> anyhow::Result<()> {
-    match cmd {
-        BenchCmd::Meta(args) => meta(args, json_out).await,
-        BenchCmd::Data(args) => crate::bench_data::run(args, json_out).await,
-        BenchCmd::Failover(args) => crate::bench_failover::run(args, json_out).await,
-    }
-}
-
 struct Row {
     cluster: String,
     batch: usize,
@@ -76,7 +54,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)].as_secs_f64() * 1000.0
 }
 
-async fn meta(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
+pub async fn run(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.batch.iter().all(|b| *b > 0),
         "--batch sizes must be positive"

@@ -1,0 +1,56 @@
+//! crescent-bench: Crescent's benchmarks, each printing its figures next to
+//! a ceiling or floor measured in the same run. `crescentctl bench ...`
+//! runs this program. It lives with the test harness because most runs
+//! start their own local clusters; it is not part of any production binary.
+
+mod data;
+mod failover;
+mod meta;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "crescent-bench",
+    version,
+    about = "Benchmark Crescent: metadata, data path, failover"
+)]
+struct Cli {
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Accepted and ignored, as `crescentctl`'s global flag always was here:
+    /// `meta` takes `--masters`, the others start their own clusters.
+    #[arg(long, global = true, hide = true)]
+    master: Option<String>,
+
+    #[command(subcommand)]
+    what: BenchCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// PutStart+PutEnd and GetReplicaList throughput/latency. Without --masters it
+    /// starts a 1-node and a 3-node local cluster (persisted, fsynced log) and
+    /// compares them in one run.
+    Meta(meta::MetaArgs),
+    /// Put/get of real bytes over TCP and shared memory, with the loopback and
+    /// memcpy ceilings measured in the same run.
+    Data(data::DataArgs),
+    /// Repeatedly SIGKILL the leader under a put workload (restarting it each
+    /// time); time to the first successful write, and acknowledged writes lost.
+    Failover(failover::FailoverArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    crescent_runtime::init_tool_logging("warn");
+    let cli = Cli::parse();
+    crescent_runtime::run_tool(async move {
+        match cli.what {
+            BenchCmd::Meta(args) => meta::run(args, cli.json).await,
+            BenchCmd::Data(args) => data::run(args, cli.json).await,
+            BenchCmd::Failover(args) => failover::run(args, cli.json).await,
+        }
+    })
+}
