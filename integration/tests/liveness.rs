@@ -219,14 +219,18 @@ async fn only_the_owner_may_unmount_a_segment() {
         err.to_string().contains(owner.client_id()),
         "the refusal names the owner: {err}"
     );
-    assert_eq!(
-        live_segments(&owner).await,
-        Some(1),
-        "a refused unmount changed nothing"
-    );
+    // Polled, not read once: right after start-up the node named leader may
+    // still change, and a single read of a stale one failed this test once.
+    wait_live_segments(
+        &owner,
+        1,
+        Duration::from_secs(10),
+        "a refused unmount changed nothing",
+    )
+    .await;
     let err = other.unmount_segment(id + 1000).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::SegmentNotFound, "{err}");
 
     owner.unmount_segment(id).await.unwrap();
-    assert_eq!(live_segments(&owner).await, Some(0));
+    wait_live_segments(&owner, 0, Duration::from_secs(10), "the owner's unmount").await;
 }
