@@ -183,7 +183,7 @@ impl StoreAgent {
         self.server.abort();
     }
 
-    async fn mount(&self) -> Result<u64, crate::master::ClientError> {
+    async fn mount(&self) -> Result<u64, crate::master::MasterRpcError> {
         let id = self.master.mount_segment(self.spec.clone()).await?;
         self.segment.set_mounted_id(id);
         self.segment_id.store(id, Ordering::Release);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, WatchOptions};
 
-use crate::master::{ClientError, Targets};
+use crate::master::{MasterRpcError, Targets};
 
 pub const DEFAULT_CLUSTER: &str = "crescent";
 
@@ -20,7 +20,7 @@ pub struct EtcdSpec {
 
 impl EtcdSpec {
     /// `None` when `s` is not an etcd address; `Some(Err)` when it is a bad one.
-    pub fn parse(s: &str) -> Option<Result<Self, ClientError>> {
+    pub fn parse(s: &str) -> Option<Result<Self, MasterRpcError>> {
         let rest = s.trim().strip_prefix("etcd://")?;
         let (hosts, cluster) = match rest.split_once('/') {
             Some((h, c)) if !c.is_empty() => (h, c.to_string()),
@@ -36,7 +36,7 @@ impl EtcdSpec {
             .filter(|h| !h.is_empty())
             .collect();
         if endpoints.is_empty() || endpoints.iter().any(|e| !e.contains(':')) {
-            return Some(Err(ClientError::BadAddress(s.to_string())));
+            return Some(Err(MasterRpcError::BadAddress(s.to_string())));
         }
         Some(Ok(Self { endpoints, cluster }))
     }
@@ -55,13 +55,13 @@ fn leader_addr(value: &str) -> Option<String> {
     v.get("addr")?.as_str().map(str::to_string)
 }
 
-async fn connect(spec: &EtcdSpec) -> Result<Client, ClientError> {
+async fn connect(spec: &EtcdSpec) -> Result<Client, MasterRpcError> {
     let opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(3));
     Client::connect(&spec.endpoints, Some(opts))
         .await
-        .map_err(|e| ClientError::Unavailable(format!("etcd {}: {e}", spec.endpoints.join(","))))
+        .map_err(|e| MasterRpcError::Unavailable(format!("etcd {}: {e}", spec.endpoints.join(","))))
 }
 
 /// Reads the masters and leader into `targets`.
@@ -69,8 +69,8 @@ async fn refresh(
     client: &mut Client,
     spec: &EtcdSpec,
     targets: &Targets,
-) -> Result<usize, ClientError> {
-    let err = |e: etcd_client::Error| ClientError::Unavailable(format!("etcd: {e}"));
+) -> Result<usize, MasterRpcError> {
+    let err = |e: etcd_client::Error| MasterRpcError::Unavailable(format!("etcd: {e}"));
     let resp = client
         .get(spec.masters_prefix(), Some(GetOptions::new().with_prefix()))
         .await
@@ -94,7 +94,7 @@ async fn refresh(
 }
 
 /// Fills `targets` from etcd and keeps them current in the background.
-pub async fn start(spec: EtcdSpec, targets: Arc<Targets>) -> Result<(), ClientError> {
+pub async fn start(spec: EtcdSpec, targets: Arc<Targets>) -> Result<(), MasterRpcError> {
     let mut client = connect(&spec).await?;
     let n = refresh(&mut client, &spec, &targets).await?;
     if n == 0 {

@@ -24,4 +24,4 @@ pub mod mooncake;
 
 pub use client::{Client, ClientCore, Error, ReplicateConfig, Stored};
 pub use config::{ClientConfig, Protocol};
-pub use master::{ClientError, MasterClient, RetryPolicy};
+pub use master::{MasterClient, MasterRpcError, RetryPolicy};

@@ -17,8 +17,10 @@ use tonic::transport::{Channel, Endpoint};
 /// whether leadership has moved (see `leader_moved_away_from`).
 const LEADER_MOVE_CHECK_AFTER: Duration = Duration::from_millis(500);
 
+/// Why a call to the masters failed (the client library's own errors are
+/// [`crate::Error`]).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum ClientError {
+pub enum MasterRpcError {
     /// The master answered with an error code (Mooncake's names).
     #[error("{}: {message}", code.as_str_name())]
     Status { code: ErrorCode, message: String },
@@ -29,17 +31,17 @@ pub enum ClientError {
     BadAddress(String),
 }
 
-impl ClientError {
+impl MasterRpcError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            ClientError::Status { code, .. } => *code,
-            ClientError::Unavailable(_) => ErrorCode::RpcFail,
-            ClientError::BadAddress(_) => ErrorCode::InvalidParams,
+            MasterRpcError::Status { code, .. } => *code,
+            MasterRpcError::Unavailable(_) => ErrorCode::RpcFail,
+            MasterRpcError::BadAddress(_) => ErrorCode::InvalidParams,
         }
     }
 
     pub fn from_status(s: &pb::Status) -> Self {
-        ClientError::Status {
+        MasterRpcError::Status {
             code: s.error_code(),
             message: s.message.clone(),
         }
@@ -100,7 +102,7 @@ has_status!(
 );
 
 /// Splits `host:port,host:port` into addresses.
-pub fn parse_master_list(spec: &str) -> Result<Vec<String>, ClientError> {
+pub fn parse_master_list(spec: &str) -> Result<Vec<String>, MasterRpcError> {
     let addrs: Vec<String> = spec
         .split(',')
         .map(|s| s.trim().trim_start_matches("http://").to_string())
@@ -112,7 +114,7 @@ pub fn parse_master_list(spec: &str) -> Result<Vec<String>, ClientError> {
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
         })
     {
-        return Err(ClientError::BadAddress(spec.to_string()));
+        return Err(MasterRpcError::BadAddress(spec.to_string()));
     }
     Ok(addrs)
 }
@@ -163,13 +165,13 @@ enum Attempt<R> {
 
 impl MasterClient {
     /// `masters`: `host:port` or a comma list of them.
-    pub fn new(masters: &str) -> Result<Self, ClientError> {
+    pub fn new(masters: &str) -> Result<Self, MasterRpcError> {
         Ok(Self::with_seeds(parse_master_list(masters)?))
     }
 
     /// `masters`: `host:port`, a comma list, or `etcd://h1:2379,h2:2379[/cluster]`
     /// (the masters are then discovered in etcd and followed as they change).
-    pub async fn connect(masters: &str) -> Result<Self, ClientError> {
+    pub async fn connect(masters: &str) -> Result<Self, MasterRpcError> {
         match crate::discovery::EtcdSpec::parse(masters) {
             Some(spec) => {
                 let targets = std::sync::Arc::new(Targets::default());
@@ -222,13 +224,13 @@ impl MasterClient {
         }
     }
 
-    pub fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
+    pub fn channel(&self, addr: &str) -> Result<Channel, MasterRpcError> {
         let mut channels = self.channels.lock().expect("lock poisoned");
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
         let ch = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|_| ClientError::BadAddress(addr.to_string()))?
+            .map_err(|_| MasterRpcError::BadAddress(addr.to_string()))?
             .connect_timeout(Duration::from_millis(300))
             .tcp_nodelay(true)
             .connect_lazy();
@@ -262,7 +264,7 @@ impl MasterClient {
     /// Calls the leader with `f`, following redirects and retrying transport
     /// failures, UNAVAILABLE and RPC_TIMEOUT until the deadline. `f` is called
     /// once per attempt and must rebuild the same request (same header).
-    pub async fn call_leader<R, F, Fut>(&self, f: F) -> Result<R, ClientError>
+    pub async fn call_leader<R, F, Fut>(&self, f: F) -> Result<R, MasterRpcError>
     where
         R: HasStatus,
         F: Fn(Channel) -> Fut,
@@ -276,7 +278,7 @@ impl MasterClient {
         &self,
         within: Duration,
         f: F,
-    ) -> Result<R, ClientError>
+    ) -> Result<R, MasterRpcError>
     where
         R: HasStatus,
         F: Fn(Channel) -> Fut,
@@ -287,7 +289,7 @@ impl MasterClient {
         let mut last_error;
         loop {
             let Some(target) = self.pick_target() else {
-                return Err(ClientError::Unavailable(
+                return Err(MasterRpcError::Unavailable(
                     "no master address known (etcd lists none)".into(),
                 ));
             };
@@ -325,7 +327,7 @@ impl MasterClient {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(ClientError::Unavailable(last_error));
+                return Err(MasterRpcError::Unavailable(last_error));
             }
             let jitter = rand::rng().random_range(0.5..1.5);
             let sleep = backoff.mul_f64(jitter).min(deadline - now);
@@ -414,21 +416,24 @@ impl MasterClient {
     }
 
     /// Calls one specific master (no leader following), e.g. for status.
-    pub async fn call_node<R, F, Fut>(&self, addr: &str, f: F) -> Result<R, ClientError>
+    pub async fn call_node<R, F, Fut>(&self, addr: &str, f: F) -> Result<R, MasterRpcError>
     where
         F: FnOnce(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let ch = self.channel(addr)?;
         match tokio::time::timeout(Duration::from_secs(3), f(ch)).await {
-            Err(_) => Err(ClientError::Unavailable(format!("{addr}: timed out"))),
-            Ok(Err(s)) => Err(ClientError::Unavailable(format!("{addr}: {}", s.message()))),
+            Err(_) => Err(MasterRpcError::Unavailable(format!("{addr}: timed out"))),
+            Ok(Err(s)) => Err(MasterRpcError::Unavailable(format!(
+                "{addr}: {}",
+                s.message()
+            ))),
             Ok(Ok(r)) => Ok(r.into_inner()),
         }
     }
 
     /// One master's own view (role, term, indexes, counts), without leader following.
-    pub async fn node_status(&self, addr: &str) -> Result<pb::GetStatusResponse, ClientError> {
+    pub async fn node_status(&self, addr: &str) -> Result<pb::GetStatusResponse, MasterRpcError> {
         self.call_node(addr, |ch| async move {
             Self::cluster(ch).get_status(pb::GetStatusRequest {}).await
         })
@@ -446,7 +451,7 @@ impl MasterClient {
     }
 
     /// Asks the masters who leads: the first one that knows answers.
-    pub async fn get_leader(&self) -> Result<pb::GetLeaderResponse, ClientError> {
+    pub async fn get_leader(&self) -> Result<pb::GetLeaderResponse, MasterRpcError> {
         let mut last = String::from("no masters configured");
         let deadline = Instant::now() + self.policy.deadline;
         loop {
@@ -469,7 +474,7 @@ impl MasterClient {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(ClientError::Unavailable(last));
+                return Err(MasterRpcError::Unavailable(last));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -504,14 +509,14 @@ impl MasterClient {
 
     // ---- MasterService operations ----
 
-    fn check<R: HasStatus>(r: R) -> Result<R, ClientError> {
+    fn check<R: HasStatus>(r: R) -> Result<R, MasterRpcError> {
         match r.status() {
-            Some(s) if !s.is_ok() => Err(ClientError::from_status(s)),
+            Some(s) if !s.is_ok() => Err(MasterRpcError::from_status(s)),
             _ => Ok(r),
         }
     }
 
-    pub async fn mount_segment(&self, spec: pb::SegmentSpec) -> Result<u64, ClientError> {
+    pub async fn mount_segment(&self, spec: pb::SegmentSpec) -> Result<u64, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -525,7 +530,7 @@ impl MasterClient {
         Ok(Self::check(r)?.segment_id)
     }
 
-    pub async fn unmount_segment(&self, segment_id: u64) -> Result<(), ClientError> {
+    pub async fn unmount_segment(&self, segment_id: u64) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -543,7 +548,7 @@ impl MasterClient {
         &self,
         items: Vec<pb::PutStartItem>,
         config: pb::ReplicateConfig,
-    ) -> Result<Vec<pb::PutStartResult>, ClientError> {
+    ) -> Result<Vec<pb::PutStartResult>, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -561,7 +566,7 @@ impl MasterClient {
     async fn batch_put_end_part(
         &self,
         items: Vec<pb::PutEndItem>,
-    ) -> Result<Vec<pb::Status>, ClientError> {
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -578,7 +583,7 @@ impl MasterClient {
     async fn batch_put_revoke_part(
         &self,
         keys: Vec<String>,
-    ) -> Result<Vec<pb::Status>, ClientError> {
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -601,7 +606,7 @@ impl MasterClient {
         &self,
         items: Vec<pb::PutStartItem>,
         config: pb::ReplicateConfig,
-    ) -> Result<Vec<pb::PutStartResult>, ClientError> {
+    ) -> Result<Vec<pb::PutStartResult>, MasterRpcError> {
         in_parts(
             items,
             |i| i.key.len(),
@@ -613,21 +618,21 @@ impl MasterClient {
     pub async fn batch_put_end(
         &self,
         items: Vec<pb::PutEndItem>,
-    ) -> Result<Vec<pb::Status>, ClientError> {
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
         in_parts(items, |i| i.key.len(), |part| self.batch_put_end_part(part)).await
     }
 
     pub async fn batch_put_revoke(
         &self,
         keys: Vec<String>,
-    ) -> Result<Vec<pb::Status>, ClientError> {
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
         in_parts(keys, String::len, |part| self.batch_put_revoke_part(part)).await
     }
 
     pub async fn batch_get_replica_list(
         &self,
         keys: Vec<String>,
-    ) -> Result<Vec<pb::GetReplicaListResponse>, ClientError> {
+    ) -> Result<Vec<pb::GetReplicaListResponse>, MasterRpcError> {
         in_parts(keys, String::len, |part| {
             self.batch_get_replica_list_part(part)
         })
@@ -637,7 +642,7 @@ impl MasterClient {
     pub async fn batch_exists(
         &self,
         keys: Vec<String>,
-    ) -> Result<Vec<pb::ExistResponse>, ClientError> {
+    ) -> Result<Vec<pb::ExistResponse>, MasterRpcError> {
         in_parts(keys, String::len, |part| self.batch_exists_part(part)).await
     }
 
@@ -645,7 +650,7 @@ impl MasterClient {
         &self,
         keys: Vec<String>,
         force: bool,
-    ) -> Result<Vec<pb::Status>, ClientError> {
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
         in_parts(keys, String::len, |part| {
             self.batch_remove_part(part, force)
         })
@@ -657,7 +662,7 @@ impl MasterClient {
         key: &str,
         size: u64,
         config: pb::ReplicateConfig,
-    ) -> Result<Vec<pb::ReplicaDescriptor>, ClientError> {
+    ) -> Result<Vec<pb::ReplicaDescriptor>, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -673,7 +678,7 @@ impl MasterClient {
         Ok(Self::check(r)?.replicas)
     }
 
-    pub async fn put_end(&self, key: &str, checksum: u32) -> Result<(), ClientError> {
+    pub async fn put_end(&self, key: &str, checksum: u32) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -688,7 +693,7 @@ impl MasterClient {
         Self::check(r).map(|_| ())
     }
 
-    pub async fn put_revoke(&self, key: &str) -> Result<(), ClientError> {
+    pub async fn put_revoke(&self, key: &str) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -705,7 +710,7 @@ impl MasterClient {
     pub async fn get_replica_list(
         &self,
         key: &str,
-    ) -> Result<pb::GetReplicaListResponse, ClientError> {
+    ) -> Result<pb::GetReplicaListResponse, MasterRpcError> {
         let r = self
             .call_leader(|ch| {
                 let req = pb::GetReplicaListRequest {
@@ -720,7 +725,7 @@ impl MasterClient {
     async fn batch_get_replica_list_part(
         &self,
         keys: Vec<String>,
-    ) -> Result<Vec<pb::GetReplicaListResponse>, ClientError> {
+    ) -> Result<Vec<pb::GetReplicaListResponse>, MasterRpcError> {
         let r = self
             .call_leader(|ch| {
                 let req = pb::BatchGetReplicaListRequest { keys: keys.clone() };
@@ -730,7 +735,7 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn exists(&self, key: &str) -> Result<bool, ClientError> {
+    pub async fn exists(&self, key: &str) -> Result<bool, MasterRpcError> {
         let r = self
             .call_leader(|ch| {
                 let req = pb::ExistRequest {
@@ -745,7 +750,7 @@ impl MasterClient {
     async fn batch_exists_part(
         &self,
         keys: Vec<String>,
-    ) -> Result<Vec<pb::ExistResponse>, ClientError> {
+    ) -> Result<Vec<pb::ExistResponse>, MasterRpcError> {
         let r = self
             .call_leader(|ch| {
                 let req = pb::BatchExistRequest { keys: keys.clone() };
@@ -755,7 +760,7 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn remove(&self, key: &str, force: bool) -> Result<(), ClientError> {
+    pub async fn remove(&self, key: &str, force: bool) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -774,7 +779,7 @@ impl MasterClient {
         &self,
         keys: Vec<String>,
         force: bool,
-    ) -> Result<Vec<pb::Status>, ClientError> {
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -789,7 +794,7 @@ impl MasterClient {
         Ok(Self::check(r)?.results)
     }
 
-    pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64, ClientError> {
+    pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -804,7 +809,7 @@ impl MasterClient {
         Ok(Self::check(r)?.count)
     }
 
-    pub async fn remove_all(&self, force: bool) -> Result<u64, ClientError> {
+    pub async fn remove_all(&self, force: bool) -> Result<u64, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -823,7 +828,7 @@ impl MasterClient {
         &self,
         segment_ids: Vec<u64>,
         within: Duration,
-    ) -> Result<pb::HeartbeatResult, ClientError> {
+    ) -> Result<pb::HeartbeatResult, MasterRpcError> {
         let r = self
             .call_leader_within(within, |ch| {
                 let req = pb::HeartbeatRequest {
@@ -844,9 +849,9 @@ async fn in_parts<T, R, Fut>(
     items: Vec<T>,
     key_len: impl Fn(&T) -> usize,
     mut send: impl FnMut(Vec<T>) -> Fut,
-) -> Result<Vec<R>, ClientError>
+) -> Result<Vec<R>, MasterRpcError>
 where
-    Fut: Future<Output = Result<Vec<R>, ClientError>>,
+    Fut: Future<Output = Result<Vec<R>, MasterRpcError>>,
 {
     let mut answers = Vec::with_capacity(items.len());
     for part in crescent_proto::split_batch(items, key_len) {

@@ -124,8 +124,9 @@ async fn bad_input_is_refused_and_changes_nothing() {
     client.put_start("good", 1, cfg(1)).await.unwrap();
     client.put_end("good", 0).await.unwrap();
 
-    let code =
-        |r: Result<Vec<pb::ReplicaDescriptor>, crescent_client::ClientError>| r.unwrap_err().code();
+    let code = |r: Result<Vec<pb::ReplicaDescriptor>, crescent_client::MasterRpcError>| {
+        r.unwrap_err().code()
+    };
     assert_eq!(
         code(client.put_start("", 1, cfg(1)).await),
         ErrorCode::InvalidKey

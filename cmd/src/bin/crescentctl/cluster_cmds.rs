@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crescent_client::{ClientError, MasterClient};
+use crescent_client::{MasterClient, MasterRpcError};
 use crescent_proto::pb;
 use serde_json::json;
 
@@ -191,7 +191,7 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
 
 fn check(s: Option<pb::Status>) -> anyhow::Result<()> {
     match s {
-        Some(s) if !s.is_ok() => Err(ClientError::from_status(&s).into()),
+        Some(s) if !s.is_ok() => Err(MasterRpcError::from_status(&s).into()),
         _ => Ok(()),
     }
 }

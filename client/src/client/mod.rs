@@ -1,0 +1,327 @@
+//! The client library an inference engine links: put/get of real bytes.
+//!
+//! Metadata goes to the masters ([`MasterClient`]); bytes go straight to the
+//! stores: the client's own segment first (a memcpy), then a same-host store's
+//! shared memory, then TCP. Every object carries a crc32c recorded at PutEnd;
+//! a get verifies it and falls back to another replica on mismatch, so a get
+//! never returns bytes that differ from what was put.
+//!
+//! This file holds the types, connecting and the metadata-only calls; the
+//! rest is split by concern: `put`, `get`, `routing` (reaching a replica and
+//! moving its bytes), `degraded` (local-only mode) and `error`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crescent_proto::pb;
+use crescent_store::{ShmMapping, TcpTransport};
+
+use crate::agent::{AgentConfig, StoreAgent};
+use crate::config::{ClientConfig, Protocol};
+use crate::local_cache::LocalCache;
+use crate::master::{MasterClient, MasterRpcError};
+
+mod degraded;
+mod error;
+mod get;
+mod put;
+mod routing;
+
+pub use error::{Error, Result};
+
+use routing::Route;
+
+/// Where a put left its bytes (issue 11: `crescentctl put` printed "stored"
+/// while no master answered).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Committed by the masters: any client can read it, and it outlives this
+    /// process.
+    InCluster,
+    /// Degraded mode: only in this process's bounded local cache, lost with
+    /// the process; published to the cluster on recovery when
+    /// `publish_on_recover` is set, else dropped then.
+    LocalOnly,
+}
+
+/// Replication options of a put (Mooncake's `ReplicateConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicateConfig {
+    /// Number of replicas, each on a distinct segment (0 = the client default).
+    pub replica_num: u32,
+    pub soft_pin: bool,
+    pub hard_pin: bool,
+    /// Segment names tried first.
+    pub preferred_segments: Vec<String>,
+}
+
+/// Where reads and writes went, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    pub degraded_puts: std::sync::atomic::AtomicU64,
+    pub degraded_gets: std::sync::atomic::AtomicU64,
+    pub published: std::sync::atomic::AtomicU64,
+    pub local_bytes: std::sync::atomic::AtomicU64,
+    pub shm_bytes: std::sync::atomic::AtomicU64,
+    pub tcp_bytes: std::sync::atomic::AtomicU64,
+    pub checksum_failures: std::sync::atomic::AtomicU64,
+}
+
+/// The client's state and operations; [`Client`] owns it together with the
+/// background task that watches master reachability.
+pub struct ClientCore {
+    pub stats: ClientStats,
+    master: Arc<MasterClient>,
+    tcp: TcpTransport,
+    shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
+    local: Option<Arc<StoreAgent>>,
+    config: ClientConfig,
+    degraded: AtomicBool,
+    last_master_ok: Mutex<Instant>,
+    /// Objects put while degraded (and not yet published), bounded by local_buffer_size.
+    local_only: Mutex<LocalCache>,
+    /// Recent GetReplicaList answers, usable while degraded until their lease ends.
+    descriptors: Mutex<HashMap<String, (pb::GetReplicaListResponse, Instant)>>,
+    /// Keys with a put in flight from this client. The master tells writers
+    /// apart by client id, so two concurrent puts of one key from one client
+    /// could have one's PutEnd complete the other's object (after a forced
+    /// remove in between) with the wrong checksum; found by the chaos soak.
+    puts_in_flight: Mutex<std::collections::HashSet<String>>,
+}
+
+/// A connected client. Dereferences to [`ClientCore`] for every operation.
+pub struct Client {
+    core: Arc<ClientCore>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for Client {
+    type Target = ClientCore;
+    fn deref(&self) -> &ClientCore {
+        &self.core
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
+}
+
+const MAX_DESCRIPTORS: usize = 65_536;
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+impl Client {
+    /// Connects to the masters; with `global_segment_size > 0` also contributes
+    /// a segment (an embedded store) and waits until it is mounted.
+    pub async fn connect(config: ClientConfig) -> Result<Self> {
+        if config.protocol == Protocol::Rdma && !cfg!(feature = "rdma") {
+            return Err(Error::Config(
+                "protocol rdma requested, but this build has no RDMA support (build with --features rdma)".into(),
+            ));
+        }
+        if config.protocol == Protocol::Rdma {
+            // The RDMA data path is compiled but has never run on hardware; be explicit.
+            return Err(Error::Config(
+                "protocol rdma is not wired into the client data path yet; use tcp".into(),
+            ));
+        }
+        let mut master = MasterClient::connect(&config.master)
+            .await
+            .map_err(|e| match e {
+                MasterRpcError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),
+                other => Error::Unavailable(other.to_string()),
+            })?;
+        master.policy.deadline = if config.degrade_after.is_zero() {
+            config.master_deadline
+        } else {
+            // A call during an outage gives up when degraded mode would start.
+            config
+                .master_deadline
+                .min(config.degrade_after.max(Duration::from_millis(500)))
+        };
+        let master = Arc::new(master);
+        let local = if config.global_segment_size > 0 {
+            let listen = config.transfer_listen.parse().map_err(|_| {
+                Error::Config(format!(
+                    "bad transfer listen address {:?}",
+                    config.transfer_listen
+                ))
+            })?;
+            let agent = StoreAgent::start(
+                master.clone(),
+                AgentConfig {
+                    segment_size: config.global_segment_size,
+                    listen,
+                    hostname: config.local_hostname.clone(),
+                    shm: config.shm,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?;
+            if agent
+                .wait_mounted(config.master_deadline.min(Duration::from_secs(5)))
+                .await
+                .is_none()
+            {
+                tracing::warn!(
+                    "this client's segment is not mounted yet; it keeps trying in the background"
+                );
+            }
+            Some(agent)
+        } else {
+            None
+        };
+        let core = Arc::new(ClientCore {
+            stats: ClientStats::default(),
+            master,
+            tcp: TcpTransport::new(),
+            shm: Mutex::new(HashMap::new()),
+            local,
+            degraded: AtomicBool::new(false),
+            last_master_ok: Mutex::new(Instant::now()),
+            local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
+            descriptors: Mutex::new(HashMap::new()),
+            puts_in_flight: Mutex::new(Default::default()),
+            config,
+        });
+        let monitor = tokio::spawn(monitor_loop(Arc::downgrade(&core)));
+        Ok(Client { core, monitor })
+    }
+
+    /// Connects with configuration from the environment (`MOONCAKE_*`/`CRESCENT_*`).
+    pub async fn from_env() -> Result<Self> {
+        let config = ClientConfig::from_env().map_err(|e| Error::Config(e.0))?;
+        Self::connect(config).await
+    }
+
+    /// Unmounts this client's segment (if any) and stops serving it.
+    pub async fn close(&self) {
+        self.monitor.abort();
+        if let Some(agent) = &self.core.local {
+            agent.shutdown().await;
+        }
+    }
+}
+
+/// Watches master reachability: enters local-only mode after `degrade_after`
+/// without a master, leaves it as soon as a leader answers (within one probe),
+/// then publishes or drops what was stored locally meanwhile.
+async fn monitor_loop(core: std::sync::Weak<ClientCore>) {
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let Some(core) = core.upgrade() else { return };
+        if core.config.degrade_after.is_zero() {
+            continue;
+        }
+        let reachable = core.master.probe(Duration::from_millis(800)).await;
+        if reachable {
+            core.mark_master_ok();
+            if core.degraded.swap(false, Ordering::AcqRel) {
+                tracing::info!(
+                    "a master leader is reachable again: leaving degraded (local-only) mode"
+                );
+                core.recover().await;
+            }
+        } else {
+            let silent = core.last_master_ok.lock().expect("lock poisoned").elapsed();
+            if silent >= core.config.degrade_after && !core.degraded.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    ?silent,
+                    "no master reachable: entering degraded (local-only) mode"
+                );
+            }
+        }
+    }
+}
+
+impl ClientCore {
+    pub fn master(&self) -> &MasterClient {
+        &self.master
+    }
+
+    /// True while the client serves from local memory only (no master reachable).
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(Ordering::Acquire)
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The embedded store, when this client contributes memory.
+    pub fn local_store(&self) -> Option<&Arc<StoreAgent>> {
+        self.local.as_ref()
+    }
+
+    fn replicate(&self, cfg: &ReplicateConfig) -> pb::ReplicateConfig {
+        pb::ReplicateConfig {
+            replica_num: if cfg.replica_num == 0 {
+                self.config.default_replicas.max(1)
+            } else {
+                cfg.replica_num
+            },
+            soft_pin: cfg.soft_pin,
+            hard_pin: cfg.hard_pin,
+            preferred_segments: cfg.preferred_segments.clone(),
+        }
+    }
+
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        self.master
+            .exists(key)
+            .await
+            .map_err(|e| Error::from_master(e, key))
+    }
+
+    pub async fn batch_exists(&self, keys: &[&str]) -> Result<Vec<Result<bool>>> {
+        let r = self
+            .master
+            .batch_exists(keys.iter().map(|k| k.to_string()).collect())
+            .await
+            .map_err(|e| Error::from_master(e, ""))?;
+        Ok(r.into_iter()
+            .zip(keys)
+            .map(
+                |(x, k)| match x.status.as_ref().and_then(|s| Error::from_status(s, k)) {
+                    Some(e) => Err(e),
+                    None => Ok(x.exists),
+                },
+            )
+            .collect())
+    }
+
+    /// Size of the object in bytes.
+    pub async fn get_size(&self, key: &str) -> Result<u64> {
+        Ok(self
+            .master
+            .get_replica_list(key)
+            .await
+            .map_err(|e| Error::from_master(e, key))?
+            .size)
+    }
+
+    pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        self.master
+            .remove(key, force)
+            .await
+            .map_err(|e| Error::from_master(e, key))
+    }
+
+    pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64> {
+        self.master
+            .remove_by_regex(regex, force)
+            .await
+            .map_err(|e| Error::from_master(e, ""))
+    }
+
+    pub async fn remove_all(&self, force: bool) -> Result<u64> {
+        self.master
+            .remove_all(force)
+            .await
+            .map_err(|e| Error::from_master(e, ""))
+    }
+}

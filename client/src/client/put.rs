@@ -1,0 +1,323 @@
+//! Puts: one PutStart, the bytes to every replica, one PutEnd; batches; the
+//! one-put-per-key-in-flight guard.
+
+use std::collections::HashMap;
+
+use crescent_proto::pb;
+use crescent_proto::ErrorCode;
+use crescent_store::protocol::segment_tag;
+
+use super::routing::chunks;
+use super::*;
+
+/// Holds a key in `puts_in_flight` until dropped.
+pub(super) struct PutSlot<'a> {
+    core: &'a ClientCore,
+    key: String,
+}
+
+impl Drop for PutSlot<'_> {
+    fn drop(&mut self) {
+        self.core
+            .puts_in_flight
+            .lock()
+            .expect("lock poisoned")
+            .remove(&self.key);
+    }
+}
+
+impl ClientCore {
+    /// Stores `value` under `key`. A key that already exists counts as success
+    /// (objects are immutable, as in Mooncake). In degraded mode the value goes
+    /// to the bounded local cache only (not replicated: see the README); use
+    /// [`put_placed`](Self::put_placed) to learn which happened.
+    pub async fn put(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
+        self.put_placed(key, value, cfg).await.map(|_| ())
+    }
+
+    /// [`put`](Self::put) that says where the bytes went: committed by the
+    /// masters, or only into this process's local cache because no master
+    /// was reachable.
+    pub async fn put_placed(
+        &self,
+        key: &str,
+        value: &[u8],
+        cfg: &ReplicateConfig,
+    ) -> Result<Stored> {
+        if value.is_empty() {
+            return Err(Error::InvalidArgument("value is empty".into()));
+        }
+        if self.is_degraded() {
+            return self.put_local(key, value).map(|_| Stored::LocalOnly);
+        }
+        match self.put_cluster(key, value, cfg).await {
+            Ok(()) => Ok(Stored::InCluster),
+            Err(e @ Error::Unavailable(_)) => {
+                self.note_unavailable(&e);
+                if self.is_degraded() {
+                    self.put_local(key, value).map(|_| Stored::LocalOnly)
+                } else {
+                    Err(e)
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Claims `key` for one put from this client, or says another is in flight.
+    pub(super) fn claim_put(&self, key: &str) -> Result<PutSlot<'_>> {
+        if !self
+            .puts_in_flight
+            .lock()
+            .expect("lock poisoned")
+            .insert(key.to_string())
+        {
+            return Err(Error::Master {
+                code: ErrorCode::ReplicaIsNotReady,
+                message: format!("a put of {key:?} from this client is still in flight"),
+            });
+        }
+        Ok(PutSlot {
+            core: self,
+            key: key.to_string(),
+        })
+    }
+
+    pub(super) async fn put_cluster(
+        &self,
+        key: &str,
+        value: &[u8],
+        cfg: &ReplicateConfig,
+    ) -> Result<()> {
+        let _slot = self.claim_put(key)?;
+        let checksum = crc32c::crc32c(value);
+        let replicas = match self
+            .master
+            .put_start(key, value.len() as u64, self.replicate(cfg))
+            .await
+        {
+            Ok(r) => r,
+            Err(MasterRpcError::Status {
+                code: ErrorCode::ObjectAlreadyExists,
+                ..
+            }) => return Ok(()),
+            Err(e) => return Err(Error::from_master(e, key)),
+        };
+        let writes =
+            futures::future::join_all(replicas.iter().map(|r| self.write_replica(r, value))).await;
+        if let Some(Err(e)) = writes.into_iter().find(|w| w.is_err()) {
+            // Nothing half-written may become readable.
+            if let Err(re) = self.master.put_revoke(key).await {
+                tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
+            }
+            return Err(e);
+        }
+        self.master
+            .put_end(key, checksum)
+            .await
+            .map_err(|e| Error::from_master(e, key))?;
+        self.mark_master_ok();
+        Ok(())
+    }
+
+    /// Same as [`put`](Self::put): the bytes are sent from the caller's buffer without a copy.
+    pub async fn put_from(&self, key: &str, buffer: &[u8], cfg: &ReplicateConfig) -> Result<()> {
+        self.put(key, buffer, cfg).await
+    }
+
+    /// Puts many objects with one PutStart and one PutEnd; per-item results.
+    pub async fn put_batch(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<()>>> {
+        let placed = self.put_batch_placed(items, cfg).await?;
+        Ok(placed.into_iter().map(|r| r.map(|_| ())).collect())
+    }
+
+    /// [`put_batch`](Self::put_batch) that says, per item, where the bytes went.
+    pub async fn put_batch_placed(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<Stored>>> {
+        let (results, stored) = if self.is_degraded() {
+            let local = items.iter().map(|(k, v)| self.put_local(k, v)).collect();
+            (local, Stored::LocalOnly)
+        } else {
+            (self.put_batch_cluster(items, cfg).await?, Stored::InCluster)
+        };
+        Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
+    }
+
+    pub(super) async fn put_batch_cluster(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<()>>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut results: Vec<Option<Result<()>>> = vec![None; items.len()];
+        let mut slots = Vec::with_capacity(items.len());
+        for (i, (k, v)) in items.iter().enumerate() {
+            if v.is_empty() {
+                results[i] = Some(Err(Error::InvalidArgument("value is empty".into())));
+                continue;
+            }
+            match self.claim_put(k) {
+                Ok(slot) => slots.push(slot),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let idx: Vec<usize> = (0..items.len()).filter(|i| results[*i].is_none()).collect();
+        if idx.is_empty() {
+            return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
+        }
+        let starts = match self
+            .master
+            .batch_put_start(
+                idx.iter()
+                    .map(|&i| pb::PutStartItem {
+                        key: items[i].0.to_string(),
+                        size: items[i].1.len() as u64,
+                    })
+                    .collect(),
+                self.replicate(cfg),
+            )
+            .await
+        {
+            Ok(starts) => starts,
+            Err(e) => {
+                // A batch over 1 MiB of keys goes in parts; a part refused
+                // after earlier ones started (a quota, a failover) would leave
+                // those puts unfinished, holding the keys and this client's
+                // unfinished-put quota until the master reclaims them. The
+                // master revokes only this client's unfinished puts.
+                let keys = idx.iter().map(|&i| items[i].0.to_string()).collect();
+                if let Err(re) = self.master.batch_put_revoke(keys).await {
+                    tracing::debug!(error = %re, "revoke after a failed batch PutStart failed; the master will reclaim");
+                }
+                return Err(Error::from_master(e, ""));
+            }
+        };
+        if starts.len() != idx.len() {
+            return Err(Error::Master {
+                code: ErrorCode::InternalError,
+                message: "master answered a different number of items".into(),
+            });
+        }
+        // Group writes per route so each store gets one pipelined exchange.
+        // Grouped by store address and segment: a restarted store serves a new
+        // segment at the same address, and each exchange carries one segment tag.
+        let mut tcp_groups: HashMap<(String, u64), Vec<PendingWrite<'_>>> = HashMap::new();
+        let mut direct: Vec<(usize, &pb::ReplicaDescriptor)> = Vec::new();
+        let mut started: Vec<usize> = Vec::new();
+        for (pos, (&i, s)) in idx.iter().zip(&starts).enumerate() {
+            let key = items[i].0;
+            match s.status.as_ref().and_then(|st| Error::from_status(st, key)) {
+                Some(Error::Master {
+                    code: ErrorCode::ObjectAlreadyExists,
+                    ..
+                }) => results[i] = Some(Ok(())),
+                Some(e) => results[i] = Some(Err(e)),
+                None => {
+                    started.push(pos);
+                    for r in &s.replicas {
+                        if r.length != items[i].1.len() as u64 {
+                            results[i] =
+                                Some(Err(Error::Transfer("replica length mismatch".into())));
+                            continue;
+                        }
+                        match self.route(r) {
+                            Route::Tcp(ep) => {
+                                let data = items[i].1;
+                                for (off, a, b) in chunks(r.offset, data.len()) {
+                                    tcp_groups
+                                        .entry((ep.to_string(), r.segment_id))
+                                        .or_default()
+                                        .push((i, off, &data[a..b]));
+                                }
+                            }
+                            _ => direct.push((i, r)),
+                        }
+                    }
+                }
+            }
+        }
+        for (i, r) in direct {
+            if let Err(e) = self.write_replica(r, items[i].1).await {
+                results[i] = Some(Err(e));
+            }
+        }
+        let exchanges = tcp_groups.iter().map(|(group, writes)| async move {
+            let (ep, segment_id) = (&group.0, group.1);
+            let w: Vec<(u64, &[u8])> = writes.iter().map(|(_, off, d)| (*off, *d)).collect();
+            let bytes: usize = w.iter().map(|(_, d)| d.len()).sum();
+            self.stats
+                .tcp_bytes
+                .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+            (group, self.tcp.write(ep, segment_tag(segment_id), &w).await)
+        });
+        for (group, outcome) in futures::future::join_all(exchanges).await {
+            if let Err(e) = outcome {
+                self.tcp.forget(&group.0);
+                for (i, _, _) in &tcp_groups[group] {
+                    results[*i] = Some(Err(Error::Transfer(e.to_string())));
+                }
+            }
+        }
+        let mut to_end = Vec::new();
+        let mut to_revoke = Vec::new();
+        for pos in started {
+            let i = idx[pos];
+            match &results[i] {
+                Some(Err(_)) => to_revoke.push(items[i].0.to_string()),
+                _ => to_end.push(i),
+            }
+        }
+        if !to_revoke.is_empty() {
+            if let Err(e) = self.master.batch_put_revoke(to_revoke).await {
+                tracing::warn!(error = %e, "revoke after failed writes also failed; the master will reclaim them");
+            }
+        }
+        if !to_end.is_empty() {
+            let ends = to_end
+                .iter()
+                .map(|&i| pb::PutEndItem {
+                    key: items[i].0.to_string(),
+                    checksum: crc32c::crc32c(items[i].1),
+                })
+                .collect();
+            match self.master.batch_put_end(ends).await {
+                Ok(statuses) => {
+                    for (&i, st) in to_end.iter().zip(&statuses) {
+                        results[i] = Some(match Error::from_status(st, items[i].0) {
+                            Some(e) => Err(e),
+                            None => Ok(()),
+                        });
+                    }
+                }
+                Err(e) => {
+                    let e = Error::from_master(e, "");
+                    for &i in &to_end {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+    }
+
+    /// Same as [`put_batch`](Self::put_batch), from caller buffers.
+    pub async fn batch_put_from(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+    ) -> Result<Vec<Result<()>>> {
+        self.put_batch(items, cfg).await
+    }
+}
+
+/// One write of a batch put: (item index, remote offset, bytes).
+type PendingWrite<'a> = (usize, u64, &'a [u8]);

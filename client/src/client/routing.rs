@@ -1,0 +1,230 @@
+//! Where a replica is reached from here (the own segment, a same-host
+//! store's shared memory, TCP) and the reads and writes of its bytes.
+
+use std::sync::Arc;
+
+use crescent_proto::pb;
+use crescent_store::protocol::{segment_tag, MAX_TRANSFER};
+use crescent_store::ShmMapping;
+
+use super::*;
+
+/// Where a replica can be reached from here.
+pub(super) enum Route<'a> {
+    Local(&'a StoreAgent),
+    Shm(Arc<ShmMapping>),
+    Tcp(&'a str),
+}
+
+impl ClientCore {
+    pub(super) fn route<'a>(&'a self, r: &'a pb::ReplicaDescriptor) -> Route<'a> {
+        if let Some(agent) = &self.local {
+            if agent.segment_id() == Some(r.segment_id) {
+                return Route::Local(agent);
+            }
+        }
+        if !r.shm_path.is_empty() && r.hostname == self.config.local_hostname {
+            if let Some(m) = self.shm_mapping(&r.shm_path) {
+                return Route::Shm(m);
+            }
+        }
+        Route::Tcp(&r.endpoint)
+    }
+
+    pub(super) fn shm_mapping(&self, path: &str) -> Option<Arc<ShmMapping>> {
+        let mut maps = self.shm.lock().expect("lock poisoned");
+        if let Some(m) = maps.get(path) {
+            return Some(m.clone());
+        }
+        match ShmMapping::open(std::path::Path::new(path)) {
+            Ok(m) => {
+                let m = Arc::new(m);
+                maps.insert(path.to_string(), m.clone());
+                Some(m)
+            }
+            Err(e) => {
+                tracing::debug!(path, error = %e, "cannot map shared segment; using TCP");
+                None
+            }
+        }
+    }
+
+    pub(super) fn forget_shm(&self, path: &str) {
+        self.shm.lock().expect("lock poisoned").remove(path);
+    }
+
+    /// Reads order: local segment, same-host shared memory, then remote.
+    pub(super) fn read_order<'a>(
+        &self,
+        replicas: &'a [pb::ReplicaDescriptor],
+    ) -> Vec<&'a pb::ReplicaDescriptor> {
+        let rank = |r: &pb::ReplicaDescriptor| match self.route(r) {
+            Route::Local(_) => 0,
+            Route::Shm(_) => 1,
+            Route::Tcp(_) => 2,
+        };
+        let mut v: Vec<&pb::ReplicaDescriptor> = replicas.iter().collect();
+        v.sort_by_key(|r| rank(r));
+        v
+    }
+
+    pub(super) fn count(&self, route: &Route<'_>, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = match route {
+            Route::Local(_) => &self.stats.local_bytes,
+            Route::Shm(_) => &self.stats.shm_bytes,
+            Route::Tcp(_) => &self.stats.tcp_bytes,
+        };
+        c.fetch_add(bytes as u64, Relaxed);
+    }
+
+    pub(super) async fn write_replica(&self, r: &pb::ReplicaDescriptor, data: &[u8]) -> Result<()> {
+        if r.length != data.len() as u64 {
+            return Err(Error::Transfer(format!(
+                "replica length {} does not match the value's {} bytes",
+                r.length,
+                data.len()
+            )));
+        }
+        let route = self.route(r);
+        self.count(&route, data.len());
+        match route {
+            Route::Local(agent) => agent
+                .segment
+                .write_at(r.offset, data)
+                .map_err(|e| Error::Transfer(e.to_string())),
+            Route::Shm(m) => m.write_at(r.offset, data).map_err(|e| {
+                self.forget_shm(&r.shm_path);
+                Error::Transfer(e.to_string())
+            }),
+            Route::Tcp(ep) => {
+                let writes: Vec<(u64, &[u8])> = chunks(r.offset, data.len())
+                    .map(|(off, start, end)| (off, &data[start..end]))
+                    .collect();
+                self.tcp
+                    .write(ep, segment_tag(r.segment_id), &writes)
+                    .await
+                    .map_err(|e| {
+                        self.tcp.forget(ep);
+                        Error::Transfer(e.to_string())
+                    })
+            }
+        }
+    }
+
+    /// Reads one replica into `buf`, returning the crc32c of what was read
+    /// (computed while the bytes are still in cache).
+    pub(super) async fn read_replica(
+        &self,
+        r: &pb::ReplicaDescriptor,
+        buf: &mut [u8],
+    ) -> Result<u32> {
+        let route = self.route(r);
+        self.count(&route, buf.len());
+        match route {
+            Route::Local(agent) => {
+                // SAFETY: range checked by `slice`; the object is immutable once complete.
+                let src = unsafe { agent.segment.slice(r.offset, buf.len() as u64) }
+                    .map_err(|e| Error::Transfer(e.to_string()))?;
+                Ok(crescent_store::copy_with_crc(buf, src))
+            }
+            Route::Shm(m) => m.read_at_with_crc(r.offset, buf).map_err(|e| {
+                self.forget_shm(&r.shm_path);
+                Error::Transfer(e.to_string())
+            }),
+            Route::Tcp(ep) => {
+                let step = MAX_TRANSFER as usize;
+                let mut reads: Vec<(u64, &mut [u8])> = buf
+                    .chunks_mut(step)
+                    .enumerate()
+                    .map(|(i, piece)| (r.offset + (i * step) as u64, piece))
+                    .collect();
+                let crcs = self
+                    .tcp
+                    .read_checksummed(ep, segment_tag(r.segment_id), &mut reads)
+                    .await
+                    .map_err(|e| {
+                        self.tcp.forget(ep);
+                        Error::Transfer(e.to_string())
+                    })?;
+                Ok(combine_crcs(&crcs, &reads))
+            }
+        }
+    }
+
+    /// Reads a verified copy into `buf[..size]`, trying replicas in order.
+    pub(super) async fn read_verified(
+        &self,
+        key: &str,
+        found: &pb::GetReplicaListResponse,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let size = found.size;
+        if (buf.len() as u64) < size {
+            return Err(Error::BufferTooSmall {
+                size,
+                buffer: buf.len(),
+            });
+        }
+        let dst = &mut buf[..size as usize];
+        let mut mismatch = false;
+        let mut last = String::from("object has no replica");
+        for r in self.read_order(&found.replicas) {
+            if r.length != size {
+                last = format!(
+                    "replica on segment {} has length {} for a {size}-byte object",
+                    r.segment_id, r.length
+                );
+                continue;
+            }
+            match self.read_replica(r, dst).await {
+                Ok(crc) => {
+                    if crc == found.checksum {
+                        return Ok(size as usize);
+                    }
+                    tracing::warn!(
+                        key,
+                        segment_id = r.segment_id,
+                        "replica failed its checksum; trying another"
+                    );
+                    self.stats
+                        .checksum_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    mismatch = true;
+                }
+                Err(e) => {
+                    tracing::debug!(key, segment_id = r.segment_id, error = %e, "replica unreadable; trying another");
+                    last = e.to_string();
+                }
+            }
+        }
+        if mismatch {
+            Err(Error::ChecksumMismatch(key.to_string()))
+        } else {
+            Err(Error::Transfer(last))
+        }
+    }
+}
+
+/// The crc32c of consecutive pieces. Objects over MAX_TRANSFER (1 GiB) arrive
+/// in several pieces; rather than combining crcs algebraically we re-hash the
+/// (rare) multi-piece case.
+pub(super) fn combine_crcs(crcs: &[u32], pieces: &[(u64, &mut [u8])]) -> u32 {
+    if crcs.len() == 1 {
+        return crcs[0];
+    }
+    pieces
+        .iter()
+        .fold(0u32, |crc, (_, b)| crc32c::crc32c_append(crc, b))
+}
+
+/// Splits `len` bytes at `offset` into transfers of at most MAX_TRANSFER:
+/// (remote offset, start, end) of the local buffer.
+pub(super) fn chunks(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize)> {
+    let step = MAX_TRANSFER as usize;
+    (0..len.div_ceil(step).max(1)).map(move |i| {
+        let start = i * step;
+        let end = (start + step).min(len);
+        (offset + start as u64, start, end)
+    })
+}
