@@ -579,18 +579,23 @@ impl Prober {
                     format!("{k}{}", "x".repeat(len.saturating_sub(k.len())))
                 })
                 .collect();
+            let put_ids: Vec<u64> = keys.iter().map(|_| self.client.new_put_id()).collect();
             let items = keys
                 .iter()
-                .map(|k| pb::PutStartItem {
+                .zip(&put_ids)
+                .map(|(k, id)| pb::PutStartItem {
                     key: k.clone(),
                     size: 1,
+                    put_id: *id,
                 })
                 .collect();
             let ends = keys
                 .iter()
-                .map(|k| pb::PutEndItem {
+                .zip(&put_ids)
+                .map(|(k, id)| pb::PutEndItem {
                     key: k.clone(),
                     checksum: 0,
+                    put_id: *id,
                 })
                 .collect();
             let outcome = async {

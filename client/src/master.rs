@@ -153,6 +153,8 @@ pub struct MasterClient {
     channels: Mutex<HashMap<String, Channel>>,
     client_id: String,
     seq: AtomicU64,
+    /// Names this client gives its puts (see `new_put_id`).
+    next_put_id: AtomicU64,
     pub policy: RetryPolicy,
 }
 
@@ -198,6 +200,7 @@ impl MasterClient {
             channels: Mutex::new(HashMap::new()),
             client_id: new_client_id(),
             seq: AtomicU64::new(1),
+            next_put_id: AtomicU64::new(1),
             policy: RetryPolicy::default(),
         }
     }
@@ -582,14 +585,16 @@ impl MasterClient {
 
     async fn batch_put_revoke_part(
         &self,
-        keys: Vec<String>,
+        items: Vec<(String, u64)>,
     ) -> Result<Vec<pb::Status>, MasterRpcError> {
         let header = self.header();
+        let (keys, put_ids): (Vec<String>, Vec<u64>) = items.into_iter().unzip();
         let r = self
             .call_leader(|ch| {
                 let req = pb::BatchPutRevokeRequest {
                     header: Some(header.clone()),
                     keys: keys.clone(),
+                    put_ids: put_ids.clone(),
                 };
                 async move { Self::master(ch).batch_put_revoke(req).await }
             })
@@ -622,11 +627,24 @@ impl MasterClient {
         in_parts(items, |i| i.key.len(), |part| self.batch_put_end_part(part)).await
     }
 
+    /// Revokes unfinished puts, each `(key, put id)`; id 0 revokes any
+    /// unfinished put of the key by this client.
     pub async fn batch_put_revoke(
         &self,
-        keys: Vec<String>,
+        items: Vec<(String, u64)>,
     ) -> Result<Vec<pb::Status>, MasterRpcError> {
-        in_parts(keys, String::len, |part| self.batch_put_revoke_part(part)).await
+        in_parts(
+            items,
+            |(k, _)| k.len(),
+            |part| self.batch_put_revoke_part(part),
+        )
+        .await
+    }
+
+    /// A fresh name for one of this client's puts (never 0), for PutStart's
+    /// `put_id` and the PutEnd or PutRevoke that finishes it.
+    pub fn new_put_id(&self) -> u64 {
+        self.next_put_id.fetch_add(1, Ordering::Relaxed)
     }
 
     pub async fn batch_get_replica_list(
@@ -657,11 +675,23 @@ impl MasterClient {
         .await
     }
 
+    /// An unnamed PutStart (put id 0); see [`put_start_named`](Self::put_start_named).
     pub async fn put_start(
         &self,
         key: &str,
         size: u64,
         config: pb::ReplicateConfig,
+    ) -> Result<Vec<pb::ReplicaDescriptor>, MasterRpcError> {
+        self.put_start_named(key, size, config, 0).await
+    }
+
+    /// PutStart of the put this client names `put_id` (from [`new_put_id`](Self::new_put_id)).
+    pub async fn put_start_named(
+        &self,
+        key: &str,
+        size: u64,
+        config: pb::ReplicateConfig,
+        put_id: u64,
     ) -> Result<Vec<pb::ReplicaDescriptor>, MasterRpcError> {
         let header = self.header();
         let r = self
@@ -671,6 +701,7 @@ impl MasterClient {
                     key: key.to_string(),
                     size,
                     config: Some(config.clone()),
+                    put_id,
                 };
                 async move { Self::master(ch).put_start(req).await }
             })
@@ -678,7 +709,18 @@ impl MasterClient {
         Ok(Self::check(r)?.replicas)
     }
 
+    /// An unnamed PutEnd: finishes this client's unfinished put of `key`, whichever it is.
     pub async fn put_end(&self, key: &str, checksum: u32) -> Result<(), MasterRpcError> {
+        self.put_end_named(key, checksum, 0).await
+    }
+
+    /// PutEnd of the put named `put_id` only.
+    pub async fn put_end_named(
+        &self,
+        key: &str,
+        checksum: u32,
+        put_id: u64,
+    ) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
@@ -686,6 +728,7 @@ impl MasterClient {
                     header: Some(header.clone()),
                     key: key.to_string(),
                     checksum,
+                    put_id,
                 };
                 async move { Self::master(ch).put_end(req).await }
             })
@@ -693,13 +736,20 @@ impl MasterClient {
         Self::check(r).map(|_| ())
     }
 
+    /// An unnamed PutRevoke: revokes this client's unfinished put of `key`.
     pub async fn put_revoke(&self, key: &str) -> Result<(), MasterRpcError> {
+        self.put_revoke_named(key, 0).await
+    }
+
+    /// PutRevoke of the put named `put_id` only.
+    pub async fn put_revoke_named(&self, key: &str, put_id: u64) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
                 let req = pb::PutRevokeRequest {
                     header: Some(header.clone()),
                     key: key.to_string(),
+                    put_id,
                 };
                 async move { Self::master(ch).put_revoke(req).await }
             })

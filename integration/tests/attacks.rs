@@ -128,6 +128,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
     for (n, len) in [(15_000usize, 4_000usize), (16_000, 1_000)] {
         let items = (0..n)
             .map(|i| pb::PutStartItem {
+                put_id: 0,
                 key: format!("{i:0>len$}"),
                 size: 1,
             })
@@ -154,6 +155,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
         let items = keys
             .iter()
             .map(|k| pb::PutStartItem {
+                put_id: 0,
                 key: k.clone(),
                 size: 1,
             })
@@ -162,6 +164,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
         let ends = keys
             .iter()
             .map(|k| pb::PutEndItem {
+                put_id: 0,
                 key: k.clone(),
                 checksum: 0,
             })
@@ -213,6 +216,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
     header.request_seq += 1 << 40;
     let r = raw
         .put_start(pb::PutStartRequest {
+            put_id: 0,
             header: Some(header),
             key: "ahead".into(),
             size: 64,

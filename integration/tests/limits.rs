@@ -302,6 +302,7 @@ fn keys(tag: &str, n: usize, len: usize) -> Vec<String> {
 fn put_start_items(keys: &[String]) -> Vec<pb::PutStartItem> {
     keys.iter()
         .map(|k| pb::PutStartItem {
+            put_id: 0,
             key: k.clone(),
             size: 1,
         })
@@ -311,6 +312,7 @@ fn put_start_items(keys: &[String]) -> Vec<pb::PutStartItem> {
 fn put_end_items(keys: &[String]) -> Vec<pb::PutEndItem> {
     keys.iter()
         .map(|k| pb::PutEndItem {
+            put_id: 0,
             key: k.clone(),
             checksum: 7,
         })

@@ -28,15 +28,21 @@ async fn mount(client: &MasterClient, name: &str) -> u64 {
         .expect("mount")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lone_master_serves_alone() {
-    let cluster = LocalCluster::start(1, &[]).unwrap();
+/// `n` masters started with `extra` flags, a leader, a client and a mounted segment.
+async fn mounted_cluster(n: usize, extra: &[String]) -> (LocalCluster, MasterClient) {
+    let cluster = LocalCluster::start(n, extra).unwrap();
     cluster
         .wait_for_leader(Duration::from_secs(15))
         .await
         .unwrap();
     let client = MasterClient::new(&cluster.masters_arg()).unwrap();
     mount(&client, "seg").await;
+    (cluster, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_master_serves_alone() {
+    let (cluster, client) = mounted_cluster(1, &[]).await;
     client.put_start("k", 10, cfg(1)).await.unwrap();
     client.put_end("k", 1).await.unwrap();
     assert!(client.exists("k").await.unwrap());
@@ -114,13 +120,7 @@ async fn three_masters_survive_leader_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_changes_nothing() {
-    let cluster = LocalCluster::start(1, &["--max-key-len".into(), "64".into()]).unwrap();
-    cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    let client = MasterClient::new(&cluster.masters_arg()).unwrap();
-    mount(&client, "seg").await;
+    let (cluster, client) = mounted_cluster(1, &["--max-key-len".into(), "64".into()]).await;
     client.put_start("good", 1, cfg(1)).await.unwrap();
     client.put_end("good", 0).await.unwrap();
 
@@ -181,6 +181,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
     // refused, and the master keeps serving.
     let huge: Vec<pb::PutStartItem> = (0..20_000)
         .map(|i| pb::PutStartItem {
+            put_id: 0,
             key: format!("{i:0>60}"),
             size: 1,
         })
@@ -401,6 +402,7 @@ async fn writes_are_refused_during_a_leadership_transfer() {
     // A PutStart sent to the leader itself (no redirect following).
     let put_at_leader = |i: u32| {
         let req = pb::PutStartRequest {
+            put_id: 0,
             header: Some(client.header()),
             key: format!("during-transfer-{i}"),
             size: 64,
@@ -503,4 +505,124 @@ async fn a_request_to_a_frozen_leader_moves_to_the_new_leader() {
     );
     assert_eq!(client.get_replica_list("after").await.unwrap().checksum, 2);
     assert_eq!(client.get_replica_list("before").await.unwrap().checksum, 1);
+}
+
+/// The value of an unlabelled sample in a master's `/metrics`.
+async fn metric(http: &str, name: &str) -> u64 {
+    let (code, body) = crescent_integration::http_request(http, "GET", "/metrics", &[])
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("/metrics lacks {name}"))
+}
+
+/// One GetReplicaList sent straight to `addr` (no leader following,
+/// 3 s to answer).
+async fn lookup_at(client: &MasterClient, addr: &str, key: &str) -> Result<ErrorCode, String> {
+    let key = key.to_string();
+    let r = client
+        .call_node(addr, |ch| async move {
+            MasterClient::master(ch)
+                .get_replica_list(pb::GetReplicaListRequest { key })
+                .await
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(r.status.map_or(ErrorCode::Ok, |s| s.error_code()))
+}
+
+/// Lease reads (issue 12): the leader answers reads with no quorum round
+/// while a quorum acknowledged it within the lease, and stops once it
+/// cannot have been acknowledged (both followers frozen). The control run
+/// with `--unsafe-lease-reads-ignore-expiry` answers from the cut-off
+/// leader, which is the stale read the lease exists to prevent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_reads_stop_when_no_quorum_acknowledges_the_leader() {
+    for unsafe_switch in [false, true] {
+        let extra: Vec<String> = if unsafe_switch {
+            vec!["--unsafe-lease-reads-ignore-expiry".into()]
+        } else {
+            Vec::new()
+        };
+        let (mut cluster, client) = mounted_cluster(3, &extra).await;
+        let (leader, leader_addr, _) = cluster
+            .wait_for_leader(Duration::from_secs(15))
+            .await
+            .unwrap();
+        client.put_start("k", 64, cfg(1)).await.unwrap();
+        client.put_end("k", 7).await.unwrap();
+        let http = cluster.by_id(leader).unwrap().http.clone();
+        let before = metric(&http, "master_lease_reads_total").await;
+        for _ in 0..20 {
+            assert_eq!(
+                lookup_at(&client, &leader_addr, "k").await,
+                Ok(ErrorCode::Ok)
+            );
+        }
+        let leased = metric(&http, "master_lease_reads_total").await - before;
+        assert!(leased >= 15, "only {leased} of 20 reads used the lease");
+
+        let followers: Vec<u64> = [1, 2, 3].into_iter().filter(|i| *i != leader).collect();
+        for f in &followers {
+            cluster.pause(*f).unwrap();
+        }
+        // Well past --election-timeout-max (300 ms): no lease can hold now.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let cut_off = lookup_at(&client, &leader_addr, "k").await;
+        eprintln!("unsafe={unsafe_switch}: the cut-off leader answered {cut_off:?}");
+        for f in &followers {
+            cluster.resume(*f).unwrap();
+        }
+        if unsafe_switch {
+            assert_eq!(
+                cut_off,
+                Ok(ErrorCode::Ok),
+                "control: without the lease check the cut-off leader answers"
+            );
+        } else {
+            assert_ne!(
+                cut_off,
+                Ok(ErrorCode::Ok),
+                "a leader no quorum acknowledged answered a read"
+            );
+        }
+    }
+}
+
+/// Put ids against real masters (issue 12): after a forced remove, a later
+/// put of the same key by the same client cannot be finished or revoked by
+/// the earlier put's PutEnd or PutRevoke (the soak's CHECKSUM_MISMATCH), and
+/// a batch revoke whose ids do not match its keys changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_put_end_cannot_finish_a_later_put_of_the_same_key() {
+    let (_cluster, client) = mounted_cluster(3, &[]).await;
+    let (old, new) = (client.new_put_id(), client.new_put_id());
+    client.put_start_named("k", 64, cfg(1), old).await.unwrap();
+    client.remove("k", true).await.unwrap();
+    client.put_start_named("k", 64, cfg(1), new).await.unwrap();
+    let e = client.put_end_named("k", 11, old).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidWrite, "{e}");
+    let e = client.put_revoke_named("k", old).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidWrite, "{e}");
+    let header = client.header();
+    let mismatched = client
+        .call_leader(|ch| {
+            let req = pb::BatchPutRevokeRequest {
+                header: Some(header.clone()),
+                keys: vec!["k".into()],
+                put_ids: vec![new, new],
+            };
+            async move { MasterClient::master(ch).batch_put_revoke(req).await }
+        })
+        .await;
+    let code = match mismatched {
+        Ok(r) => r.status.unwrap_or_default().error_code(),
+        Err(e) => e.code(),
+    };
+    assert_eq!(code, ErrorCode::InvalidParams);
+    client.put_end_named("k", 22, new).await.unwrap();
+    assert_eq!(client.get_replica_list("k").await.unwrap().checksum, 22);
 }

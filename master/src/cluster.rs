@@ -373,6 +373,7 @@ async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
     // Before the catch-up wait: under a steady write load the target would
     // otherwise chase a growing log and never be caught up.
     *node.transferring_to.lock().expect("lock poisoned") = Some((to, Instant::now()));
+    node.forgo_lease_this_term();
     let caught_up = wait_caught_up(node, to, Duration::from_secs(3)).await;
     if let Err(e) = caught_up {
         *node.transferring_to.lock().expect("lock poisoned") = None;

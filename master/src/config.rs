@@ -95,6 +95,19 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_ELECTION_TIMEOUT_MAX", default_value = "300ms", value_parser = duration)]
     pub election_timeout_max: Duration,
 
+    /// How the leader confirms it still leads before a read (GetReplicaList,
+    /// Exist, key listings): `lease` answers at once while a quorum
+    /// acknowledged it within the last `--election-timeout-max` minus
+    /// `--lease-read-margin` (falls back to read-index otherwise);
+    /// `read-index` asks the quorum on every read (one heartbeat round).
+    #[arg(long, env = "CRESCENT_READ_MODE", default_value = "lease", value_parser = read_mode)]
+    pub read_mode: ReadMode,
+
+    /// Taken off the leader's read lease for clock-rate differences between
+    /// masters. Must be below `--election-timeout-max`.
+    #[arg(long, env = "CRESCENT_LEASE_READ_MARGIN", default_value = "50ms", value_parser = duration)]
+    pub lease_read_margin: Duration,
+
     /// Read lease granted by GetReplicaList/Exist (blocks non-forced Remove and eviction).
     #[arg(long, env = "CRESCENT_LEASE_TTL", default_value = "10s", value_parser = duration)]
     pub lease_ttl: Duration,
@@ -192,6 +205,31 @@ pub struct MasterConfig {
     /// Hidden from --help; never set it in production.
     #[arg(long, env = "CRESCENT_UNSAFE_FORGET_LEASES", hide = true)]
     pub unsafe_forget_leases: bool,
+
+    /// TEST ONLY; breaks linearizable reads. In `--read-mode lease` the
+    /// leader answers reads whenever it believes it leads, however long ago
+    /// a quorum last acknowledged it, so a leader cut off from its peers
+    /// serves stale reads. Tests use it to show the lease check matters.
+    /// Hidden from --help; never set it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_LEASE_READS_IGNORE_EXPIRY", hide = true)]
+    pub unsafe_lease_reads_ignore_expiry: bool,
+}
+
+/// How the leader makes sure a read sees every committed write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Answer from local state while the leader lease holds.
+    Lease,
+    /// Confirm leadership with a quorum heartbeat round per read (batched).
+    ReadIndex,
+}
+
+fn read_mode(s: &str) -> Result<ReadMode, String> {
+    match s {
+        "lease" => Ok(ReadMode::Lease),
+        "read-index" | "read_index" => Ok(ReadMode::ReadIndex),
+        other => Err(format!("{other:?} is not a read mode (lease, read-index)")),
+    }
 }
 
 impl MasterConfig {
@@ -222,6 +260,10 @@ impl MasterConfig {
         anyhow::ensure!(
             self.heartbeat_interval < self.election_timeout_min,
             "--heartbeat-interval must be below --election-timeout-min"
+        );
+        anyhow::ensure!(
+            self.lease_read_margin < self.election_timeout_max,
+            "--lease-read-margin must be below --election-timeout-max"
         );
         anyhow::ensure!(self.max_key_len > 0, "--max-key-len must be positive");
         anyhow::ensure!(

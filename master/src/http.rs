@@ -181,6 +181,16 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             &mm.eviction_rounds,
         ),
         (
+            "master_lease_reads_total",
+            "Reads answered under the leader lease, with no quorum round.",
+            &mm.lease_reads,
+        ),
+        (
+            "master_read_index_reads_total",
+            "Reads that confirmed leadership with a quorum round (read-index mode, or no lease).",
+            &mm.read_index_reads,
+        ),
+        (
             "raft_leader_changes_total",
             "Leader changes seen by this node.",
             &mm.leader_changes,

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory};
 use crescent_raft::sizing;
 use crescent_raft::state::{Command, Op, Origin};
@@ -15,7 +16,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ServerState, SnapshotPolicy};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::MasterConfig;
+use crate::config::{MasterConfig, ReadMode};
 
 /// Counters the master exposes at `/metrics` (names follow Mooncake's).
 #[derive(Default)]
@@ -34,6 +35,10 @@ pub struct MasterMetrics {
     pub quota_rejections_unfinished_puts: AtomicU64,
     pub quota_rejections_key_bytes: AtomicU64,
     pub quota_rejections_segments: AtomicU64,
+    /// Reads answered under the leader lease, and reads that needed a
+    /// quorum round (read-index mode, or the lease did not hold).
+    pub lease_reads: AtomicU64,
+    pub read_index_reads: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }
@@ -129,6 +134,12 @@ pub struct MasterNode {
     pub shared: Arc<SharedState>,
     pub config: MasterConfig,
     pub contacts: Arc<ContactBook>,
+    /// Send times of AppendEntries the followers accepted: the read lease.
+    lease_clock: Arc<LeaseClock>,
+    /// The term in which a leadership transfer was last attempted here: no
+    /// lease reads in it (the transfer lets a successor campaign; see
+    /// `docs/lease-reads.md`).
+    transfer_term: AtomicU64,
     pub leader_mem: Mutex<LeaderMemory>,
     /// Woken whenever doomed keys are taken back (or leader memory reset):
     /// lookups of a doomed key wait on it.
@@ -176,6 +187,7 @@ impl MasterNode {
         let shared = sm.shared.clone();
         let network = GrpcNetworkFactory::new(id);
         let contacts = network.contacts.clone();
+        let lease_clock = network.lease_clock.clone();
         let raft = Raft::new(id, Arc::new(raft_config(&config)?), network, log, sm).await?;
 
         let etcd = match config.etcd_endpoints() {
@@ -193,6 +205,8 @@ impl MasterNode {
             shared,
             config: config.clone(),
             contacts,
+            lease_clock,
+            transfer_term: AtomicU64::new(0),
             leader_mem: Mutex::new(LeaderMemory::new(0, 0)),
             doom_settled: tokio::sync::Notify::new(),
             read_barrier: tx,
@@ -399,6 +413,18 @@ impl MasterNode {
         {
             return Err(self.not_leader());
         }
+        if self.config.read_mode == ReadMode::Lease {
+            if let Some(index) = self.lease_read_index().await {
+                self.wait_applied(index).await?;
+                self.counters
+                    .lease_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.counters
+            .read_index_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.read_barrier
             .send(tx)
@@ -412,6 +438,90 @@ impl MasterNode {
             Ok(Ok(Err(NodeError::NotLeader { .. }))) => Err(self.not_leader()),
             Ok(Ok(r)) => r,
         }
+    }
+
+    /// The log index a read must wait for if it may be answered under the
+    /// leader lease now, else None (then a quorum round is needed). Asked of
+    /// the Raft core itself, so a vote this node granted a moment ago (and
+    /// with it the leadership) is seen at once, not when metrics catch up.
+    async fn lease_read_index(&self) -> Option<u64> {
+        let id = self.id;
+        let (vote, committed, configs) = self
+            .raft
+            .with_raft_state(move |st| {
+                let vote = *st.vote_ref();
+                let leading = st.server_state == ServerState::Leader
+                    && vote.is_committed()
+                    && vote.leader_id().voted_for() == Some(id);
+                leading.then(|| {
+                    // One voter set, or two during a membership change
+                    // (joint consensus): a quorum of each is needed.
+                    let configs: Vec<BTreeSet<NodeId>> = st
+                        .membership_state
+                        .effective()
+                        .get_joint_config()
+                        .iter()
+                        .map(|c| c.iter().copied().collect())
+                        .collect();
+                    (vote, st.committed, configs)
+                })
+            })
+            .await
+            .ok()??;
+        let term = vote.leader_id().term;
+        // Until an entry of this term is committed the leader may not know
+        // everything its predecessors committed (openraft's read index is
+        // max(committed, this term's first entry) for the same reason).
+        let committed = committed.filter(|c| c.leader_id.term == term)?;
+        if self.transfer_term.load(std::sync::atomic::Ordering::SeqCst) == term {
+            return None;
+        }
+        if !self.config.unsafe_lease_reads_ignore_expiry {
+            let now = Instant::now();
+            let acked = self.lease_clock.quorum_acked_at(&vote, &configs, id, now);
+            let lease = self
+                .config
+                .election_timeout_max
+                .saturating_sub(self.config.lease_read_margin);
+            if !lease_holds(acked, lease, now) {
+                return None;
+            }
+        }
+        Some(committed.index)
+    }
+
+    /// Waits until the state machine has applied `index`.
+    async fn wait_applied(&self, index: u64) -> Result<(), NodeError> {
+        let applied = |node: &Self| {
+            node.shared
+                .sm
+                .read()
+                .expect("state lock poisoned")
+                .last_applied
+                .map_or(0, |l| l.index)
+        };
+        if applied(self) >= index {
+            return Ok(());
+        }
+        match tokio::time::timeout(
+            self.config.write_timeout,
+            self.raft
+                .wait(None)
+                .applied_index_at_least(Some(index), "lease read"),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::Unavailable(format!("raft node stopped: {e}"))),
+            Err(_) => Err(NodeError::Timeout),
+        }
+    }
+
+    /// Called when this node starts handing leadership over: lease reads
+    /// stop for the rest of the current term.
+    pub fn forgo_lease_this_term(&self) {
+        self.transfer_term
+            .store(self.current_term(), std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The Raft term this node is in.

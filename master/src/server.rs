@@ -34,9 +34,12 @@ pub async fn serve(
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     let cluster = ClusterServiceServer::new(ClusterApi::new(node.clone()));
-    let raft = RaftServiceServer::new(RaftGrpcServer::new(node.raft.clone()))
-        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+    let raft = RaftServiceServer::new(RaftGrpcServer::new(
+        node.raft.clone(),
+        node.config.election_timeout_max,
+    ))
+    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
     // At most --max-connections connections, silent ones closed (issue 11:
     // idle connections exhausted the leader's file descriptors).
     let incoming = CappedListener::new(

@@ -7,7 +7,7 @@ use std::time::Instant;
 use crescent_proto::pb::{self, master_service_server::MasterService};
 use crescent_proto::ErrorCode;
 use crescent_raft::state::{
-    MetaError, MetaState, Op, Origin, PutPolicy, Replica, ReplicateConfig, SegmentSpec,
+    MetaError, MetaState, Op, Origin, PutId, PutPolicy, Replica, ReplicateConfig, SegmentSpec,
 };
 use crescent_raft::{sizing, Response};
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
@@ -199,7 +199,11 @@ impl MasterApi {
     /// may overshoot by what is in flight. A retry of a request that was
     /// already applied passes: it adds nothing, and it must get the answer of
     /// its first attempt from the dedup table.
-    fn check_put_quota(&self, origin: &Origin, items: &[(String, u64)]) -> Result<(), pb::Status> {
+    fn check_put_quota(
+        &self,
+        origin: &Origin,
+        items: &[(String, u64, PutId)],
+    ) -> Result<(), pb::Status> {
         if !self.node.is_leader() {
             // A follower answers NOT_LEADER when it proposes; its view may lag.
             return Ok(());
@@ -219,7 +223,10 @@ impl MasterApi {
         // adds nothing (and answers "already exists", which a client counts
         // as success), so it must not be refused at the limit.
         let (mut n, mut key_bytes) = (0u64, 0u64);
-        for (key, _) in items.iter().filter(|(k, _)| !state.objects.contains_key(k)) {
+        for (key, _, _) in items
+            .iter()
+            .filter(|(k, _, _)| !state.objects.contains_key(k))
+        {
             n += 1;
             key_bytes += key.len() as u64;
         }
@@ -321,7 +328,7 @@ impl MasterApi {
     async fn put_start_items(
         &self,
         header: Option<pb::RequestHeader>,
-        items: Vec<(String, u64)>,
+        items: Vec<(String, u64, PutId)>,
         config: Option<pb::ReplicateConfig>,
     ) -> Result<Vec<Result<Vec<pb::ReplicaDescriptor>, MetaError>>, pb::Status> {
         let origin = Self::origin(header)?;
@@ -332,8 +339,8 @@ impl MasterApi {
             .counters
             .put_start_requests
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.check_keys(items.iter().map(|(k, _)| k.as_str()))?;
-        if let Some(i) = items.iter().position(|(_, size)| *size == 0) {
+        self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
+        if let Some(i) = items.iter().position(|(_, size, _)| *size == 0) {
             return Err(invalid(
                 ErrorCode::InvalidParams,
                 format!("item {i}: size must be greater than 0"),
@@ -342,7 +349,7 @@ impl MasterApi {
         self.check_put_quota(&origin, &items)?;
         let config = Self::replicate_config(config)?;
         let n = items.len();
-        let op = Op::PutStart {
+        let op = Op::PutStartNamed {
             items,
             config,
             policy: self.policy(),
@@ -657,7 +664,7 @@ impl MasterService for MasterApi {
     async fn put_start(&self, request: Request<pb::PutStartRequest>) -> Rpc<pb::PutStartResponse> {
         let r = request.into_inner();
         let out = self
-            .put_start_items(r.header, vec![(r.key, r.size)], r.config)
+            .put_start_items(r.header, vec![(r.key, r.size, r.put_id)], r.config)
             .await;
         ok(match out {
             Ok(mut v) => match v.pop() {
@@ -686,7 +693,11 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchPutStartRequest>,
     ) -> Rpc<pb::BatchPutStartResponse> {
         let r = request.into_inner();
-        let items = r.items.into_iter().map(|i| (i.key, i.size)).collect();
+        let items = r
+            .items
+            .into_iter()
+            .map(|i| (i.key, i.size, i.put_id))
+            .collect();
         ok(
             match self.put_start_items(r.header, items, r.config).await {
                 Ok(v) => pb::BatchPutStartResponse {
@@ -722,8 +733,8 @@ impl MasterService for MasterApi {
         if let Err(s) = self.check_key(&r.key) {
             return ok(pb::StatusResponse { status: Some(s) });
         }
-        let op = Op::PutEnd {
-            items: vec![(r.key, r.checksum)],
+        let op = Op::PutEndNamed {
+            items: vec![(r.key, r.checksum, r.put_id)],
         };
         if self.node.config.unsafe_ack_before_commit {
             return ok(self.put_end_unsafely(r.header, op));
@@ -744,8 +755,12 @@ impl MasterService for MasterApi {
             return ok(batch_status(Err(s)));
         }
         let n = r.items.len();
-        let op = Op::PutEnd {
-            items: r.items.into_iter().map(|i| (i.key, i.checksum)).collect(),
+        let op = Op::PutEndNamed {
+            items: r
+                .items
+                .into_iter()
+                .map(|i| (i.key, i.checksum, i.put_id))
+                .collect(),
         };
         ok(batch_status(self.item_op(r.header, n, op).await))
     }
@@ -755,7 +770,9 @@ impl MasterService for MasterApi {
         if let Err(s) = self.check_key(&r.key) {
             return ok(pb::StatusResponse { status: Some(s) });
         }
-        let op = Op::PutRevoke { keys: vec![r.key] };
+        let op = Op::PutRevokeNamed {
+            items: vec![(r.key, r.put_id)],
+        };
         ok(single_status(self.item_op(r.header, 1, op).await))
     }
 
@@ -768,10 +785,20 @@ impl MasterService for MasterApi {
             return ok(batch_status(Err(s)));
         }
         let n = r.keys.len();
-        ok(batch_status(
-            self.item_op(r.header, n, Op::PutRevoke { keys: r.keys })
-                .await,
-        ))
+        let put_ids = if r.put_ids.is_empty() {
+            vec![0; n]
+        } else if r.put_ids.len() == n {
+            r.put_ids
+        } else {
+            return ok(batch_status(Err(invalid(
+                ErrorCode::InvalidParams,
+                format!("{n} keys but {} put ids", r.put_ids.len()),
+            ))));
+        };
+        let op = Op::PutRevokeNamed {
+            items: r.keys.into_iter().zip(put_ids).collect(),
+        };
+        ok(batch_status(self.item_op(r.header, n, op).await))
     }
 
     async fn get_replica_list(

@@ -22,6 +22,7 @@ use openraft::{BasicNode, LogId};
 use serde::{de::DeserializeOwned, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::lease::LeaseClock;
 use crate::{codec, sizing, NodeId, Raft, TypeConfig};
 
 /// Largest Raft message accepted on the wire (senders keep to
@@ -58,6 +59,8 @@ pub struct GrpcNetworkFactory {
     self_id: NodeId,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     pub contacts: Arc<ContactBook>,
+    /// Send times of accepted AppendEntries, for the leader's read lease.
+    pub lease_clock: Arc<LeaseClock>,
 }
 
 impl GrpcNetworkFactory {
@@ -66,6 +69,7 @@ impl GrpcNetworkFactory {
             self_id,
             channels: Default::default(),
             contacts: Default::default(),
+            lease_clock: Default::default(),
         }
     }
 
@@ -90,6 +94,7 @@ pub struct GrpcNetwork {
     target: NodeId,
     client: Result<RaftServiceClient<Channel>, String>,
     contacts: Arc<ContactBook>,
+    lease_clock: Arc<LeaseClock>,
     /// The AppendEntries with entries still on its way to `target`, if any.
     in_flight: Option<InFlightAppend>,
 }
@@ -97,14 +102,16 @@ pub struct GrpcNetwork {
 /// A message with entries, sent by a task of its own so that openraft's
 /// heartbeat-long wait ending does not cancel it (see [`crate::sizing`]).
 struct InFlightAppend {
+    /// When the message left: the follower's lease starts no earlier.
+    sent_at: Instant,
     prev: Option<LogId<NodeId>>,
     first: LogId<NodeId>,
     last: LogId<NodeId>,
     task: tokio::task::JoinHandle<AppendResult>,
 }
 
-type AppendResult =
-    Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>>;
+type AppendError = RPCError<NodeId, BasicNode, RaftError<NodeId>>;
+type AppendResult = Result<AppendEntriesResponse<NodeId>, AppendError>;
 
 impl Drop for GrpcNetwork {
     fn drop(&mut self) {
@@ -133,6 +140,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
             target,
             client,
             contacts: self.contacts.clone(),
+            lease_clock: self.lease_clock.clone(),
             in_flight: None,
         }
     }
@@ -174,7 +182,11 @@ impl GrpcNetwork {
     /// already sending the same start of the same range (openraft retries a
     /// range whose 50 ms wait ended). A success for fewer entries than asked
     /// is answered `PartialSuccess`, and openraft sends the rest next.
-    async fn append_in_task(&mut self, mut rpc: AppendEntriesRequest<TypeConfig>) -> AppendResult {
+    /// Returns the answer and when the message that got it was sent.
+    async fn append_in_task(
+        &mut self,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
+    ) -> Result<(AppendEntriesResponse<NodeId>, Instant), AppendError> {
         let (Some(first), Some(asked_last)) = (
             rpc.entries.first().map(|e| e.log_id),
             rpc.entries.last().map(|e| e.log_id),
@@ -213,6 +225,7 @@ impl GrpcNetwork {
                 sizing::replication_timeout(bytes),
             ));
             self.in_flight = Some(InFlightAppend {
+                sent_at: Instant::now(),
                 prev: rpc.prev_log_id,
                 first,
                 last,
@@ -228,18 +241,20 @@ impl GrpcNetwork {
         // openraft gives up on this call.
         let joined = (&mut f.task).await;
         let sent_last = f.last;
+        let sent_at = f.sent_at;
         self.in_flight = None;
         let outcome = joined.map_err(|e| {
             RPCError::Network(NetworkError::new(&TransportError(format!(
                 "replication task ended: {e}"
             ))))
         })??;
-        Ok(match outcome {
+        let answer = match outcome {
             AppendEntriesResponse::Success if sent_last != asked_last => {
                 AppendEntriesResponse::PartialSuccess(Some(sent_last))
             }
             other => other,
-        })
+        };
+        Ok((answer, sent_at))
     }
 }
 
@@ -306,13 +321,23 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        if rpc.entries.is_empty() {
-            return self
+    ) -> AppendResult {
+        let vote = rpc.vote;
+        let (answer, sent_at) = if rpc.entries.is_empty() {
+            let sent_at = Instant::now();
+            let answer = self
                 .call::<_, _, RaftError<NodeId>>(Method::Append, &rpc, &option)
-                .await;
+                .await?;
+            (answer, sent_at)
+        } else {
+            self.append_in_task(rpc).await?
+        };
+        // Any answer but "higher vote" means the follower took `vote` as its
+        // leader's and restarted its lease when it processed the message.
+        if !matches!(answer, AppendEntriesResponse::HigherVote(_)) {
+            self.lease_clock.record(self.target, vote, sent_at);
         }
-        self.append_in_task(rpc).await
+        Ok(answer)
     }
 
     async fn install_snapshot(
@@ -340,11 +365,21 @@ impl RaftNetwork<TypeConfig> for GrpcNetwork {
 /// Server side of `RaftService`: decodes, hands to the local node, encodes the result.
 pub struct RaftGrpcServer {
     raft: Raft,
+    /// Vote requests are refused until then (see [`RaftGrpcServer::new`]).
+    votes_from: Instant,
 }
 
 impl RaftGrpcServer {
-    pub fn new(raft: Raft) -> Self {
-        Self { raft }
+    /// `leader_lease` is openraft's (`election_timeout_max`). A restarted
+    /// node has forgotten when it last heard from the leader, and openraft
+    /// would grant a vote at once; refusing votes for one lease after start
+    /// keeps the promise it made before the restart, which the leader's read
+    /// lease relies on (see [`crate::lease`]).
+    pub fn new(raft: Raft, leader_lease: Duration) -> Self {
+        Self {
+            raft,
+            votes_from: Instant::now() + leader_lease,
+        }
     }
 
     /// Refuses a message whose term no peer can legitimately have reached
@@ -386,6 +421,11 @@ impl RaftService for RaftGrpcServer {
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
         let req: VoteRequest<NodeId> = decode_req(request)?;
+        if Instant::now() < self.votes_from {
+            return Err(tonic::Status::unavailable(
+                "just started: votes are refused for one leader lease",
+            ));
+        }
         self.check_term(req.vote.leader_id.term)?;
         let result = self.raft.vote(req).await;
         encode_resp(&result)

@@ -125,7 +125,26 @@ pub enum Op {
         /// reading, and must find the old bytes, not the next put's.
         hold_ms: u64,
     },
+    /// PutStart, PutEnd and PutRevoke with the writer's put id (key, size or
+    /// checksum, put id): an end or revoke applies only to the put it names,
+    /// never to a later put of the key by the same client (id 0: unnamed,
+    /// any of the writer's, as the variants above, kept at their bincode
+    /// positions so older logs decode, always were).
+    PutStartNamed {
+        items: Vec<(String, u64, PutId)>,
+        config: ReplicateConfig,
+        policy: PutPolicy,
+    },
+    PutEndNamed {
+        items: Vec<(String, u32, PutId)>,
+    },
+    PutRevokeNamed {
+        items: Vec<(String, PutId)>,
+    },
 }
+
+/// A writer's name for one of its puts; 0 means unnamed.
+pub type PutId = u64;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MetaError {
@@ -143,7 +162,9 @@ pub enum MetaError {
     ReplicaNotReady(String),
     #[error("every replica of {0:?} is on a store that missed its heartbeats")]
     ReplicasUnavailable(String),
-    #[error("object {0:?} is being written by another client")]
+    #[error(
+        "object {0:?} is being written by another client, or by another put than the one named"
+    )]
     InvalidWrite(String),
     #[error("segment {0} not found")]
     SegmentNotFound(SegmentId),
@@ -218,11 +239,20 @@ pub struct Object {
     pub created_ms: u64,
     /// Client that started the put.
     pub writer: String,
+    /// The writer's name for the put that made this object (0: unnamed).
+    pub put_id: PutId,
 }
 
 impl Object {
     pub fn is_complete(&self) -> bool {
         matches!(self.phase, PutPhase::Complete { .. })
+    }
+
+    /// Whether a PutEnd or PutRevoke from `writer` naming `put_id` is about
+    /// this object's put. Unnamed requests (0) match any put of the writer;
+    /// a named one must match the put that made the object.
+    fn is_put_of(&self, writer: Option<&str>, put_id: PutId) -> bool {
+        writer.is_none_or(|w| self.writer == w) && (put_id == 0 || self.put_id == put_id)
     }
 
     pub fn soft_pinned_at(&self, now_ms: u64) -> bool {
@@ -518,16 +548,39 @@ impl MetaState {
                 items,
                 config,
                 policy,
+            } => {
+                let items: Vec<(String, u64, PutId)> = items
+                    .iter()
+                    .map(|(k, size)| (k.clone(), *size, 0))
+                    .collect();
+                self.put_start(now, cmd.seed, writer, &items, config, policy)
+            }
+            Op::PutStartNamed {
+                items,
+                config,
+                policy,
             } => self.put_start(now, cmd.seed, writer, items, config, policy),
             Op::PutEnd { items } => Response::Items(
                 items
                     .iter()
-                    .map(|(k, crc)| self.put_end(now, writer, k, *crc))
+                    .map(|(k, crc)| self.put_end(now, writer, k, *crc, 0))
+                    .collect(),
+            ),
+            Op::PutEndNamed { items } => Response::Items(
+                items
+                    .iter()
+                    .map(|(k, crc, id)| self.put_end(now, writer, k, *crc, *id))
                     .collect(),
             ),
             Op::PutRevoke { keys } => {
-                Response::Items(keys.iter().map(|k| self.put_revoke(writer, k)).collect())
+                Response::Items(keys.iter().map(|k| self.put_revoke(writer, k, 0)).collect())
             }
+            Op::PutRevokeNamed { items } => Response::Items(
+                items
+                    .iter()
+                    .map(|(k, id)| self.put_revoke(writer, k, *id))
+                    .collect(),
+            ),
             Op::LegacyRemove { keys, force } => Response::Items(
                 keys.iter()
                     .map(|k| self.remove(now, k, *force, false, now))
@@ -586,7 +639,7 @@ impl MetaState {
         now: u64,
         seed: u64,
         writer: Option<&str>,
-        items: &[(String, u64)],
+        items: &[(String, u64, PutId)],
         config: &ReplicateConfig,
         policy: &PutPolicy,
     ) -> Response {
@@ -605,11 +658,11 @@ impl MetaState {
         let results = items
             .iter()
             .enumerate()
-            .map(|(i, (key, size))| {
+            .map(|(i, (key, size, put_id))| {
                 self.put_start_one(
                     now,
                     seed.wrapping_add(i as u64),
-                    writer,
+                    (writer, *put_id),
                     key,
                     *size,
                     config,
@@ -625,7 +678,7 @@ impl MetaState {
         &mut self,
         now: u64,
         seed: u64,
-        writer: Option<&str>,
+        (writer, put_id): (Option<&str>, PutId),
         key: &str,
         size: u64,
         config: &ReplicateConfig,
@@ -711,6 +764,7 @@ impl MetaState {
             hard_pin: config.hard_pin,
             created_ms: now,
             writer: writer.unwrap_or_default().to_string(),
+            put_id,
         };
         count_in(&mut self.usage, key, &obj);
         self.objects.insert(key.to_string(), obj);
@@ -747,15 +801,14 @@ impl MetaState {
         writer: Option<&str>,
         key: &str,
         checksum: u32,
+        put_id: PutId,
     ) -> Result<(), MetaError> {
         let obj = self
             .objects
             .get_mut(key)
             .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
-        if let Some(w) = writer {
-            if obj.writer != w {
-                return Err(MetaError::InvalidWrite(key.to_string()));
-            }
+        if !obj.is_put_of(writer, put_id) {
+            return Err(MetaError::InvalidWrite(key.to_string()));
         }
         match obj.phase {
             // A retried PutEnd outside the dedup window: already done.
@@ -771,15 +824,18 @@ impl MetaState {
         }
     }
 
-    fn put_revoke(&mut self, writer: Option<&str>, key: &str) -> Result<(), MetaError> {
+    fn put_revoke(
+        &mut self,
+        writer: Option<&str>,
+        key: &str,
+        put_id: PutId,
+    ) -> Result<(), MetaError> {
         let obj = self
             .objects
             .get(key)
             .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
-        if let Some(w) = writer {
-            if obj.writer != w {
-                return Err(MetaError::InvalidWrite(key.to_string()));
-            }
+        if !obj.is_put_of(writer, put_id) {
+            return Err(MetaError::InvalidWrite(key.to_string()));
         }
         if obj.is_complete() {
             return Err(MetaError::InvalidWrite(format!(

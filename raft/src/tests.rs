@@ -120,19 +120,38 @@ fn workload(n: usize) -> Vec<Command> {
         let now = 1_000 + i as u64 * 50;
         let key = format!("k{}", rnd() % 200);
         let client = format!("c{}", rnd() % 4);
+        // Half the puts use the older unnamed ops; named ones pick ids from a
+        // small range, so ends and revokes both match and miss.
+        let legacy = rnd() % 2 == 0;
+        let put_id = rnd() % 3;
         let op = match rnd() % 10 {
-            0..=3 => Op::PutStart {
-                items: vec![(key, 1 + rnd() % (2 * MB))],
-                config: ReplicateConfig {
+            0..=3 => {
+                let size = 1 + rnd() % (2 * MB);
+                let config = ReplicateConfig {
                     replica_num: 1 + (rnd() % 3) as u32,
                     soft_pin: rnd() % 5 == 0,
                     hard_pin: rnd() % 11 == 0,
                     preferred_segments: vec![],
-                },
-                policy: policy(),
-            },
-            4..=6 => Op::PutEnd {
+                };
+                if legacy {
+                    Op::PutStart {
+                        items: vec![(key, size)],
+                        config,
+                        policy: policy(),
+                    }
+                } else {
+                    Op::PutStartNamed {
+                        items: vec![(key, size, put_id)],
+                        config,
+                        policy: policy(),
+                    }
+                }
+            }
+            4..=6 if legacy => Op::PutEnd {
                 items: vec![(key, rnd() as u32)],
+            },
+            4..=6 => Op::PutEndNamed {
+                items: vec![(key, rnd() as u32, put_id)],
             },
             7 => {
                 let leased = if rnd() % 3 == 0 {
@@ -148,7 +167,10 @@ fn workload(n: usize) -> Vec<Command> {
                 }
             }
             8 => Op::Evict { keys: vec![key] },
-            _ => Op::PutRevoke { keys: vec![key] },
+            _ if legacy => Op::PutRevoke { keys: vec![key] },
+            _ => Op::PutRevokeNamed {
+                items: vec![(key, put_id)],
+            },
         };
         out.push(cmd(now, &client, i as u64, op));
         if i % 97 == 0 {
@@ -957,4 +979,111 @@ fn a_sequence_number_far_ahead_does_not_move_the_dedup_window() {
     first_item(&put(&mut s, 12, "victim", 2 + MAX_SEQ_AHEAD, "c", 100, 1)).unwrap();
     // A client the master has not seen may start at any number.
     first_item(&put(&mut s, 13, "newcomer", u64::MAX / 2, "d", 100, 1)).unwrap();
+}
+
+fn put_named(state: &mut MetaState, now: u64, seq: u64, key: &str, put_id: PutId) -> Response {
+    state.apply(&cmd(
+        now,
+        "writer",
+        seq,
+        Op::PutStartNamed {
+            items: vec![(key.into(), 100, put_id)],
+            config: ReplicateConfig {
+                replica_num: 1,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    ))
+}
+
+fn end_named(
+    state: &mut MetaState,
+    now: u64,
+    seq: u64,
+    key: &str,
+    crc: u32,
+    put_id: PutId,
+) -> Response {
+    state.apply(&cmd(
+        now,
+        "writer",
+        seq,
+        Op::PutEndNamed {
+            items: vec![(key.into(), crc, put_id)],
+        },
+    ))
+}
+
+/// Issue 12, part 5: the chaos soak's CHECKSUM_MISMATCH (two puts of one key
+/// from one client, a forced remove between them, the first put's PutEnd
+/// completing the second put's object). With put ids the state machine
+/// refuses the stale PutEnd and PutRevoke; the unnamed control shows the
+/// old behaviour, so the check is what makes the difference.
+#[test]
+fn a_put_end_or_revoke_finishes_only_the_put_it_names() {
+    for named in [true, false] {
+        let mut s = MetaState::new();
+        mount(&mut s, 0, "seg", "store", 64 * MB);
+        let first = if named { 1 } else { 0 };
+        let second = if named { 2 } else { 0 };
+        first_item(&put_named(&mut s, 10, 1, "k", first)).unwrap();
+        let removed = s.apply(&cmd(
+            20,
+            "other",
+            1,
+            Op::Remove {
+                keys: vec!["k".into()],
+                force: true,
+                leased: Default::default(),
+                hold_ms: 0,
+            },
+        ));
+        first_item(&removed).unwrap();
+        first_item(&put_named(&mut s, 30, 2, "k", second)).unwrap();
+        let stale_revoke = s.apply(&cmd(
+            35,
+            "writer",
+            3,
+            Op::PutRevokeNamed {
+                items: vec![("k".into(), first)],
+            },
+        ));
+        let stale_end = end_named(&mut s, 40, 4, "k", 111, first);
+        if named {
+            assert!(matches!(
+                first_item(&stale_revoke),
+                Err(MetaError::InvalidWrite(_))
+            ));
+            assert!(matches!(
+                first_item(&stale_end),
+                Err(MetaError::InvalidWrite(_))
+            ));
+            first_item(&end_named(&mut s, 50, 5, "k", 222, second)).unwrap();
+            assert_eq!(s.lookup("k").unwrap().checksum, 222);
+        } else {
+            // Unnamed: the stale revoke takes the second put's object away.
+            first_item(&stale_revoke).unwrap();
+            assert!(s.lookup("k").is_err());
+        }
+    }
+}
+
+/// Unnamed ends still finish a named put (clients that send no id, as
+/// Mooncake's do), and a retried named end of a finished put is a success.
+#[test]
+fn unnamed_ends_and_retried_named_ends_still_work() {
+    let mut s = MetaState::new();
+    mount(&mut s, 0, "seg", "store", 64 * MB);
+    first_item(&put_named(&mut s, 10, 1, "a", 5)).unwrap();
+    first_item(&end_named(&mut s, 20, 2, "a", 9, 0)).unwrap();
+    assert_eq!(s.lookup("a").unwrap().checksum, 9);
+    first_item(&put_named(&mut s, 30, 3, "b", 6)).unwrap();
+    first_item(&end_named(&mut s, 40, 4, "b", 10, 6)).unwrap();
+    // A retry outside the dedup window (new seq): already done.
+    first_item(&end_named(&mut s, 50, 5, "b", 10, 6)).unwrap();
+    assert!(matches!(
+        first_item(&end_named(&mut s, 60, 6, "b", 10, 7)),
+        Err(MetaError::InvalidWrite(_))
+    ));
 }

@@ -84,11 +84,6 @@ pub struct ClientCore {
     local_only: Mutex<LocalCache>,
     /// Recent GetReplicaList answers, usable while degraded until their lease ends.
     descriptors: Mutex<HashMap<String, (pb::GetReplicaListResponse, Instant)>>,
-    /// Keys with a put in flight from this client. The master tells writers
-    /// apart by client id, so two concurrent puts of one key from one client
-    /// could have one's PutEnd complete the other's object (after a forced
-    /// remove in between) with the wrong checksum; found by the chaos soak.
-    puts_in_flight: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A connected client. Dereferences to [`ClientCore`] for every operation.
@@ -185,7 +180,6 @@ impl Client {
             last_master_ok: Mutex::new(Instant::now()),
             local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
             descriptors: Mutex::new(HashMap::new()),
-            puts_in_flight: Mutex::new(Default::default()),
             config,
         });
         let monitor = tokio::spawn(monitor_loop(Arc::downgrade(&core)));

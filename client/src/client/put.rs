@@ -1,5 +1,8 @@
-//! Puts: one PutStart, the bytes to every replica, one PutEnd; batches; the
-//! one-put-per-key-in-flight guard.
+//! Puts: one PutStart, the bytes to every replica, one PutEnd; batches.
+//! Every put carries a put id of this client's choosing, so its PutEnd or
+//! PutRevoke can only ever finish that put, not a later put of the same key
+//! (the master tells puts apart by it; two puts of one key in flight get
+//! REPLICA_IS_NOT_READY for the second from the master).
 
 use std::collections::HashMap;
 
@@ -9,22 +12,6 @@ use crescent_store::protocol::segment_tag;
 
 use super::routing::chunks;
 use super::*;
-
-/// Holds a key in `puts_in_flight` until dropped.
-pub(super) struct PutSlot<'a> {
-    core: &'a ClientCore,
-    key: String,
-}
-
-impl Drop for PutSlot<'_> {
-    fn drop(&mut self) {
-        self.core
-            .puts_in_flight
-            .lock()
-            .expect("lock poisoned")
-            .remove(&self.key);
-    }
-}
 
 impl ClientCore {
     /// Stores `value` under `key`. A key that already exists counts as success
@@ -64,36 +51,17 @@ impl ClientCore {
         }
     }
 
-    /// Claims `key` for one put from this client, or says another is in flight.
-    pub(super) fn claim_put(&self, key: &str) -> Result<PutSlot<'_>> {
-        if !self
-            .puts_in_flight
-            .lock()
-            .expect("lock poisoned")
-            .insert(key.to_string())
-        {
-            return Err(Error::Master {
-                code: ErrorCode::ReplicaIsNotReady,
-                message: format!("a put of {key:?} from this client is still in flight"),
-            });
-        }
-        Ok(PutSlot {
-            core: self,
-            key: key.to_string(),
-        })
-    }
-
     pub(super) async fn put_cluster(
         &self,
         key: &str,
         value: &[u8],
         cfg: &ReplicateConfig,
     ) -> Result<()> {
-        let _slot = self.claim_put(key)?;
+        let put_id = self.master.new_put_id();
         let checksum = crc32c::crc32c(value);
         let replicas = match self
             .master
-            .put_start(key, value.len() as u64, self.replicate(cfg))
+            .put_start_named(key, value.len() as u64, self.replicate(cfg), put_id)
             .await
         {
             Ok(r) => r,
@@ -107,13 +75,13 @@ impl ClientCore {
             futures::future::join_all(replicas.iter().map(|r| self.write_replica(r, value))).await;
         if let Some(Err(e)) = writes.into_iter().find(|w| w.is_err()) {
             // Nothing half-written may become readable.
-            if let Err(re) = self.master.put_revoke(key).await {
+            if let Err(re) = self.master.put_revoke_named(key, put_id).await {
                 tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
             }
             return Err(e);
         }
         self.master
-            .put_end(key, checksum)
+            .put_end_named(key, checksum, put_id)
             .await
             .map_err(|e| Error::from_master(e, key))?;
         self.mark_master_ok();
@@ -159,17 +127,12 @@ impl ClientCore {
             return Ok(Vec::new());
         }
         let mut results: Vec<Option<Result<()>>> = vec![None; items.len()];
-        let mut slots = Vec::with_capacity(items.len());
-        for (i, (k, v)) in items.iter().enumerate() {
+        for (i, (_, v)) in items.iter().enumerate() {
             if v.is_empty() {
                 results[i] = Some(Err(Error::InvalidArgument("value is empty".into())));
-                continue;
-            }
-            match self.claim_put(k) {
-                Ok(slot) => slots.push(slot),
-                Err(e) => results[i] = Some(Err(e)),
             }
         }
+        let put_ids: Vec<u64> = items.iter().map(|_| self.master.new_put_id()).collect();
         let idx: Vec<usize> = (0..items.len()).filter(|i| results[*i].is_none()).collect();
         if idx.is_empty() {
             return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
@@ -181,6 +144,7 @@ impl ClientCore {
                     .map(|&i| pb::PutStartItem {
                         key: items[i].0.to_string(),
                         size: items[i].1.len() as u64,
+                        put_id: put_ids[i],
                     })
                     .collect(),
                 self.replicate(cfg),
@@ -193,9 +157,12 @@ impl ClientCore {
                 // after earlier ones started (a quota, a failover) would leave
                 // those puts unfinished, holding the keys and this client's
                 // unfinished-put quota until the master reclaims them. The
-                // master revokes only this client's unfinished puts.
-                let keys = idx.iter().map(|&i| items[i].0.to_string()).collect();
-                if let Err(re) = self.master.batch_put_revoke(keys).await {
+                // master revokes only the puts named here.
+                let named = idx
+                    .iter()
+                    .map(|&i| (items[i].0.to_string(), put_ids[i]))
+                    .collect();
+                if let Err(re) = self.master.batch_put_revoke(named).await {
                     tracing::debug!(error = %re, "revoke after a failed batch PutStart failed; the master will reclaim");
                 }
                 return Err(Error::from_master(e, ""));
@@ -272,7 +239,7 @@ impl ClientCore {
         for pos in started {
             let i = idx[pos];
             match &results[i] {
-                Some(Err(_)) => to_revoke.push(items[i].0.to_string()),
+                Some(Err(_)) => to_revoke.push((items[i].0.to_string(), put_ids[i])),
                 _ => to_end.push(i),
             }
         }
@@ -287,6 +254,7 @@ impl ClientCore {
                 .map(|&i| pb::PutEndItem {
                     key: items[i].0.to_string(),
                     checksum: crc32c::crc32c(items[i].1),
+                    put_id: put_ids[i],
                 })
                 .collect();
             match self.master.batch_put_end(ends).await {
