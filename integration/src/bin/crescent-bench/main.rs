@@ -5,6 +5,7 @@
 
 mod data;
 mod failover;
+mod floor;
 mod meta;
 
 use clap::{Parser, Subcommand};
