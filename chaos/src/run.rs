@@ -568,9 +568,14 @@ impl Prober {
             ..Default::default()
         };
         let deadline = Instant::now() + hold;
+        // A batch that fails while the cluster is still settling from the
+        // previous fault is retried past `hold`, for at most a minute: the
+        // fault asks that the largest batches commit, not that the first does.
+        let give_up = Instant::now() + hold.max(Duration::from_secs(60));
         let (mut committed, mut failed) = (0, 0);
         for round in 0..20 {
-            if round > 0 && Instant::now() >= deadline {
+            let now = Instant::now();
+            if round > 0 && (now >= give_up || (now >= deadline && committed > 0)) {
                 break;
             }
             let keys: Vec<String> = (0..n)
@@ -618,19 +623,27 @@ impl Prober {
     /// The data endpoints of the stores, as a put is told them (a probe put
     /// with a replica on each store, then revoked).
     async fn store_endpoints(&self) -> anyhow::Result<Vec<String>> {
-        let key = format!("chaos-endpoints-{}", now_us());
-        let replicas = self
-            .client
-            .put_start(
-                &key,
-                64,
-                pb::ReplicateConfig {
-                    replica_num: 2,
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let _ = self.client.put_revoke(&key).await;
+        // Retried for a while: the probe put may land on a leader that is
+        // still settling from the previous fault.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let replicas = loop {
+            let key = format!("chaos-endpoints-{}", now_us());
+            let config = pb::ReplicateConfig {
+                replica_num: 2,
+                ..Default::default()
+            };
+            match self.client.put_start(&key, 64, config).await {
+                Ok(replicas) => {
+                    let _ = self.client.put_revoke(&key).await;
+                    break replicas;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    println!("chaos:      probe put for store endpoints failed, retrying: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(anyhow::anyhow!("probe put for store endpoints: {e}")),
+            }
+        };
         let mut endpoints: Vec<String> = replicas.into_iter().map(|r| r.endpoint).collect();
         endpoints.sort();
         endpoints.dedup();

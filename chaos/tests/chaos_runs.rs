@@ -39,6 +39,19 @@ fn out_dir(name: &str) -> String {
     dir.display().to_string()
 }
 
+/// A run's verdict and errors on one line: CI keeps only the tail of a
+/// failed test's output, so they go in the panic message, not after it.
+fn why_it_ended(text: &str) -> String {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("crescent-chaos:")
+                || l.starts_with("chaos: FAILED")
+                || l.contains(" failed")
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 /// The run's own directory, from its `chaos: output = DIR` line.
 fn run_dir(text: &str) -> String {
     text.lines()
@@ -82,8 +95,10 @@ fn ci_run(image: &str, out: &str, seed: &str) -> (String, serde_json::Value) {
     println!("{text}");
     assert!(text.contains("chaos: mode = "), "{text}");
     assert_eq!(
-        code, 0,
-        "chaos run failed (logs and report in {out}):\n{text}"
+        code,
+        0,
+        "chaos run failed (logs and report in {out}): {}",
+        why_it_ended(&text)
     );
     let report = report(&text);
     assert_eq!(report["violations"].as_array().unwrap().len(), 0);
@@ -162,7 +177,12 @@ fn broken_run(name: &str, seed: &str, switch: &str) -> serde_json::Map<String, s
         switch,
     ]);
     println!("{text}");
-    assert_eq!(code, 1, "{switch} must fail the run:\n{text}");
+    if code != 1 {
+        panic!(
+            "{switch} must fail the run with violations (exit 1); it exited {code}: {}",
+            why_it_ended(&text)
+        );
+    }
     // Re-checking the saved run finds the violations again.
     let (check_code, check_text) = chaos(&["check", &run_dir(&text)]);
     assert_eq!(check_code, 1, "{check_text}");

@@ -3,9 +3,11 @@
 //! and restart. Every child process is a [`ManagedChild`], the one place
 //! that spawns, signals, kills and reaps.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crescent_client::MasterClient;
@@ -47,9 +49,23 @@ pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
-/// A free loopback port (bound then released; fine on a quiet test machine).
+/// A free loopback port: bound, then released for a child to bind.
+///
+/// The kernel may hand a released port out again at once, so a port this
+/// process already handed out is never returned twice: a master's gRPC and
+/// HTTP ports once came out equal, and that master died at start
+/// ("Address already in use"). Another process may still take a port
+/// between its release here and the child's bind; tests run few at a time.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..256 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no loopback port this process has not handed out already, after 256 tries")
 }
 
 /// One child process: its command line, the log file its stdout and stderr
