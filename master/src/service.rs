@@ -117,7 +117,13 @@ impl MasterApi {
         Ok(())
     }
 
-    fn check_keys<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<(), pb::Status> {
+    /// Validates a request's keys; an error names the item when the request
+    /// has several (a single-object RPC is this core with one item).
+    fn check_keys<'a>(
+        &self,
+        keys: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Result<(), pb::Status> {
+        let batch = keys.len() > 1;
         let mut key_bytes = 0usize;
         for (i, k) in keys.enumerate() {
             if i >= crescent_proto::MAX_BATCH_ITEMS {
@@ -127,7 +133,9 @@ impl MasterApi {
                 ));
             }
             self.check_key(k).map_err(|mut s| {
-                s.message = format!("item {i}: {}", s.message);
+                if batch {
+                    s.message = format!("item {i}: {}", s.message);
+                }
                 s
             })?;
             key_bytes += k.len();
@@ -373,16 +381,22 @@ impl MasterApi {
         }
     }
 
+    /// The origin of a request of `n` items, which must be at least one.
+    fn batch_origin(header: Option<pb::RequestHeader>, n: usize) -> Result<Origin, pb::Status> {
+        let origin = Self::origin(header)?;
+        if n == 0 {
+            return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
+        }
+        Ok(origin)
+    }
+
     async fn item_op(
         &self,
         header: Option<pb::RequestHeader>,
         n: usize,
         op: Op,
     ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
-        let origin = Self::origin(header)?;
-        if n == 0 {
-            return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
-        }
+        let origin = Self::batch_origin(header, n)?;
         match self.node.propose(Some(origin), op).await {
             Ok(Response::Items(v)) if v.len() == n => Ok(v),
             Ok(Response::Rejected(e)) => Err(meta_status(&e)),
@@ -391,14 +405,37 @@ impl MasterApi {
         }
     }
 
+    /// PutEnd of `items` (key, checksum, put id): the core of PutEnd and
+    /// BatchPutEnd, so counting, validation and the test-only flag cannot
+    /// drift between them.
+    async fn put_end_items(
+        &self,
+        header: Option<pb::RequestHeader>,
+        items: Vec<(String, u32, PutId)>,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
+        self.node
+            .counters
+            .put_end_requests
+            .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
+        let n = items.len();
+        let op = Op::PutEndNamed { items };
+        if self.node.config.unsafe_ack_before_commit {
+            return self.put_end_unsafely(header, n, op);
+        }
+        self.item_op(header, n, op).await
+    }
+
     /// The deliberately broken PutEnd of `--unsafe-ack-before-commit`: answers
     /// OK at once and proposes the commit later, so a leader that dies in
     /// between loses a write it acknowledged.
-    fn put_end_unsafely(&self, header: Option<pb::RequestHeader>, op: Op) -> pb::StatusResponse {
-        let origin = match Self::origin(header) {
-            Ok(o) => o,
-            Err(s) => return pb::StatusResponse { status: Some(s) },
-        };
+    fn put_end_unsafely(
+        &self,
+        header: Option<pb::RequestHeader>,
+        n: usize,
+        op: Op,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
+        let origin = Self::batch_origin(header, n)?;
         let node = self.node.clone();
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -406,9 +443,37 @@ impl MasterApi {
                 tracing::warn!(error = %e, "unsafe early-acknowledged PutEnd did not commit");
             }
         });
-        pb::StatusResponse {
-            status: Some(pb::Status::ok()),
+        Ok((0..n).map(|_| Ok(())).collect())
+    }
+
+    /// PutRevoke of `items` (key, put id): the core of PutRevoke and
+    /// BatchPutRevoke.
+    async fn put_revoke_items(
+        &self,
+        header: Option<pb::RequestHeader>,
+        items: Vec<(String, PutId)>,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
+        self.check_keys(items.iter().map(|(k, _)| k.as_str()))?;
+        let n = items.len();
+        self.item_op(header, n, Op::PutRevokeNamed { items }).await
+    }
+
+    /// Remove of `keys`: the core of Remove and BatchRemove.
+    async fn remove_items(
+        &self,
+        header: Option<pb::RequestHeader>,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
+        self.node
+            .counters
+            .remove_requests
+            .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.check_keys(keys.iter().map(String::as_str))?;
+        if keys.is_empty() {
+            return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
         }
+        self.remove_keys(header, keys, force).await
     }
 
     /// Removes keys. Without force, keys that may be under a read lease are
@@ -516,11 +581,21 @@ impl MasterApi {
     }
 
     /// Linearizable lookup of keys, granting read leases on the found ones.
-    async fn lookup(&self, keys: &[String]) -> Result<Vec<pb::GetReplicaListResponse>, pb::Status> {
+    /// GetReplicaList of `keys`: the core of GetReplicaList and
+    /// BatchGetReplicaList.
+    async fn replica_lists(
+        &self,
+        keys: &[String],
+    ) -> Result<Vec<pb::GetReplicaListResponse>, pb::Status> {
         self.node
             .counters
             .get_replica_list_requests
             .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.lookup(keys).await
+    }
+
+    /// Looks `keys` up after a read barrier, leasing those found.
+    async fn lookup(&self, keys: &[String]) -> Result<Vec<pb::GetReplicaListResponse>, pb::Status> {
         self.check_keys(keys.iter().map(String::as_str))?;
         self.node
             .linearizable_read()
@@ -590,7 +665,12 @@ impl MasterApi {
         Some(answers)
     }
 
+    /// Exist of `keys`: the core of Exist and BatchExist.
     async fn exists(&self, keys: &[String]) -> Result<Vec<pb::ExistResponse>, pb::Status> {
+        self.node
+            .counters
+            .exist_requests
+            .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let looked = self.lookup(keys).await?;
         Ok(looked
             .into_iter()
@@ -726,20 +806,8 @@ impl MasterService for MasterApi {
 
     async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
-        self.node
-            .counters
-            .put_end_requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Err(s) = self.check_key(&r.key) {
-            return ok(pb::StatusResponse { status: Some(s) });
-        }
-        let op = Op::PutEndNamed {
-            items: vec![(r.key, r.checksum, r.put_id)],
-        };
-        if self.node.config.unsafe_ack_before_commit {
-            return ok(self.put_end_unsafely(r.header, op));
-        }
-        ok(single_status(self.item_op(r.header, 1, op).await))
+        let items = vec![(r.key, r.checksum, r.put_id)];
+        ok(single_status(self.put_end_items(r.header, items).await))
     }
 
     async fn batch_put_end(
@@ -747,33 +815,18 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchPutEndRequest>,
     ) -> Rpc<pb::BatchStatusResponse> {
         let r = request.into_inner();
-        self.node
-            .counters
-            .put_end_requests
-            .fetch_add(r.items.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        if let Err(s) = self.check_keys(r.items.iter().map(|i| i.key.as_str())) {
-            return ok(batch_status(Err(s)));
-        }
-        let n = r.items.len();
-        let op = Op::PutEndNamed {
-            items: r
-                .items
-                .into_iter()
-                .map(|i| (i.key, i.checksum, i.put_id))
-                .collect(),
-        };
-        ok(batch_status(self.item_op(r.header, n, op).await))
+        let items = r
+            .items
+            .into_iter()
+            .map(|i| (i.key, i.checksum, i.put_id))
+            .collect();
+        ok(batch_status(self.put_end_items(r.header, items).await))
     }
 
     async fn put_revoke(&self, request: Request<pb::PutRevokeRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
-        if let Err(s) = self.check_key(&r.key) {
-            return ok(pb::StatusResponse { status: Some(s) });
-        }
-        let op = Op::PutRevokeNamed {
-            items: vec![(r.key, r.put_id)],
-        };
-        ok(single_status(self.item_op(r.header, 1, op).await))
+        let items = vec![(r.key, r.put_id)];
+        ok(single_status(self.put_revoke_items(r.header, items).await))
     }
 
     async fn batch_put_revoke(
@@ -781,9 +834,6 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchPutRevokeRequest>,
     ) -> Rpc<pb::BatchStatusResponse> {
         let r = request.into_inner();
-        if let Err(s) = self.check_keys(r.keys.iter().map(String::as_str)) {
-            return ok(batch_status(Err(s)));
-        }
         let n = r.keys.len();
         let put_ids = if r.put_ids.is_empty() {
             vec![0; n]
@@ -795,10 +845,8 @@ impl MasterService for MasterApi {
                 format!("{n} keys but {} put ids", r.put_ids.len()),
             ))));
         };
-        let op = Op::PutRevokeNamed {
-            items: r.keys.into_iter().zip(put_ids).collect(),
-        };
-        ok(batch_status(self.item_op(r.header, n, op).await))
+        let items = r.keys.into_iter().zip(put_ids).collect();
+        ok(batch_status(self.put_revoke_items(r.header, items).await))
     }
 
     async fn get_replica_list(
@@ -806,13 +854,15 @@ impl MasterService for MasterApi {
         request: Request<pb::GetReplicaListRequest>,
     ) -> Rpc<pb::GetReplicaListResponse> {
         let r = request.into_inner();
-        ok(match self.lookup(std::slice::from_ref(&r.key)).await {
-            Ok(mut v) => v.pop().unwrap_or_default(),
-            Err(s) => pb::GetReplicaListResponse {
-                status: Some(s),
-                ..Default::default()
+        ok(
+            match self.replica_lists(std::slice::from_ref(&r.key)).await {
+                Ok(mut v) => v.pop().unwrap_or_default(),
+                Err(s) => pb::GetReplicaListResponse {
+                    status: Some(s),
+                    ..Default::default()
+                },
             },
-        })
+        )
     }
 
     async fn batch_get_replica_list(
@@ -820,7 +870,7 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchGetReplicaListRequest>,
     ) -> Rpc<pb::BatchGetReplicaListResponse> {
         let r = request.into_inner();
-        ok(match self.lookup(&r.keys).await {
+        ok(match self.replica_lists(&r.keys).await {
             Ok(results) => pb::BatchGetReplicaListResponse {
                 status: Some(pb::Status::ok()),
                 results,
@@ -834,10 +884,6 @@ impl MasterService for MasterApi {
 
     async fn exist(&self, request: Request<pb::ExistRequest>) -> Rpc<pb::ExistResponse> {
         let r = request.into_inner();
-        self.node
-            .counters
-            .exist_requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ok(match self.exists(std::slice::from_ref(&r.key)).await {
             Ok(mut v) => v.pop().unwrap_or_default(),
             Err(s) => pb::ExistResponse {
@@ -866,15 +912,8 @@ impl MasterService for MasterApi {
 
     async fn remove(&self, request: Request<pb::RemoveRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
-        self.node
-            .counters
-            .remove_requests
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Err(s) = self.check_key(&r.key) {
-            return ok(pb::StatusResponse { status: Some(s) });
-        }
         ok(single_status(
-            self.remove_keys(r.header, vec![r.key], r.force).await,
+            self.remove_items(r.header, vec![r.key], r.force).await,
         ))
     }
 
@@ -883,17 +922,8 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchRemoveRequest>,
     ) -> Rpc<pb::BatchStatusResponse> {
         let r = request.into_inner();
-        if let Err(s) = self.check_keys(r.keys.iter().map(String::as_str)) {
-            return ok(batch_status(Err(s)));
-        }
-        if r.keys.is_empty() {
-            return ok(batch_status(Err(invalid(
-                ErrorCode::InvalidParams,
-                "empty batch",
-            ))));
-        }
         ok(batch_status(
-            self.remove_keys(r.header, r.keys, r.force).await,
+            self.remove_items(r.header, r.keys, r.force).await,
         ))
     }
 
