@@ -142,27 +142,27 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
     for (name, help, v) in [
         (
             "master_put_start_requests_total",
-            "Objects in PutStart requests.",
+            "Objects in PutStart and BatchPutStart requests.",
             &mm.put_start_requests,
         ),
         (
             "master_put_end_requests_total",
-            "Objects in PutEnd requests.",
+            "Objects in PutEnd and BatchPutEnd requests.",
             &mm.put_end_requests,
         ),
         (
             "master_get_replica_list_requests_total",
-            "Objects in GetReplicaList requests.",
+            "Objects in GetReplicaList and BatchGetReplicaList requests.",
             &mm.get_replica_list_requests,
         ),
         (
             "master_exist_key_requests_total",
-            "Objects in Exist requests.",
+            "Objects in Exist and BatchExist requests.",
             &mm.exist_requests,
         ),
         (
             "master_remove_requests_total",
-            "Remove requests.",
+            "Objects in Remove and BatchRemove requests.",
             &mm.remove_requests,
         ),
         (
