@@ -606,7 +606,7 @@ impl Prober {
             let outcome = async {
                 self.client.batch_put_start(items, one.clone()).await?;
                 self.client.batch_put_end(ends).await?;
-                self.client.batch_remove(keys, true).await
+                self.client.batch_remove(keys.clone(), true).await
             }
             .await;
             match outcome {
@@ -614,6 +614,12 @@ impl Prober {
                 Err(e) => {
                     failed += 1;
                     println!("chaos:      big batch {round} failed: {e}");
+                    // A forced remove takes unfinished puts too: a failed
+                    // round must not leave its puts counting against the
+                    // prober's quota of unfinished puts for ten minutes.
+                    let _ = self.client.batch_remove(keys, true).await;
+                    let pause = give_up.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(pause.min(Duration::from_millis(500))).await;
                 }
             }
         }

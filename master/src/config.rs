@@ -266,6 +266,12 @@ impl MasterConfig {
             "--lease-read-margin must be below --election-timeout-max"
         );
         anyhow::ensure!(self.max_key_len > 0, "--max-key-len must be positive");
+        // A single-object RPC is checked as a batch of one.
+        anyhow::ensure!(
+            self.max_key_len <= crescent_proto::MAX_BATCH_KEY_BYTES,
+            "--max-key-len must be at most {} bytes (a batch's key bytes)",
+            crescent_proto::MAX_BATCH_KEY_BYTES
+        );
         anyhow::ensure!(
             self.max_connections >= 16,
             "--max-connections must be at least 16 (peers, stores and clients share it)"
@@ -413,6 +419,11 @@ mod tests {
         assert!(MasterConfig::try_parse_from(["m", "--lease-ttl", "soon"]).is_err());
         c.validate().unwrap();
         assert_eq!(c.advertise_addr(), "127.0.0.1:50051");
+        let too_long = (crescent_proto::MAX_BATCH_KEY_BYTES + 1).to_string();
+        let err = MasterConfig::parse_from(["m", "--max-key-len", &too_long])
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("--max-key-len"), "{err}");
     }
 
     #[test]

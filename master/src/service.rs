@@ -349,9 +349,14 @@ impl MasterApi {
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
         if let Some(i) = items.iter().position(|(_, size, _)| *size == 0) {
+            let item = if items.len() > 1 {
+                format!("item {i}: ")
+            } else {
+                String::new()
+            };
             return Err(invalid(
                 ErrorCode::InvalidParams,
-                format!("item {i}: size must be greater than 0"),
+                format!("{item}size must be greater than 0"),
             ));
         }
         self.check_put_quota(&origin, &items)?;
