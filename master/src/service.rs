@@ -58,6 +58,16 @@ fn item_status(r: &Result<(), MetaError>) -> pb::Status {
     }
 }
 
+/// How an error names item `i` of a request of `n` items: not at all in a
+/// single-object request (the batch core with one item).
+fn item_prefix(i: usize, n: usize) -> String {
+    if n > 1 {
+        format!("item {i}: ")
+    } else {
+        String::new()
+    }
+}
+
 fn invalid(code: ErrorCode, msg: impl Into<String>) -> pb::Status {
     pb::Status::error(code, msg)
 }
@@ -123,7 +133,7 @@ impl MasterApi {
         &self,
         keys: impl ExactSizeIterator<Item = &'a str>,
     ) -> Result<(), pb::Status> {
-        let batch = keys.len() > 1;
+        let n = keys.len();
         let mut key_bytes = 0usize;
         for (i, k) in keys.enumerate() {
             if i >= crescent_proto::MAX_BATCH_ITEMS {
@@ -133,9 +143,7 @@ impl MasterApi {
                 ));
             }
             self.check_key(k).map_err(|mut s| {
-                if batch {
-                    s.message = format!("item {i}: {}", s.message);
-                }
+                s.message = format!("{}{}", item_prefix(i, n), s.message);
                 s
             })?;
             key_bytes += k.len();
@@ -349,14 +357,9 @@ impl MasterApi {
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
         if let Some(i) = items.iter().position(|(_, size, _)| *size == 0) {
-            let item = if items.len() > 1 {
-                format!("item {i}: ")
-            } else {
-                String::new()
-            };
             return Err(invalid(
                 ErrorCode::InvalidParams,
-                format!("{item}size must be greater than 0"),
+                format!("{}size must be greater than 0", item_prefix(i, items.len())),
             ));
         }
         self.check_put_quota(&origin, &items)?;
@@ -585,7 +588,6 @@ impl MasterApi {
         }
     }
 
-    /// Linearizable lookup of keys, granting read leases on the found ones.
     /// GetReplicaList of `keys`: the core of GetReplicaList and
     /// BatchGetReplicaList.
     async fn replica_lists(
