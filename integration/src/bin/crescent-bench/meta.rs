@@ -6,14 +6,15 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crescent_client::MasterClient;
-use crescent_integration::LocalCluster;
+use crescent_integration::{LocalCluster, Security};
 use crescent_proto::pb;
 use crescent_proto::units::parse_size;
 use serde_json::json;
 
 #[derive(Args, Debug)]
 pub struct MetaArgs {
-    /// Masters to benchmark (host:port list). Default: spawn local 1- and 3-node clusters.
+    /// Masters to benchmark (host:port list; the token, if they need one,
+    /// from CRESCENT_TOKEN_FILE). Default: spawn local 1- and 3-node clusters.
     #[arg(long)]
     masters: Option<String>,
     /// Batch sizes to run, comma separated.
@@ -71,22 +72,39 @@ pub async fn run(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
     let mut floors = Vec::new();
     match &args.masters {
         Some(m) => {
-            rows.extend(bench_cluster("given", m, &args).await?);
-            let f = crate::floor::measure(&args.floor_dir, m).await?;
+            let token = crate::env_token()?;
+            rows.extend(bench_cluster("given", m, &token, &args).await?);
+            let f = crate::floor::measure(&args.floor_dir, m, &token).await?;
             floors.push(("given".to_string(), args.floor_dir.clone(), f));
         }
         None => {
             // One cluster at a time, so the idle one does not share the CPU.
-            for n in [1usize, 3] {
-                let cluster = LocalCluster::start(n, &[])?;
+            // The 3-node cluster twice: `--insecure`, then in token mode,
+            // so the cost of checking tokens shows in the same run.
+            for (n, security) in [
+                (1usize, Security::Insecure),
+                (3, Security::Insecure),
+                (3, Security::Tokens),
+            ] {
+                let cluster = match security {
+                    Security::Insecure => LocalCluster::start(n, &[])?,
+                    Security::Tokens => LocalCluster::start_secured(n, &[])?,
+                };
                 cluster.wait_for_leader(Duration::from_secs(20)).await?;
-                let name = format!("{n}-node");
+                let token = crescent_auth::BearerToken::from_optional_file(
+                    cluster.client_token_file().as_deref(),
+                )?;
+                let name = match security {
+                    Security::Insecure => format!("{n}-node"),
+                    Security::Tokens => format!("{n}-node-tokens"),
+                };
                 eprintln!(
                     "benchmarking {name} cluster at {} ...",
                     cluster.masters_arg()
                 );
-                rows.extend(bench_cluster(&name, &cluster.masters_arg(), &args).await?);
-                let f = crate::floor::measure(&cluster.root, &cluster.masters_arg()).await?;
+                rows.extend(bench_cluster(&name, &cluster.masters_arg(), &token, &args).await?);
+                let f =
+                    crate::floor::measure(&cluster.root, &cluster.masters_arg(), &token).await?;
                 floors.push((name, cluster.root.clone(), f));
                 drop(cluster);
             }
@@ -96,8 +114,17 @@ pub async fn run(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn bench_cluster(name: &str, masters: &str, args: &MetaArgs) -> anyhow::Result<Vec<Row>> {
-    let client = Arc::new(MasterClient::connect(masters).await?);
+async fn bench_cluster(
+    name: &str,
+    masters: &str,
+    token: &crescent_auth::BearerToken,
+    args: &MetaArgs,
+) -> anyhow::Result<Vec<Row>> {
+    let client = Arc::new(
+        MasterClient::connect(masters)
+            .await?
+            .with_token(token.clone()),
+    );
     client.get_leader().await?;
     let run_id = crescent_client::master::new_client_id();
     let max_objects = args.objects.max(args.single_objects);
@@ -357,12 +384,12 @@ fn print_rows(rows: &[Row], floors: &Floors, args: &MetaArgs, json_out: bool) {
         return;
     }
     println!(
-        "{:<8} {:>5} {:>5} {:<17} {:>8} {:>12} {:>9} {:>9} {:>6}",
+        "{:<14} {:>5} {:>5} {:<17} {:>8} {:>12} {:>9} {:>9} {:>6}",
         "CLUSTER", "BATCH", "CONC", "OP", "OBJECTS", "OBJECTS/S", "P50 MS", "P99 MS", "ERRORS"
     );
     for r in rows {
         println!(
-            "{:<8} {:>5} {:>5} {:<17} {:>8} {:>12.0} {:>9.3} {:>9.3} {:>6}",
+            "{:<14} {:>5} {:>5} {:<17} {:>8} {:>12.0} {:>9.3} {:>9.3} {:>6}",
             r.cluster,
             r.batch,
             r.concurrency,
@@ -387,7 +414,7 @@ fn print_rows(rows: &[Row], floors: &Floors, args: &MetaArgs, json_out: bool) {
             (MOONCAKE_GETS, 250_000.0)
         };
         println!(
-            "  {:<8} batch-{} {:<17} {:>10.0}/s = {:.2}x Mooncake; target {:.0}/s {}",
+            "  {:<14} batch-{} {:<17} {:>10.0}/s = {:.2}x Mooncake; target {:.0}/s {}",
             r.cluster,
             r.batch,
             r.op,
@@ -400,6 +427,33 @@ fn print_rows(rows: &[Row], floors: &Floors, args: &MetaArgs, json_out: bool) {
                 "NOT MET"
             }
         );
+    }
+    // The cost of token mode: the same 3-node cluster with and without it.
+    for r in rows.iter().filter(|r| r.cluster == "3-node-tokens") {
+        let Some(open) = rows
+            .iter()
+            .find(|o| o.cluster == "3-node" && o.batch == r.batch && o.op == r.op)
+        else {
+            continue;
+        };
+        if r.batch == 1 {
+            println!(
+                "token mode cost: single {} p50 {:.3} ms vs {:.3} ms --insecure ({:+.1} %)",
+                r.op,
+                r.p50_ms,
+                open.p50_ms,
+                (r.p50_ms / open.p50_ms - 1.0) * 100.0
+            );
+        } else {
+            println!(
+                "token mode cost: batch-{} {} {:.0}/s vs {:.0}/s --insecure ({:+.1} %)",
+                r.batch,
+                r.op,
+                r.per_sec,
+                open.per_sec,
+                (r.per_sec / open.per_sec - 1.0) * 100.0
+            );
+        }
     }
     for (cluster, dir, f) in floors {
         println!("{cluster}: {}", f.describe(dir));
