@@ -18,6 +18,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 0' INT TERM
 
+# Token mode, as a real cluster runs: fresh tokens for this demo; every
+# program below finds its token through these variables.
+"$BIN/crescentctl" tokens init "$DIR/tokens" >/dev/null
+export CRESCENT_TOKEN_FILE="$DIR/tokens/client.token"
+export CRESCENT_ADMIN_TOKEN_FILE="$DIR/tokens/admin.token"
+export CRESCENT_CLUSTER_TOKEN_FILE="$DIR/tokens/cluster.token"
+echo "demo: tokens in $DIR/tokens (client, admin, cluster)"
+
 BASE=${CRESCENT_DEMO_PORT:-50051}
 ETCD_PORT=$((BASE + 20))
 STORE_PORT=$((BASE + 10))
@@ -105,7 +113,11 @@ start_master "$LEADER"
 sleep 1.5
 "$BIN/crescentctl" --master "$MASTERS" status
 echo
-echo "demo: cluster running (masters: $MASTERS). Try:"
+echo "demo: without a token, the cluster refuses:"
+CRESCENT_TOKEN_FILE= "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
+echo
+echo "demo: cluster running (masters: $MASTERS). Try (with the demo's tokens):"
+echo "  export CRESCENT_TOKEN_FILE=$CRESCENT_TOKEN_FILE CRESCENT_ADMIN_TOKEN_FILE=$CRESCENT_ADMIN_TOKEN_FILE"
 echo "  $BIN/crescentctl --master $MASTERS status"
 echo "  $BIN/crescentctl --master $MASTERS put hello world && $BIN/crescentctl --master $MASTERS get hello"
 echo "Press Ctrl-C to stop."
