@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crescent_integration::{find_binary, LocalCluster, LocalEtcd, ManagedChild};
+use crescent_integration::{find_binary, LocalCluster, LocalEtcd, ManagedChild, Security};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -74,6 +74,11 @@ pub trait Deployment: Send {
     fn master_addr(&self, id: u64) -> String;
     /// Master `id`'s HTTP (metrics) address, reachable from this process.
     fn master_http(&self, id: u64) -> String;
+    /// The client token's file when the masters run in token mode (`None`:
+    /// `--insecure`).
+    fn client_token_file(&self) -> Option<PathBuf> {
+        None
+    }
     fn kill_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn start_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn pause_master(&mut self, id: u64) -> anyhow::Result<()>;
@@ -107,8 +112,17 @@ pub fn focus_file(dir: &Path) -> PathBuf {
     dir.join("focus")
 }
 
-fn worker_args(plan: &WorkerPlan, i: u32, master: &str, dir: &str) -> Vec<String> {
-    vec![
+fn worker_args(
+    plan: &WorkerPlan,
+    i: u32,
+    master: &str,
+    dir: &str,
+    token_file: Option<&Path>,
+) -> Vec<String> {
+    let token = token_file
+        .map(|t| vec!["--token-file".to_string(), t.display().to_string()])
+        .unwrap_or_default();
+    let args = vec![
         "worker".into(),
         "--master".into(),
         master.into(),
@@ -126,12 +140,14 @@ fn worker_args(plan: &WorkerPlan, i: u32, master: &str, dir: &str) -> Vec<String
         format!("{dir}/focus"),
         "--max-duration".into(),
         format!("{}s", plan.max_duration.as_secs().max(1)),
-    ]
+    ];
+    args.into_iter().chain(token).collect()
 }
 
 // ------------------------------------------------------------- processes
 
-/// etcd (3 members), 3 masters and 2 stores as local processes on loopback.
+/// etcd (3 members), 3 masters and 2 stores as local processes on loopback,
+/// in token mode (every process and worker presents its token).
 pub struct ProcessDeployment {
     etcd: LocalEtcd,
     cluster: LocalCluster,
@@ -141,8 +157,13 @@ pub struct ProcessDeployment {
 impl ProcessDeployment {
     pub fn start(master_flags: &[String]) -> anyhow::Result<Self> {
         let etcd = LocalEtcd::start_cluster(3)?;
-        let mut cluster =
-            LocalCluster::start_with_etcd(3, &etcd.endpoints(), "chaos", master_flags)?;
+        let mut cluster = LocalCluster::start_with_etcd_as(
+            3,
+            &etcd.endpoints(),
+            "chaos",
+            master_flags,
+            Security::Tokens,
+        )?;
         for _ in 0..2 {
             cluster.start_store("256mb", &[])?;
         }
@@ -175,6 +196,9 @@ impl Deployment for ProcessDeployment {
     }
     fn master_http(&self, id: u64) -> String {
         self.master(id).map(|m| m.http.clone()).unwrap_or_default()
+    }
+    fn client_token_file(&self) -> Option<PathBuf> {
+        self.cluster.client_token_file()
     }
     fn kill_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.kill(id)
@@ -224,7 +248,13 @@ impl Deployment for ProcessDeployment {
         for i in 0..plan.workers {
             let mut worker = ManagedChild::new(
                 bin.clone(),
-                worker_args(plan, i, &self.cluster.masters_arg(), &dir),
+                worker_args(
+                    plan,
+                    i,
+                    &self.cluster.masters_arg(),
+                    &dir,
+                    self.cluster.client_token_file().as_deref(),
+                ),
                 plan.dir.join(format!("worker-{i}.log")),
             );
             worker.start()?;
@@ -466,6 +496,8 @@ impl ContainerDeployment {
                 etcd_endpoints.join(","),
                 "--cluster".into(),
                 "chaos".into(),
+                // Container runs are not in token mode yet (process runs are).
+                "--insecure".into(),
             ];
             cmd.extend(master_flags.iter().cloned());
             let name = self.master_name(id);
@@ -563,7 +595,7 @@ impl Deployment for ContainerDeployment {
             let name = format!("{}-worker-{i}", self.prefix);
             let ip = self.ip(40 + i);
             let mut cmd = vec!["crescent-chaos".to_string()];
-            cmd.extend(worker_args(plan, i, &self.masters_arg(), "/chaos"));
+            cmd.extend(worker_args(plan, i, &self.masters_arg(), "/chaos", None));
             self.run(&name, &ip, &["-v", &mount], &cmd)?;
             self.workers.push(name);
         }

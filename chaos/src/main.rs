@@ -98,6 +98,9 @@ struct WorkerArgs {
     focus_file: PathBuf,
     #[arg(long, default_value = "1h", value_parser = duration)]
     max_duration: Duration,
+    /// The client token's file (token-mode clusters).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
 
 impl From<WorkerArgs> for WorkerConfig {
@@ -111,6 +114,7 @@ impl From<WorkerArgs> for WorkerConfig {
             stop_file: a.stop_file,
             focus_file: a.focus_file,
             max_duration: a.max_duration,
+            token_file: a.token_file,
             op_timeout: Duration::from_secs(10),
             replicas: 2,
         }

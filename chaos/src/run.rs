@@ -247,7 +247,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         .into_iter()
         .map(|id| (id, dep.master_addr(id)))
         .collect();
-    let probe = Prober::new(&addrs)?;
+    let probe = Prober::new(&addrs, dep.client_token_file().as_deref())?;
     probe
         .wait_ready(2, Duration::from_secs(90))
         .await
@@ -485,14 +485,15 @@ struct Prober {
 }
 
 impl Prober {
-    fn new(addrs: &[(u64, String)]) -> anyhow::Result<Self> {
+    fn new(addrs: &[(u64, String)], token_file: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let token = crescent_auth::BearerToken::from_optional_file(token_file)?;
         let list = addrs
             .iter()
             .map(|(_, a)| a.clone())
             .collect::<Vec<_>>()
             .join(",");
         Ok(Self {
-            client: Arc::new(MasterClient::new(&list)?),
+            client: Arc::new(MasterClient::new(&list)?.with_token(token)),
             addrs: addrs.to_vec(),
         })
     }

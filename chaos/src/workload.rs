@@ -30,6 +30,8 @@ use crate::history::{decode_value, now_us, value_bytes, Op, OpKind, Outcome, Rec
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub master: String,
+    /// The client token's file (token-mode clusters).
+    pub token_file: Option<std::path::PathBuf>,
     pub worker: u32,
     pub tasks: u32,
     pub seed: u64,
@@ -63,6 +65,7 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
         degrade_after: Duration::ZERO,
         master_deadline: cfg.op_timeout.saturating_sub(Duration::from_secs(1)),
         default_replicas: cfg.replicas,
+        token_file: cfg.token_file.clone(),
         ..ClientConfig::default()
     };
     let client = Arc::new(connect_with_retry(client_cfg, Duration::from_secs(60)).await?);

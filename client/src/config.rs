@@ -52,6 +52,10 @@ pub struct ClientConfig {
     pub degrade_after: Duration,
     /// On recovery, publish objects put while degraded (else drop them).
     pub publish_on_recover: bool,
+    /// File holding the client token the masters require
+    /// (`CRESCENT_TOKEN_FILE`, JSON `token_file`); `None` for a cluster
+    /// started with `--insecure`.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientConfig {
@@ -69,6 +73,7 @@ impl Default for ClientConfig {
             master_deadline: Duration::from_secs(15),
             degrade_after: Duration::from_secs(3),
             publish_on_recover: true,
+            token_file: None,
         }
     }
 }
@@ -89,6 +94,8 @@ struct JsonConfig {
     local_buffer_size: Option<SizeValue>,
     protocol: Option<String>,
     device_name: Option<String>,
+    /// Crescent's addition: the client token's file.
+    token_file: Option<String>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -165,6 +172,9 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_PUBLISH_ON_RECOVER") {
             c.publish_on_recover = !matches!(v.as_str(), "0" | "false" | "no");
         }
+        if let Some(v) = get("CRESCENT_TOKEN_FILE") {
+            c.token_file = Some(v.into());
+        }
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");
         }
@@ -204,6 +214,9 @@ impl ClientConfig {
         if let Some(v) = j.device_name {
             self.device_name = v;
         }
+        if let Some(v) = j.token_file {
+            self.token_file = Some(v.into());
+        }
         Ok(())
     }
 }
@@ -236,6 +249,12 @@ mod tests {
         assert_eq!(c.global_segment_size, 4 << 30);
         assert_eq!(c.local_buffer_size, 16 << 20);
         assert_eq!(c.local_hostname, "node-b");
+        assert_eq!(c.token_file, None);
+        let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_TOKEN_FILE", "/run/t")])).unwrap();
+        assert_eq!(
+            c.token_file.as_deref(),
+            Some(std::path::Path::new("/run/t"))
+        );
         assert!(
             ClientConfig::from_lookup(lookup(&[("MOONCAKE_PROTOCOL", "carrier-pigeon")])).is_err()
         );

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crescent_auth::{AuthedChannel, BearerToken};
 use crescent_proto::pb::{
     self, cluster_service_client::ClusterServiceClient, master_service_client::MasterServiceClient,
 };
@@ -146,11 +147,26 @@ impl Targets {
     }
 }
 
+/// A refusal of the master's auth layer as an error, or `None` for other
+/// transport statuses.
+fn denied(status: &tonic::Status) -> Option<MasterRpcError> {
+    matches!(
+        status.code(),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+    )
+    .then(|| MasterRpcError::Status {
+        code: ErrorCode::PermissionDenied,
+        message: status.message().to_string(),
+    })
+}
+
 /// A client of the master set that follows the leader by itself.
 pub struct MasterClient {
     targets: std::sync::Arc<Targets>,
     next_seed: AtomicUsize,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Presented on every call (none for `--insecure` clusters).
+    token: BearerToken,
     client_id: String,
     seq: AtomicU64,
     /// Names this client gives its puts (see `new_put_id`).
@@ -161,6 +177,8 @@ pub struct MasterClient {
 /// Outcome classes of one attempt.
 enum Attempt<R> {
     Done(R),
+    /// Refused for good (no valid token, or the wrong role): no retry helps.
+    Fail(MasterRpcError),
     Redirect(Option<String>),
     Retry(String),
 }
@@ -198,11 +216,19 @@ impl MasterClient {
             targets,
             next_seed: AtomicUsize::new(start),
             channels: Mutex::new(HashMap::new()),
+            token: BearerToken::none(),
             client_id: new_client_id(),
             seq: AtomicU64::new(1),
             next_put_id: AtomicU64::new(1),
             policy: RetryPolicy::default(),
         }
+    }
+
+    /// Presents `token` on every call from now on (the client token, or
+    /// the admin token for administration).
+    pub fn with_token(mut self, token: BearerToken) -> Self {
+        self.token = token;
+        self
     }
 
     pub fn client_id(&self) -> &str {
@@ -227,10 +253,11 @@ impl MasterClient {
         }
     }
 
-    pub fn channel(&self, addr: &str) -> Result<Channel, MasterRpcError> {
+    /// The channel to `addr`, with this client's token on every call.
+    pub fn channel(&self, addr: &str) -> Result<AuthedChannel, MasterRpcError> {
         let mut channels = self.channels.lock().expect("lock poisoned");
         if let Some(c) = channels.get(addr) {
-            return Ok(c.clone());
+            return Ok(self.token.wrap(c.clone()));
         }
         let ch = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|_| MasterRpcError::BadAddress(addr.to_string()))?
@@ -238,7 +265,7 @@ impl MasterClient {
             .tcp_nodelay(true)
             .connect_lazy();
         channels.insert(addr.to_string(), ch.clone());
-        Ok(ch)
+        Ok(self.token.wrap(ch))
     }
 
     fn pick_target(&self) -> Option<String> {
@@ -270,7 +297,7 @@ impl MasterClient {
     pub async fn call_leader<R, F, Fut>(&self, f: F) -> Result<R, MasterRpcError>
     where
         R: HasStatus,
-        F: Fn(Channel) -> Fut,
+        F: Fn(AuthedChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         self.call_leader_within(self.policy.deadline, f).await
@@ -284,7 +311,7 @@ impl MasterClient {
     ) -> Result<R, MasterRpcError>
     where
         R: HasStatus,
-        F: Fn(Channel) -> Fut,
+        F: Fn(AuthedChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let deadline = Instant::now() + within;
@@ -311,6 +338,7 @@ impl MasterClient {
                     self.set_leader(target);
                     return Ok(r);
                 }
+                Attempt::Fail(e) => return Err(e),
                 Attempt::Redirect(Some(addr)) if addr != target => {
                     self.set_leader(addr);
                     last_error = format!("{target} is not the leader");
@@ -342,7 +370,7 @@ impl MasterClient {
     async fn attempt<R, F, Fut>(&self, target: &str, f: &F, attempt_timeout: Duration) -> Attempt<R>
     where
         R: HasStatus,
-        F: Fn(Channel) -> Fut,
+        F: Fn(AuthedChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let channel = match self.channel(target) {
@@ -363,7 +391,10 @@ impl MasterClient {
         };
         match outcome {
             Err(_) => Attempt::Retry("attempt timed out".into()),
-            Ok(Err(status)) => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
+            Ok(Err(status)) => match denied(&status) {
+                Some(e) => Attempt::Fail(e),
+                None => Attempt::Retry(format!("{}: {}", status.code(), status.message())),
+            },
             Ok(Ok(resp)) => {
                 let resp = resp.into_inner();
                 let code = resp
@@ -421,16 +452,15 @@ impl MasterClient {
     /// Calls one specific master (no leader following), e.g. for status.
     pub async fn call_node<R, F, Fut>(&self, addr: &str, f: F) -> Result<R, MasterRpcError>
     where
-        F: FnOnce(Channel) -> Fut,
+        F: FnOnce(AuthedChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let ch = self.channel(addr)?;
         match tokio::time::timeout(Duration::from_secs(3), f(ch)).await {
             Err(_) => Err(MasterRpcError::Unavailable(format!("{addr}: timed out"))),
-            Ok(Err(s)) => Err(MasterRpcError::Unavailable(format!(
-                "{addr}: {}",
-                s.message()
-            ))),
+            Ok(Err(s)) => Err(denied(&s).unwrap_or_else(|| {
+                MasterRpcError::Unavailable(format!("{addr}: {}", s.message()))
+            })),
             Ok(Ok(r)) => Ok(r.into_inner()),
         }
     }
@@ -443,13 +473,13 @@ impl MasterClient {
         .await
     }
 
-    pub fn master(ch: Channel) -> MasterServiceClient<Channel> {
+    pub fn master(ch: AuthedChannel) -> MasterServiceClient<AuthedChannel> {
         MasterServiceClient::new(ch)
             .max_decoding_message_size(crescent_proto::MAX_GRPC_MESSAGE_BYTES)
             .max_encoding_message_size(crescent_proto::MAX_GRPC_MESSAGE_BYTES)
     }
 
-    pub fn cluster(ch: Channel) -> ClusterServiceClient<Channel> {
+    pub fn cluster(ch: AuthedChannel) -> ClusterServiceClient<AuthedChannel> {
         ClusterServiceClient::new(ch)
     }
 

@@ -56,6 +56,8 @@ pub fn code_number(code: ErrorCode) -> i32 {
         // Every replica sits on a store that stopped heartbeating: the bytes
         // cannot be fetched now, which Mooncake reports as a transfer failure.
         ErrorCode::ReplicasUnavailable => TRANSFER_FAIL,
+        // Mooncake has no authentication; a refused call is a failed RPC.
+        ErrorCode::PermissionDenied => RPC_FAIL,
     }
 }
 

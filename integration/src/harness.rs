@@ -159,6 +159,11 @@ impl ManagedChild {
         self.signal(libc::SIGCONT)
     }
 
+    /// SIGHUP: masters and stores re-read their token files.
+    pub fn hangup(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGHUP)
+    }
+
     fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
         let pid = self
             .pid()
@@ -425,6 +430,33 @@ impl StoreProcess {
     pub fn resume(&self) -> anyhow::Result<()> {
         self.process.resume()
     }
+
+    /// SIGHUP: the store re-reads its token file.
+    pub fn hangup(&self) -> anyhow::Result<()> {
+        self.process.hangup()
+    }
+}
+
+/// A master's flags for `tokens` (the directory `crescentctl tokens init`
+/// writes), or `--insecure` without.
+pub fn security_flags(tokens: Option<&Path>) -> Vec<String> {
+    match tokens {
+        None => vec!["--insecure".into()],
+        Some(dir) => vec![
+            "--token-file".into(),
+            dir.join(crescent_auth::CLIENT_TOKEN_FILE)
+                .display()
+                .to_string(),
+            "--admin-token-file".into(),
+            dir.join(crescent_auth::ADMIN_TOKEN_FILE)
+                .display()
+                .to_string(),
+            "--cluster-token-file".into(),
+            dir.join(crescent_auth::CLUSTER_TOKEN_FILE)
+                .display()
+                .to_string(),
+        ],
+    }
 }
 
 /// N master processes on loopback sharing one `--peers` list, plus any stores.
@@ -434,6 +466,18 @@ pub struct LocalCluster {
     binary: PathBuf,
     _dir: Option<tempfile::TempDir>,
     pub root: PathBuf,
+    /// The directory of client.token, admin.token and cluster.token in
+    /// token mode; `None`: the masters run `--insecure`.
+    pub tokens: Option<PathBuf>,
+}
+
+/// How a [`LocalCluster`]'s masters authenticate callers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Security {
+    /// `--insecure`: no checks (most tests, which test other things).
+    Insecure,
+    /// Token mode with fresh tokens under the cluster's root.
+    Tokens,
 }
 
 impl LocalCluster {
@@ -449,6 +493,18 @@ impl LocalCluster {
         Ok(c)
     }
 
+    /// [`start`](Self::start) in token mode: every process gets its token
+    /// file; [`master_client`](Self::master_client) presents the client token.
+    pub fn start_secured(n: usize, extra: &[String]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-cluster-")
+            .tempdir()?;
+        let root = dir.path().to_path_buf();
+        let mut c = Self::start_mode(&root, n, extra, true, Security::Tokens)?;
+        c._dir = Some(dir);
+        Ok(c)
+    }
+
     /// Starts `n` masters that find each other through etcd (`--etcd`,
     /// `--cluster`), with no `--peers`.
     pub fn start_with_etcd(
@@ -456,6 +512,17 @@ impl LocalCluster {
         etcd: &str,
         cluster: &str,
         extra: &[String],
+    ) -> anyhow::Result<Self> {
+        Self::start_with_etcd_as(n, etcd, cluster, extra, Security::Insecure)
+    }
+
+    /// [`start_with_etcd`](Self::start_with_etcd) with a choice of security.
+    pub fn start_with_etcd_as(
+        n: usize,
+        etcd: &str,
+        cluster: &str,
+        extra: &[String],
+        security: Security,
     ) -> anyhow::Result<Self> {
         let mut args = vec![
             "--etcd".to_string(),
@@ -468,14 +535,14 @@ impl LocalCluster {
             .prefix("crescent-cluster-")
             .tempdir()?;
         let root = dir.path().to_path_buf();
-        let mut c = Self::start_mode(&root, n, &args, false)?;
+        let mut c = Self::start_mode(&root, n, &args, false, security)?;
         c._dir = Some(dir);
         Ok(c)
     }
 
     /// Like [`start`](Self::start) in a directory that is kept afterwards.
     pub fn start_in(root: &Path, n: usize, extra: &[String]) -> anyhow::Result<Self> {
-        Self::start_mode(root, n, extra, true)
+        Self::start_mode(root, n, extra, true, Security::Insecure)
     }
 
     fn start_mode(
@@ -483,8 +550,17 @@ impl LocalCluster {
         n: usize,
         extra: &[String],
         static_peers: bool,
+        security: Security,
     ) -> anyhow::Result<Self> {
         let binary = find_binary("crescent-master")?;
+        let tokens = match security {
+            Security::Insecure => None,
+            Security::Tokens => {
+                let dir = root.join("tokens");
+                crescent_auth::write_token_files(&dir, false)?;
+                Some(dir)
+            }
+        };
         let mut ports = Vec::new();
         for _ in 0..n {
             ports.push((free_port()?, free_port()?));
@@ -506,6 +582,7 @@ impl LocalCluster {
             if static_peers {
                 flags.extend(["--peers".to_string(), peers.clone()]);
             }
+            flags.extend(security_flags(tokens.as_deref()));
             flags.extend(extra.iter().cloned());
             masters.push(MasterProcess::new(&binary, root, id, port, http, flags)?);
         }
@@ -515,6 +592,7 @@ impl LocalCluster {
             binary,
             _dir: None,
             root: root.to_path_buf(),
+            tokens,
         };
         for m in &mut cluster.masters {
             m.process.start()?;
@@ -530,6 +608,7 @@ impl LocalCluster {
             "node id {id} already used"
         );
         let mut flags = vec!["--join".to_string()];
+        flags.extend(security_flags(self.tokens.as_deref()));
         flags.extend(extra.iter().cloned());
         let (port, http) = (free_port()?, free_port()?);
         let mut master = MasterProcess::new(&self.binary, &self.root, id, port, http, flags)?;
@@ -557,6 +636,9 @@ impl LocalCluster {
             "--http".into(),
             format!("127.0.0.1:{http_port}"),
         ];
+        if let Some(token) = self.client_token_file() {
+            args.extend(["--token-file".into(), token.display().to_string()]);
+        }
         args.extend(extra.iter().cloned());
         let mut store = StoreProcess {
             endpoint: format!("127.0.0.1:{port}"),
@@ -582,9 +664,42 @@ impl LocalCluster {
         Ok(leader)
     }
 
+    /// The client token's file in token mode.
+    pub fn client_token_file(&self) -> Option<PathBuf> {
+        Some(self.tokens.as_ref()?.join(crescent_auth::CLIENT_TOKEN_FILE))
+    }
+
+    /// The admin token's file in token mode.
+    pub fn admin_token_file(&self) -> Option<PathBuf> {
+        Some(self.tokens.as_ref()?.join(crescent_auth::ADMIN_TOKEN_FILE))
+    }
+
+    /// The cluster (peer) token's file in token mode.
+    pub fn cluster_token_file(&self) -> Option<PathBuf> {
+        Some(
+            self.tokens
+                .as_ref()?
+                .join(crescent_auth::CLUSTER_TOKEN_FILE),
+        )
+    }
+
+    /// A client of the masters presenting the client token (if any).
+    pub fn master_client(&self) -> anyhow::Result<MasterClient> {
+        let token =
+            crescent_auth::BearerToken::from_optional_file(self.client_token_file().as_deref())?;
+        Ok(MasterClient::new(&self.masters_arg())?.with_token(token))
+    }
+
+    /// A client of the masters presenting the admin token (if any).
+    pub fn admin_client(&self) -> anyhow::Result<MasterClient> {
+        let token =
+            crescent_auth::BearerToken::from_optional_file(self.admin_token_file().as_deref())?;
+        Ok(MasterClient::new(&self.masters_arg())?.with_token(token))
+    }
+
     /// Waits until `n` segments are mounted (as the leader reports).
     pub async fn wait_for_segments(&self, n: u64, timeout: Duration) -> anyhow::Result<()> {
-        let client = MasterClient::new(&self.masters_arg())?;
+        let client = self.master_client()?;
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(l) = client.get_leader().await {
@@ -628,6 +743,17 @@ impl LocalCluster {
         self.process(id)?.kill()
     }
 
+    /// SIGHUP every master and store: they re-read their token files.
+    pub fn hangup_all(&mut self) -> anyhow::Result<()> {
+        for m in &self.masters {
+            m.process.hangup()?;
+        }
+        for s in &self.stores {
+            s.hangup()?;
+        }
+        Ok(())
+    }
+
     /// SIGSTOP one master: it keeps its sockets but answers nothing.
     pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
         self.process(id)?.pause()
@@ -645,7 +771,7 @@ impl LocalCluster {
 
     /// Waits until some master names a leader that itself says it leads.
     pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<(u64, String, u64)> {
-        let client = MasterClient::new(&self.masters_arg())?;
+        let client = self.master_client()?;
         let deadline = Instant::now() + timeout;
         loop {
             for m in &self.masters {

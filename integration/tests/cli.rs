@@ -152,7 +152,8 @@ async fn effective_node_id(file: Option<u64>, env: Option<u64>, flag: Option<u64
     let dir = tempfile::tempdir().unwrap();
     let (port, http) = (free_port().unwrap(), free_port().unwrap());
     let mut cmd = Command::new(find_binary("crescent-master").unwrap());
-    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+    cmd.arg("--insecure")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--http", &format!("127.0.0.1:{http}")])
         .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
         .env_remove("CRESCENT_NODE_ID")

@@ -395,7 +395,8 @@ async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
             .await
             .map_err(|_| format!("cannot reach node {to}: connect timed out"))?
             .map_err(|e| format!("cannot reach node {to}: {e}"))?;
-        let mut client = pb::cluster_service_client::ClusterServiceClient::new(channel);
+        let mut client =
+            pb::cluster_service_client::ClusterServiceClient::new(node.peer_token.wrap(channel));
         client
             .timeout_now(pb::TimeoutNowRequest {
                 from: node.id,

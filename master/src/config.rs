@@ -42,8 +42,9 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_NODE_ID", default_value_t = 1)]
     pub node_id: NodeId,
 
-    /// gRPC listen address (MasterService, ClusterService and Raft).
-    #[arg(long, env = "CRESCENT_LISTEN", default_value = "0.0.0.0:50051")]
+    /// gRPC listen address (MasterService, ClusterService and Raft). Loopback
+    /// unless told otherwise: give `0.0.0.0:50051` to serve other hosts.
+    #[arg(long, env = "CRESCENT_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
     /// Address other masters and clients use to reach this one [default: --listen,
@@ -74,11 +75,35 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_JOIN")]
     pub join: bool,
 
-    /// Admin/metrics HTTP address.
-    #[arg(long, env = "CRESCENT_HTTP", default_value = "0.0.0.0:9003")]
+    /// Admin/metrics HTTP address (loopback unless told otherwise).
+    #[arg(long, env = "CRESCENT_HTTP", default_value = "127.0.0.1:9003")]
     pub http: SocketAddr,
 
-    /// Bearer token required by mutating admin HTTP endpoints (POST /remove_all).
+    /// File holding the client token: engines, stores and `crescentctl`
+    /// present it for puts, gets, segments and status. `crescentctl tokens
+    /// init DIR` writes one. Required unless `--insecure`.
+    #[arg(long, env = "CRESCENT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// File holding the admin token: membership, leadership transfer,
+    /// RemoveAll/RemoveByRegex and the admin HTTP endpoints need it.
+    /// Required unless `--insecure`.
+    #[arg(long, env = "CRESCENT_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// File holding the cluster token the masters share: Raft traffic and
+    /// TimeoutNow are accepted only with it. Required unless `--insecure`.
+    #[arg(long, env = "CRESCENT_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
+
+    /// Serve without authentication: anyone who reaches the ports may read,
+    /// write, wipe and take over the cluster. For tests and trusted networks
+    /// only; a warning is logged at start.
+    #[arg(long, env = "CRESCENT_INSECURE")]
+    pub insecure: bool,
+
+    /// Deprecated (visible in `ps`; use --admin-token-file): with
+    /// `--insecure`, a bearer token POST /remove_all requires.
     #[arg(long, env = "CRESCENT_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
 
@@ -296,7 +321,42 @@ impl MasterConfig {
                 self.node_id
             );
         }
+        if !self.insecure {
+            anyhow::ensure!(
+                self.admin_token.is_none(),
+                "--admin-token is for --insecure clusters only; give the admin token in a file (--admin-token-file)"
+            );
+        }
         Ok(())
+    }
+
+    /// Who may call what: token mode from the three token files, or no
+    /// checks with `--insecure`. Refuses to guess: without both, an error.
+    pub fn verifier(&self) -> anyhow::Result<crescent_auth::Verifier> {
+        let files = (
+            &self.token_file,
+            &self.admin_token_file,
+            &self.cluster_token_file,
+        );
+        match (self.insecure, files) {
+            (true, (None, None, None)) => Ok(crescent_auth::Verifier::insecure()),
+            (true, _) => anyhow::bail!("--insecure and token files exclude each other: drop one"),
+            (false, (Some(client), Some(admin), Some(cluster))) => {
+                Ok(crescent_auth::Verifier::from_files(client, admin, cluster)?)
+            }
+            (false, _) => anyhow::bail!(
+                "no credentials: give --token-file, --admin-token-file and --cluster-token-file \
+                 (`crescentctl tokens init DIR` writes them), or --insecure to serve without \
+                 authentication"
+            ),
+        }
+    }
+
+    /// The token this master presents to its peers (Raft, TimeoutNow).
+    pub fn peer_token(&self) -> anyhow::Result<crescent_auth::BearerToken> {
+        Ok(crescent_auth::BearerToken::from_optional_file(
+            self.cluster_token_file.as_deref(),
+        )?)
     }
 
     pub fn advertise_addr(&self) -> String {

@@ -1,10 +1,11 @@
-//! Admin and metrics HTTP (`--http`, default :9003): `/metrics` (Prometheus
-//! text), `/health`, `/leader`, and admin reads `/query_key`, `/segments`,
-//! `/keys` plus `POST /remove_all` (guarded by `--admin-token` when set).
-//! Mooncake's names for the reads engines and its tools poll answer in its
-//! plain-text formats: `/get_all_segments`, `/get_all_keys`,
-//! `/query_segment?segment=` (SGLang waits for `/get_all_segments` to list a
-//! segment before it starts).
+//! Admin and metrics HTTP (`--http`, default 127.0.0.1:9003): open are
+//! `/metrics` (Prometheus text), `/health`, `/leader` and Mooncake's
+//! `/get_all_segments` (segment names only: SGLang polls it, without
+//! credentials, before it starts). The admin reads `/query_key`,
+//! `/segments`, `/keys`, `/get_all_keys`, `/query_segment?segment=` and
+//! `POST /remove_all` need the admin token (`Authorization: Bearer ...`)
+//! unless the master runs `--insecure`. Mooncake's names answer in its
+//! plain-text formats.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -32,18 +33,50 @@ const MAX_ALL_KEYS: usize = 1_000_000;
 const MOONCAKE_TEXT: &str = "text/plain; version=0.0.4";
 
 pub fn router(node: Arc<MasterNode>) -> Router {
+    let admin = Router::new()
+        .route("/query_key", get(query_key))
+        .route("/segments", get(segments))
+        .route("/keys", get(keys))
+        .route("/get_all_keys", get(mooncake_all_keys))
+        .route("/query_segment", get(mooncake_query_segment))
+        .route("/remove_all", post(remove_all))
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            require_admin,
+        ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/leader", get(leader))
-        .route("/query_key", get(query_key))
-        .route("/segments", get(segments))
-        .route("/keys", get(keys))
         .route("/get_all_segments", get(mooncake_all_segments))
-        .route("/get_all_keys", get(mooncake_all_keys))
-        .route("/query_segment", get(mooncake_query_segment))
-        .route("/remove_all", post(remove_all))
+        .merge(admin)
         .with_state(node)
+}
+
+/// Lets a request through only with the admin token (any token passes
+/// `--insecure`, except the deprecated `--admin-token` on POST /remove_all).
+async fn require_admin(
+    State(node): State<Arc<MasterNode>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    match node
+        .verifier
+        .check(authorization, crescent_auth::Role::Admin)
+    {
+        Ok(()) => next.run(request).await,
+        Err(denied) => {
+            let code = match denied {
+                crescent_auth::Denied::Insufficient { .. } => StatusCode::FORBIDDEN,
+                _ => StatusCode::UNAUTHORIZED,
+            };
+            (code, Json(json!({"error": denied.to_string()}))).into_response()
+        }
+    }
 }
 
 fn role_name(s: ServerState) -> &'static str {
@@ -60,6 +93,13 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
     let m = node.metrics();
     let mut out = String::with_capacity(4096);
     let mm = &node.counters;
+    sample(
+        &mut out,
+        "master_auth_denied_total",
+        "counter",
+        "Requests refused for lack of a valid token or role (gRPC and admin HTTP).",
+        node.verifier.denied_total(),
+    );
     {
         let sm = node.shared.sm.read().expect("state lock poisoned");
         let st = &sm.state;

@@ -10,6 +10,7 @@
 //! stores' and clients'), and it keeps no wall-clock time or randomness out of
 //! the commands it proposes.
 
+pub mod auth_layer;
 pub mod cluster;
 pub mod config;
 pub mod etcd;

@@ -33,6 +33,19 @@ fn main() -> anyhow::Result<()> {
             "crescent-master starting"
         );
         let mut master = RunningMaster::start(config, listener).await?;
+        // SIGHUP re-reads the token files (a rotation lists the new token
+        // first and the old one second; see the README's Security section).
+        let node = master.node.clone();
+        crescent_runtime::on_hangup(move || {
+            let peer = node.peer_token.reload();
+            match node.verifier.reload().and(peer) {
+                Ok(true) => tracing::info!("SIGHUP: token files reloaded"),
+                Ok(false) => tracing::info!("SIGHUP: --insecure, no tokens to reload"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "SIGHUP: tokens not reloaded; the old ones stay")
+                }
+            }
+        });
         tokio::select! {
             r = master.wait() => {
                 r?;

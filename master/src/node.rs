@@ -150,6 +150,10 @@ pub struct MasterNode {
     /// etcd membership, when started with --etcd.
     pub etcd: Option<Arc<crate::etcd::EtcdMembership>>,
     pub counters: MasterMetrics,
+    /// Who may call what (token mode, or everything with `--insecure`).
+    pub verifier: Arc<crescent_auth::Verifier>,
+    /// The cluster token this master presents to its peers.
+    pub peer_token: crescent_auth::BearerToken,
 }
 
 pub fn now_ms() -> u64 {
@@ -185,7 +189,15 @@ impl MasterNode {
         let addr = config.advertise_addr();
         let (log, sm) = crescent_raft::store::open(&config.data_dir)?;
         let shared = sm.shared.clone();
-        let network = GrpcNetworkFactory::new(id);
+        let verifier = Arc::new(config.verifier()?);
+        if verifier.is_insecure() {
+            tracing::warn!(
+                "--insecure: no authentication; anyone who reaches this master's ports may read, \
+                 write, wipe and take over the cluster"
+            );
+        }
+        let peer_token = config.peer_token()?;
+        let network = GrpcNetworkFactory::new(id, peer_token.clone());
         let contacts = network.contacts.clone();
         let lease_clock = network.lease_clock.clone();
         let raft = Raft::new(id, Arc::new(raft_config(&config)?), network, log, sm).await?;
@@ -213,6 +225,8 @@ impl MasterNode {
             transferring_to: Mutex::new(None),
             etcd: etcd.clone(),
             counters: Default::default(),
+            verifier,
+            peer_token,
         });
         tokio::spawn(read_barrier_loop(raft.clone(), rx));
 

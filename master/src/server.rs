@@ -56,6 +56,9 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .timeout(GRPC_REQUEST_TIMEOUT)
         .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
+        // Before any service: each method's role (issue 13: without it an
+        // outsider could wipe keys, forge Raft traffic and take over).
+        .layer(crate::auth_layer::AuthLayer::new(node.verifier.clone()))
         .add_service(master)
         .add_service(cluster)
         .add_service(raft)

@@ -29,6 +29,7 @@ fn config(
     MasterConfig::parse_from(
         [
             "crescent-master".to_string(),
+            "--insecure".into(),
             "--node-id".into(),
             id.to_string(),
             "--listen".into(),
@@ -282,7 +283,7 @@ async fn past_takeover_grace(cluster: &Cluster) -> usize {
     }
 }
 
-type RawMasterClient = pb::master_service_client::MasterServiceClient<tonic::transport::Channel>;
+type RawMasterClient = pb::master_service_client::MasterServiceClient<crescent_auth::AuthedChannel>;
 
 /// A client with a mounted segment, the leader once past its lease grace,
 /// and a raw gRPC client to it (to send chosen request ids).

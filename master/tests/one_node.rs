@@ -22,6 +22,7 @@ async fn one_master(dir: &std::path::Path, extra: &[&str]) -> (RunningMaster, Ma
         "crescent-master",
         "--node-id",
         "1",
+        "--insecure",
         "--listen",
         &format!("127.0.0.1:{port}"),
         "--data-dir",

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crescent_auth::{AuthedChannel, BearerToken};
 use crescent_proto::pb::raft_service_client::RaftServiceClient;
 use crescent_proto::pb::raft_service_server::RaftService;
 use crescent_proto::pb::RaftPayload;
@@ -58,25 +59,28 @@ impl ContactBook {
 pub struct GrpcNetworkFactory {
     self_id: NodeId,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The cluster token every message carries (none with `--insecure`).
+    token: BearerToken,
     pub contacts: Arc<ContactBook>,
     /// Send times of accepted AppendEntries, for the leader's read lease.
     pub lease_clock: Arc<LeaseClock>,
 }
 
 impl GrpcNetworkFactory {
-    pub fn new(self_id: NodeId) -> Self {
+    pub fn new(self_id: NodeId, token: BearerToken) -> Self {
         Self {
             self_id,
             channels: Default::default(),
+            token,
             contacts: Default::default(),
             lease_clock: Default::default(),
         }
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, String> {
+    fn channel(&self, addr: &str) -> Result<AuthedChannel, String> {
         let mut channels = self.channels.lock().expect("channel lock poisoned");
         if let Some(c) = channels.get(addr) {
-            return Ok(c.clone());
+            return Ok(self.token.wrap(c.clone()));
         }
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
@@ -86,13 +90,13 @@ impl GrpcNetworkFactory {
             .keep_alive_while_idle(true);
         let channel = endpoint.connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        Ok(self.token.wrap(channel))
     }
 }
 
 pub struct GrpcNetwork {
     target: NodeId,
-    client: Result<RaftServiceClient<Channel>, String>,
+    client: Result<RaftServiceClient<AuthedChannel>, String>,
     contacts: Arc<ContactBook>,
     lease_clock: Arc<LeaseClock>,
     /// The AppendEntries with entries still on its way to `target`, if any.
@@ -264,7 +268,7 @@ fn unreachable<E: std::error::Error>(reason: String) -> RPCError<NodeId, BasicNo
 
 /// One Raft RPC of already-encoded `data`, answered within `timeout`.
 async fn send<Resp, E>(
-    mut client: RaftServiceClient<Channel>,
+    mut client: RaftServiceClient<AuthedChannel>,
     contacts: Arc<ContactBook>,
     target: NodeId,
     method: Method,
@@ -393,6 +397,36 @@ impl RaftGrpcServer {
     }
 }
 
+impl RaftGrpcServer {
+    /// Refuses a vote request from a node this one does not count as a
+    /// member: a removed master (or a stranger holding the cluster token)
+    /// would otherwise depose the leader with a higher term. A node with no
+    /// membership yet (joining) has nobody to check against. AppendEntries
+    /// is not checked this way: a lagging follower may not yet know the
+    /// member that now leads, and must still accept its log.
+    fn check_candidate(&self, candidate: NodeId) -> Result<(), tonic::Status> {
+        let members: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        if members.is_empty() || members.contains(&candidate) {
+            return Ok(());
+        }
+        tracing::warn!(
+            candidate,
+            "refused a vote request from a node outside the membership"
+        );
+        Err(tonic::Status::permission_denied(format!(
+            "node {candidate} is not a member of this cluster"
+        )))
+    }
+}
+
 fn decode_req<T: DeserializeOwned>(req: tonic::Request<RaftPayload>) -> Result<T, tonic::Status> {
     codec::decode(&req.into_inner().data)
         .map_err(|e| tonic::Status::invalid_argument(format!("undecodable raft message: {e}")))
@@ -427,6 +461,7 @@ impl RaftService for RaftGrpcServer {
             ));
         }
         self.check_term(req.vote.leader_id.term)?;
+        self.check_candidate(req.vote.leader_id.node_id)?;
         let result = self.raft.vote(req).await;
         encode_resp(&result)
     }

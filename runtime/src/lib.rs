@@ -2,7 +2,7 @@
 //!
 //! Owns the process-level plumbing of the binaries (`crescent-master`,
 //! `crescent-store`, `crescentctl`, `crescent-chaos`): logging set-up,
-//! the shutdown signal, raising the open-file limit, and the listeners'
+//! the shutdown and reload (SIGHUP) signals, raising the open-file limit, and the listeners'
 //! connection caps with the admin HTTP server that uses them.
 //!
 //! It must not hold Crescent behaviour (metadata, placement, the data
@@ -75,6 +75,22 @@ pub async fn shutdown_signal() {
             tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// Runs `reload` at every SIGHUP, from now on (must be called inside a
+/// Tokio runtime). Without the handler a SIGHUP would end the process.
+pub fn on_hangup(reload: impl Fn() + Send + 'static) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    reload();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot watch SIGHUP; reloading needs a restart"),
     }
 }
 

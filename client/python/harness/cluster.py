@@ -54,6 +54,20 @@ class Cluster:
         for exe in ("crescent-master", "crescent-store", "crescentctl"):
             if not (self.bin / exe).exists():
                 raise RuntimeError(f"{self.bin / exe} is missing: run `cargo build --bins` first")
+        # Token mode, as a real cluster runs: the store presents the client
+        # token, crescentctl and this process's clients the admin token
+        # (MooncakeDistributedStore.setup reads CRESCENT_TOKEN_FILE): the
+        # engines' sequences end with remove_all, which needs the admin role.
+        self.tokens = self.root / "tokens"
+        subprocess.run(
+            [str(self.bin / "crescentctl"), "tokens", "init", str(self.tokens)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        self.client_token = self.tokens / "client.token"
+        self.admin_token = self.tokens / "admin.token"
+        os.environ["CRESCENT_TOKEN_FILE"] = str(self.admin_token)
         peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(self.master_ports))
         for i, port in enumerate(self.master_ports):
             self.spawn(
@@ -68,6 +82,9 @@ class Cluster:
                     # Short read leases so non-forced removes in the tests
                     # are not refused for Mooncake's usual seconds.
                     "--lease-ttl", self.lease_ttl,
+                    "--token-file", str(self.client_token),
+                    "--admin-token-file", str(self.admin_token),
+                    "--cluster-token-file", str(self.tokens / "cluster.token"),
                 ],
             )
         wait_until("a leader", lambda: self.ctl("leader").returncode == 0)
@@ -79,6 +96,7 @@ class Cluster:
                 "--listen", f"127.0.0.1:{self.store_port}",
                 "--http", f"127.0.0.1:{free_port()}",
                 "--segment-size", self.segment_size,
+                "--token-file", str(self.client_token),
             ],
         )
         wait_until("the store's segment", self.can_put)
@@ -88,15 +106,25 @@ class Cluster:
         import urllib.error
         import urllib.request
 
+        token = self.admin_token.read_text().strip()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_ports[0]}{path}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_ports[0]}{path}", timeout=10) as r:
+            with urllib.request.urlopen(request, timeout=10) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
     def ctl(self, *args):
         return subprocess.run(
-            [str(self.bin / "crescentctl"), "--master", self.masters, *args],
+            [
+                str(self.bin / "crescentctl"),
+                "--master", self.masters,
+                "--token-file", str(self.admin_token),
+                *args,
+            ],
             capture_output=True,
             timeout=30,
         )

@@ -21,6 +21,7 @@ from crescent.store import (
 OBJECT_NOT_FOUND = -704
 INVALID_PARAMS = -600
 NOT_SET_UP = -1010
+RPC_FAIL = -900
 
 
 def key(name):
@@ -282,6 +283,25 @@ def test_remove_all(store):
         assert store.put(k, b"x") == 0
     assert store.remove_all(force=True) >= 3
     assert store.batch_is_exist(ks) == [0, 0, 0]
+
+
+def test_token_roles(cluster, monkeypatch):
+    """With the client token an engine puts and gets but cannot wipe the
+    cluster; without a token it is refused everything."""
+    monkeypatch.setenv("CRESCENT_TOKEN_FILE", str(cluster.client_token))
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.masters) == 0
+    assert s.put("token-roles", b"client token") == 0
+    assert s.get("token-roles") == b"client token"
+    assert s.remove_all(force=True) == RPC_FAIL
+    assert s.is_exist("token-roles") == 1, "remove_all must have changed nothing"
+    s.close()
+    monkeypatch.delenv("CRESCENT_TOKEN_FILE")
+    s = MooncakeDistributedStore()
+    rc = s.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.masters)
+    if rc == 0:
+        assert s.put("token-roles-2", b"x") < 0
+        s.close()
 
 
 def test_setup_from_a_mooncake_config_file(cluster, tmp_path, monkeypatch):

@@ -24,8 +24,9 @@ struct Args {
     /// Masters: host:port or a comma list.
     #[arg(long, env = "CRESCENT_MASTER", default_value = "127.0.0.1:50051")]
     master: String,
-    /// Transfer listen address.
-    #[arg(long, env = "CRESCENT_STORE_LISTEN", default_value = "0.0.0.0:50061")]
+    /// Transfer listen address (loopback unless told otherwise: give
+    /// `0.0.0.0:50061` to serve other hosts).
+    #[arg(long, env = "CRESCENT_STORE_LISTEN", default_value = "127.0.0.1:50061")]
     listen: SocketAddr,
     /// Host others use to reach the transfer port [default: the listen IP, or 127.0.0.1 on 0.0.0.0].
     #[arg(long, env = "CRESCENT_STORE_ADVERTISE")]
@@ -49,8 +50,12 @@ struct Args {
     #[arg(long, env = "CRESCENT_HEARTBEAT_INTERVAL", default_value = "1s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
     heartbeat_interval: Duration,
     /// Metrics/health HTTP address (empty disables it).
-    #[arg(long, env = "CRESCENT_STORE_HTTP", default_value = "0.0.0.0:9103")]
+    #[arg(long, env = "CRESCENT_STORE_HTTP", default_value = "127.0.0.1:9103")]
     http: String,
+    /// File holding the client token the masters require (`crescentctl
+    /// tokens init DIR` writes one); leave it out for `--insecure` masters.
+    #[arg(long, env = "CRESCENT_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
     /// Log format: text or json. Filter with RUST_LOG.
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -70,7 +75,18 @@ fn main() -> anyhow::Result<()> {
         .thread_name("crescent-store")
         .build()?;
     rt.block_on(async move {
-        let master = Arc::new(MasterClient::connect(&args.master).await?);
+        let token = crescent_auth::BearerToken::from_optional_file(args.token_file.as_deref())?;
+        let master = Arc::new(
+            MasterClient::connect(&args.master)
+                .await?
+                .with_token(token.clone()),
+        );
+        // SIGHUP re-reads the token file (the token's clones share it).
+        crescent_runtime::on_hangup(move || match token.reload() {
+            Ok(true) => tracing::info!("SIGHUP: token file reloaded"),
+            Ok(false) => tracing::info!("SIGHUP: no token file to reload"),
+            Err(e) => tracing::warn!(error = %e, "SIGHUP: token not reloaded; the old one stays"),
+        });
         let cfg = AgentConfig {
             name: args.segment_name.clone(),
             segment_size: args.segment_size,

@@ -22,6 +22,16 @@ struct Cli {
     )]
     master: String,
 
+    /// File holding the token to present: the client token, or the admin
+    /// token (which may do everything the client token may).
+    #[arg(long, global = true, env = "CRESCENT_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
+
+    /// File holding the admin token, used for members, transfer-leader
+    /// and status instead of --token-file.
+    #[arg(long, global = true, env = "CRESCENT_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<std::path::PathBuf>,
+
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -71,12 +81,31 @@ enum Cmd {
     },
     /// Whether an object exists (exit status 0 when it does, 2 when not).
     Exists { key: String },
+    /// Credentials: `tokens init DIR` writes a client, an admin and a
+    /// cluster token (readable by the owner only).
+    Tokens {
+        #[command(subcommand)]
+        action: TokensCmd,
+    },
     /// Benchmarks: runs `crescent-bench` (found next to this program) with
     /// the rest of the arguments, e.g. `bench meta --masters H:P`.
     #[command(disable_help_flag = true)]
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokensCmd {
+    /// Write client.token, admin.token and cluster.token into DIR; existing
+    /// files are kept unless --force. Give masters all three files
+    /// (--token-file, --admin-token-file, --cluster-token-file), stores and
+    /// engines client.token, operators admin.token.
+    Init {
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -102,7 +131,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Cmd::Bench { args } = cli.command {
         return run_bench(args, cli.json);
     }
-    let client = MasterClient::connect(&cli.master).await?;
+    if let Cmd::Tokens {
+        action: TokensCmd::Init { dir, force },
+    } = &cli.command
+    {
+        let written = crescent_auth::write_token_files(dir, *force)?;
+        for path in &written {
+            println!("wrote {}", path.display());
+        }
+        if written.is_empty() {
+            println!(
+                "kept the existing tokens in {} (--force replaces them)",
+                dir.display()
+            );
+        }
+        return Ok(());
+    }
+    let admin_command = matches!(
+        cli.command,
+        Cmd::Members { .. } | Cmd::TransferLeader { .. } | Cmd::Status
+    );
+    let token_file = match (&cli.admin_token_file, admin_command) {
+        (Some(admin), true) => Some(admin.clone()),
+        _ => cli.token_file.clone(),
+    };
+    let token = crescent_auth::BearerToken::from_optional_file(token_file.as_deref())?;
+    let target = Target {
+        master: cli.master.clone(),
+        token_file,
+    };
+    let client = MasterClient::connect(&cli.master).await?.with_token(token);
     match cli.command {
         Cmd::Leader => cluster_cmds::leader(&client, cli.json).await,
         Cmd::Members { action: None } => cluster_cmds::members(&client, cli.json).await,
@@ -119,12 +177,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             value,
             file,
             replicas,
-        } => object_cmds::put(&cli.master, &key, value, file, replicas).await,
-        Cmd::Get { key, out } => object_cmds::get(&cli.master, &key, out).await,
-        Cmd::Rm { key, force } => object_cmds::rm(&cli.master, &key, force).await,
-        Cmd::Exists { key } => object_cmds::exists(&cli.master, &key, cli.json).await,
-        Cmd::Bench { .. } => unreachable!("handled above"),
+        } => object_cmds::put(&target, &key, value, file, replicas).await,
+        Cmd::Get { key, out } => object_cmds::get(&target, &key, out).await,
+        Cmd::Rm { key, force } => object_cmds::rm(&target, &key, force).await,
+        Cmd::Exists { key } => object_cmds::exists(&target, &key, cli.json).await,
+        Cmd::Bench { .. } | Cmd::Tokens { .. } => unreachable!("handled above"),
     }
+}
+
+/// Where the object commands connect, and with which token.
+pub struct Target {
+    pub master: String,
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// The benchmarks are their own program (they start local clusters with the

@@ -5,9 +5,12 @@ use std::path::PathBuf;
 
 use crescent_client::{Client, ClientConfig, ReplicateConfig, Stored};
 
-async fn client(master: &str) -> anyhow::Result<Client> {
+use crate::Target;
+
+async fn client(target: &Target) -> anyhow::Result<Client> {
     let config = ClientConfig {
-        master: master.to_string(),
+        master: target.master.clone(),
+        token_file: target.token_file.clone(),
         // Never local-only: this process's memory dies with it, so a put
         // "stored" there while no master answers would be a false success.
         degrade_after: std::time::Duration::ZERO,
@@ -17,7 +20,7 @@ async fn client(master: &str) -> anyhow::Result<Client> {
 }
 
 pub async fn put(
-    master: &str,
+    target: &Target,
     key: &str,
     value: Option<String>,
     file: Option<PathBuf>,
@@ -31,7 +34,7 @@ pub async fn put(
         _ => anyhow::bail!("give either a VALUE or --file F"),
     };
     anyhow::ensure!(replicas > 0, "--replicas must be at least 1");
-    let c = client(master).await?;
+    let c = client(target).await?;
     let cfg = ReplicateConfig {
         replica_num: replicas,
         ..Default::default()
@@ -50,8 +53,8 @@ pub async fn put(
     Ok(())
 }
 
-pub async fn get(master: &str, key: &str, out: Option<PathBuf>) -> anyhow::Result<()> {
-    let c = client(master).await?;
+pub async fn get(target: &Target, key: &str, out: Option<PathBuf>) -> anyhow::Result<()> {
+    let c = client(target).await?;
     let bytes = c.get(key).await?;
     match out {
         Some(path) => {
@@ -64,14 +67,14 @@ pub async fn get(master: &str, key: &str, out: Option<PathBuf>) -> anyhow::Resul
     Ok(())
 }
 
-pub async fn rm(master: &str, key: &str, force: bool) -> anyhow::Result<()> {
-    client(master).await?.remove(key, force).await?;
+pub async fn rm(target: &Target, key: &str, force: bool) -> anyhow::Result<()> {
+    client(target).await?.remove(key, force).await?;
     eprintln!("removed {key}");
     Ok(())
 }
 
-pub async fn exists(master: &str, key: &str, json: bool) -> anyhow::Result<()> {
-    let found = client(master).await?.exists(key).await?;
+pub async fn exists(target: &Target, key: &str, json: bool) -> anyhow::Result<()> {
+    let found = client(target).await?.exists(key).await?;
     if json {
         println!("{}", serde_json::json!({"key": key, "exists": found}));
     } else {

@@ -160,7 +160,7 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
             (Some(c), m, dir)
         }
     };
-    let floor = crate::floor::measure(&floor_dir, &masters).await?;
+    let floor = crate::floor::measure(&floor_dir, &masters, &crate::env_token()?).await?;
     eprintln!("{}", floor.describe(&floor_dir));
     let host = crescent_client::config::system_hostname();
     let mut rows = Vec::new();
@@ -212,6 +212,7 @@ async fn run_one(
         let c = Client::connect(ClientConfig {
             master: masters.to_string(),
             local_hostname: hostname.to_string(),
+            token_file: std::env::var_os("CRESCENT_TOKEN_FILE").map(Into::into),
             ..Default::default()
         })
         .await?;

@@ -101,10 +101,16 @@ pub async fn rpc_p50(client: &MasterClient, n: usize) -> anyhow::Result<f64> {
 }
 
 /// Both floors: fsync in `dir`, round trips to the leader of `masters`.
-pub async fn measure(dir: &Path, masters: &str) -> anyhow::Result<Floor> {
+pub async fn measure(
+    dir: &Path,
+    masters: &str,
+    token: &crescent_auth::BearerToken,
+) -> anyhow::Result<Floor> {
     let dir_owned = dir.to_path_buf();
     let fsync = tokio::task::spawn_blocking(move || fsync_4k_p50(&dir_owned, 200)).await??;
-    let client = MasterClient::connect(masters).await?;
+    let client = MasterClient::connect(masters)
+        .await?
+        .with_token(token.clone());
     let rpc = rpc_p50(&client, 500).await?;
     Ok(Floor {
         fsync_4k_p50_ms: fsync,

@@ -55,3 +55,13 @@ fn main() -> std::process::ExitCode {
         }
     })
 }
+
+/// The token for a `--masters` cluster in token mode: the file named by
+/// `CRESCENT_TOKEN_FILE` (clusters the benchmark starts itself run
+/// `--insecure`, where a token is ignored).
+pub fn env_token() -> anyhow::Result<crescent_auth::BearerToken> {
+    let file = std::env::var_os("CRESCENT_TOKEN_FILE").map(std::path::PathBuf::from);
+    Ok(crescent_auth::BearerToken::from_optional_file(
+        file.as_deref(),
+    )?)
+}
