@@ -84,7 +84,7 @@ cmp "$DIR/value.bin" "$DIR/value.out" && echo "demo: the 4 MiB object read back 
 
 echo
 echo "demo: a short metadata workload (3 000 objects, batches of 128)"
-"$BIN/crescentctl" bench meta --masters "$MASTER_LIST" --objects 3000 --single-objects 200 --batch 1,128 | grep -E "^(CLUSTER|given)"
+CRESCENT_TOKEN_FILE="$CRESCENT_ADMIN_TOKEN_FILE" "$BIN/crescentctl" bench meta --masters "$MASTER_LIST" --objects 3000 --single-objects 200 --batch 1,128 | grep -E "^(CLUSTER|given)"
 
 echo
 "$BIN/crescentctl" --master "$MASTERS" status
@@ -105,7 +105,7 @@ echo "demo: new leader after $(( ($(date +%s%N) - START) / 1000000 )) ms:"
 "$BIN/crescentctl" --master "$MASTERS" get demo-object --out "$DIR/value.after"
 cmp "$DIR/value.bin" "$DIR/value.after" && echo "demo: the object is still there after the failover"
 echo "demo: the workload continues on the new leader"
-"$BIN/crescentctl" bench meta --masters "$MASTER_LIST" --objects 2000 --batch 128 | grep -E "^(CLUSTER|given)"
+CRESCENT_TOKEN_FILE="$CRESCENT_ADMIN_TOKEN_FILE" "$BIN/crescentctl" bench meta --masters "$MASTER_LIST" --objects 2000 --batch 128 | grep -E "^(CLUSTER|given)"
 
 echo
 echo "demo: restarting node $LEADER; it rejoins as a follower"

@@ -17,8 +17,9 @@ const LOCAL_LEASE_TTL: &str = "2s";
 
 #[derive(Args, Debug)]
 pub struct DataArgs {
-    /// Masters of an existing cluster (with stores). Default: start 3 masters and
-    /// one store (--shm) locally.
+    /// Masters of an existing cluster (with stores; the admin token, if they
+    /// need one, from CRESCENT_TOKEN_FILE: each run clears its keys with
+    /// RemoveByRegex). Default: start 3 masters and one store (--shm) locally.
     #[arg(long)]
     masters: Option<String>,
     /// Value sizes.

@@ -14,7 +14,8 @@ use serde_json::json;
 #[derive(Args, Debug)]
 pub struct MetaArgs {
     /// Masters to benchmark (host:port list; the token, if they need one,
-    /// from CRESCENT_TOKEN_FILE). Default: spawn local 1- and 3-node clusters.
+    /// from CRESCENT_TOKEN_FILE: the admin token, since each run clears its
+    /// keys with RemoveByRegex). Default: spawn local 1- and 3-node clusters.
     #[arg(long)]
     masters: Option<String>,
     /// Batch sizes to run, comma separated.
@@ -91,8 +92,9 @@ pub async fn run(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
                     Security::Tokens => LocalCluster::start_secured(n, &[])?,
                 };
                 cluster.wait_for_leader(Duration::from_secs(20)).await?;
+                // The admin token: each run clears its keys with RemoveByRegex.
                 let token = crescent_auth::BearerToken::from_optional_file(
-                    cluster.client_token_file().as_deref(),
+                    cluster.admin_token_file().as_deref(),
                 )?;
                 let name = match security {
                     Security::Insecure => format!("{n}-node"),
