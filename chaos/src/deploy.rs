@@ -348,8 +348,10 @@ pub fn container_mode_blocker(image: &str) -> Option<String> {
 
 /// etcd (3), masters (3), stores (2) and workers each in a container on a
 /// private network with fixed addresses, so a restarted or reconnected
-/// container keeps its address and Raft peers stay valid.
+/// container keeps its address and Raft peers stay valid. Token mode: the
+/// tokens live in a host directory mounted read-only at [`TOKENS_MOUNT`].
 pub struct ContainerDeployment {
+    tokens: tempfile::TempDir,
     prefix: String,
     network: String,
     subnet_base: String,
@@ -359,6 +361,9 @@ pub struct ContainerDeployment {
 }
 
 const MASTER_IDS: [u64; 3] = [1, 2, 3];
+
+/// Where the containers see the token directory.
+const TOKENS_MOUNT: &str = "/crescent-tokens";
 
 impl ContainerDeployment {
     pub fn start(image: &str, master_flags: &[String]) -> anyhow::Result<Self> {
@@ -385,7 +390,12 @@ impl ContainerDeployment {
         }
         let subnet_base =
             chosen.ok_or_else(|| anyhow::anyhow!("cannot create a private docker network"))?;
+        let tokens = tempfile::Builder::new()
+            .prefix("crescent-chaos-tokens-")
+            .tempdir()?;
+        crescent_auth::write_token_files(tokens.path(), false)?;
         let mut d = Self {
+            tokens,
             network: prefix.clone(),
             prefix,
             subnet_base,
@@ -411,6 +421,9 @@ impl ContainerDeployment {
     }
     fn store_name(&self, i: usize) -> String {
         format!("{}-store-{i}", self.prefix)
+    }
+    fn tokens_mount(&self) -> String {
+        format!("{}:{TOKENS_MOUNT}:ro", self.tokens.path().display())
     }
     fn masters_arg(&self) -> String {
         MASTER_IDS
@@ -496,12 +509,14 @@ impl ContainerDeployment {
                 etcd_endpoints.join(","),
                 "--cluster".into(),
                 "chaos".into(),
-                // Container runs are not in token mode yet (process runs are).
-                "--insecure".into(),
             ];
+            cmd.extend(crescent_integration::security_flags(Some(Path::new(
+                TOKENS_MOUNT,
+            ))));
             cmd.extend(master_flags.iter().cloned());
             let name = self.master_name(id);
-            self.run(&name, &ip, &[], &cmd)?;
+            let mount = self.tokens_mount();
+            self.run(&name, &ip, &["-v", &mount], &cmd)?;
         }
         for i in 0..2usize {
             let ip = self.ip(30 + i as u32);
@@ -517,9 +532,12 @@ impl ContainerDeployment {
                 "256mb".into(),
                 "--http".into(),
                 "0.0.0.0:9103".into(),
+                "--token-file".into(),
+                format!("{TOKENS_MOUNT}/{}", crescent_auth::CLIENT_TOKEN_FILE),
             ];
             let name = self.store_name(i);
-            self.run(&name, &ip, &[], &cmd)?;
+            let mount = self.tokens_mount();
+            self.run(&name, &ip, &["-v", &mount], &cmd)?;
         }
         Ok(())
     }
@@ -540,6 +558,9 @@ impl Deployment for ContainerDeployment {
     }
     fn master_http(&self, id: u64) -> String {
         format!("{}:9003", self.ip(20 + id as u32))
+    }
+    fn client_token_file(&self) -> Option<PathBuf> {
+        Some(self.tokens.path().join(crescent_auth::CLIENT_TOKEN_FILE))
     }
     fn kill_master(&mut self, id: u64) -> anyhow::Result<()> {
         docker(&["kill", &self.master_name(id)]).map(drop)
@@ -595,8 +616,16 @@ impl Deployment for ContainerDeployment {
             let name = format!("{}-worker-{i}", self.prefix);
             let ip = self.ip(40 + i);
             let mut cmd = vec!["crescent-chaos".to_string()];
-            cmd.extend(worker_args(plan, i, &self.masters_arg(), "/chaos", None));
-            self.run(&name, &ip, &["-v", &mount], &cmd)?;
+            let token = Path::new(TOKENS_MOUNT).join(crescent_auth::CLIENT_TOKEN_FILE);
+            cmd.extend(worker_args(
+                plan,
+                i,
+                &self.masters_arg(),
+                "/chaos",
+                Some(&token),
+            ));
+            let tokens = self.tokens_mount();
+            self.run(&name, &ip, &["-v", &mount, "-v", &tokens], &cmd)?;
             self.workers.push(name);
         }
         Ok(())
