@@ -58,9 +58,12 @@ impl fmt::Display for Role {
 /// The role each gRPC method needs. Unknown paths need [`Role::Peer`], so a
 /// method added without an entry here is closed, not open.
 pub fn role_for_grpc_path(path: &str) -> Role {
-    let Some((service, method)) = path.trim_start_matches('/').split_once('/') else {
+    let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
         return Role::Peer;
     };
+    if method.contains('/') {
+        return Role::Peer;
+    }
     match (service, method) {
         ("crescent.MasterService", "RemoveAll" | "RemoveByRegex") => Role::Admin,
         ("crescent.MasterService", _) => Role::Client,
@@ -350,6 +353,32 @@ impl Verifier {
         self.tokens.is_none()
     }
 
+    /// The tag a master writes beside its address when it registers in etcd
+    /// (token mode; `None` with `--insecure`): an HMAC-SHA256 keyed with the
+    /// cluster token it presents, over the cluster name, its id and address.
+    /// Without it, anyone who can write to etcd could register a master the
+    /// leader would add, and send the cluster token to.
+    pub fn member_tag(&self, cluster: &str, id: u64, addr: &str) -> Option<String> {
+        let tokens = self.tokens.as_ref()?;
+        let tokens = tokens.read().unwrap_or_else(|e| e.into_inner());
+        tokens
+            .peer
+            .first()
+            .map(|t| member_mac(t, cluster, id, addr))
+    }
+
+    /// Whether `tag` is [`member_tag`](Self::member_tag) under any cluster
+    /// token this master accepts (always true with `--insecure`).
+    pub fn member_tag_ok(&self, cluster: &str, id: u64, addr: &str, tag: &str) -> bool {
+        let Some(tokens) = &self.tokens else {
+            return true;
+        };
+        let tokens = tokens.read().unwrap_or_else(|e| e.into_inner());
+        tokens.peer.iter().fold(false, |ok, t| {
+            constant_time_eq(member_mac(t, cluster, id, addr).as_bytes(), tag.as_bytes()) | ok
+        })
+    }
+
     /// Requests refused so far.
     pub fn denied_total(&self) -> u64 {
         self.denied.load(Ordering::Relaxed)
@@ -388,6 +417,19 @@ impl Verifier {
             Err(Denied::Insufficient { needed, granted })
         }
     }
+}
+
+fn member_mac(token: &Secret, cluster: &str, id: u64, addr: &str) -> String {
+    use hmac::Mac;
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(token.0.as_bytes())
+        .expect("HMAC takes keys of any length");
+    mac.update(format!("crescent-member\n{cluster}\n{id}\n{addr}").as_bytes());
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The token of an `authorization: Bearer <token>` value, if it is one.
@@ -576,6 +618,38 @@ mod tests {
     }
 
     #[test]
+    fn member_tags_bind_cluster_id_and_address_to_the_cluster_token() {
+        let v = verifier();
+        let tag = v.member_tag("c", 2, "10.0.0.2:50051").unwrap();
+        assert!(v.member_tag_ok("c", 2, "10.0.0.2:50051", &tag));
+        assert!(
+            !v.member_tag_ok("c", 2, "10.6.6.6:50051", &tag),
+            "other address"
+        );
+        assert!(
+            !v.member_tag_ok("c", 99, "10.0.0.2:50051", &tag),
+            "other id"
+        );
+        assert!(
+            !v.member_tag_ok("d", 2, "10.0.0.2:50051", &tag),
+            "other cluster"
+        );
+        assert!(!v.member_tag_ok("c", 2, "10.0.0.2:50051", ""), "no tag");
+        let other = Verifier::with_tokens(
+            secret("client-token-0123456789"),
+            secret("admin-token-0123456789"),
+            secret("another-peer-token-0123"),
+        )
+        .unwrap();
+        assert!(
+            !other.member_tag_ok("c", 2, "10.0.0.2:50051", &tag),
+            "other token"
+        );
+        assert_eq!(Verifier::insecure().member_tag("c", 2, "a:1"), None);
+        assert!(Verifier::insecure().member_tag_ok("c", 2, "a:1", ""));
+    }
+
+    #[test]
     fn insecure_allows_everything() {
         let v = Verifier::insecure();
         assert!(v.is_insecure());
@@ -627,6 +701,14 @@ mod tests {
             Role::Peer
         );
         assert_eq!(role_for_grpc_path("garbage"), Role::Peer);
+        assert_eq!(
+            role_for_grpc_path("/crescent.MasterService/RemoveAll/x"),
+            Role::Peer
+        );
+        assert_eq!(
+            role_for_grpc_path("crescent.MasterService/PutStart"),
+            Role::Peer
+        );
     }
 
     #[test]

@@ -78,7 +78,15 @@ async fn refresh(
     let seeds: Vec<String> = resp
         .kvs()
         .iter()
-        .filter_map(|kv| kv.value_str().ok().map(str::to_string))
+        // "host:port", then (token mode) the member's tag: the address is
+        // the first word.
+        .filter_map(|kv| {
+            kv.value_str()
+                .ok()?
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        })
         .collect();
     let n = seeds.len();
     targets.set_seeds(seeds);

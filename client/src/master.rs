@@ -503,6 +503,8 @@ impl MasterClient {
                     Ok(r) => {
                         last = format!("{t}: {}", r.status.map(|s| s.message).unwrap_or_default())
                     }
+                    // Refused for good: the token, not the cluster, is the problem.
+                    Err(e) if e.code() == ErrorCode::PermissionDenied => return Err(e),
                     Err(e) => last = e.to_string(),
                 }
             }
@@ -514,7 +516,10 @@ impl MasterClient {
     }
 
     /// True when some master answers and names a leader that answers too,
-    /// within `within`. Used to detect outages and recoveries.
+    /// within `within`, or refuses this client's token (a master that
+    /// answers is no outage: going local-only would hide the refusal behind
+    /// puts that "succeed" in this process's memory). Used to detect outages
+    /// and recoveries.
     pub async fn probe(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         let mut targets: Vec<String> = self.cached_leader().into_iter().collect();
@@ -526,7 +531,13 @@ impl MasterClient {
             }
             let Ok(ch) = self.channel(&t) else { continue };
             let call = async move { Self::cluster(ch).get_leader(pb::GetLeaderRequest {}).await };
-            if let Ok(Ok(r)) = tokio::time::timeout(left, call).await {
+            let answer = tokio::time::timeout(left, call).await;
+            if let Ok(Err(status)) = &answer {
+                if denied(status).is_some() {
+                    return true;
+                }
+            }
+            if let Ok(Ok(r)) = answer {
                 let r = r.into_inner();
                 if r.leader_id != 0 && !r.leader_addr.is_empty() {
                     if r.leader_addr == t {

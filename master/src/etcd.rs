@@ -5,7 +5,10 @@
 //! it). Bootstrap: exactly one master initializes Raft, the one whose
 //! create-if-absent transaction on `/crescent/<cluster>/bootstrap` succeeds;
 //! the leader adds every other registered master, as a learner first, then as
-//! a voter. A lapsed key never removes a voter (a flapping network must not
+//! a voter. In token mode a registration is "address tag", the tag an HMAC
+//! keyed with the cluster token (`crescent_auth::Verifier::member_tag`): the
+//! leader adds only masters whose tag it can verify, so writing to etcd is not
+//! enough to join (and receive the cluster token with the leader's messages). A lapsed key never removes a voter (a flapping network must not
 //! shrink the quorum): removal is `crescentctl members remove`.
 //!
 //! The leader publishes `/crescent/<cluster>/leader` = {id, addr, term} under
@@ -53,6 +56,8 @@ pub struct EtcdMembership {
     pub cluster: String,
     node_id: NodeId,
     addr: String,
+    /// Written after the address in token mode (see the module doc).
+    tag: Option<String>,
     lease: std::sync::Mutex<i64>,
 }
 
@@ -62,6 +67,7 @@ impl EtcdMembership {
         cluster: &str,
         node_id: NodeId,
         addr: &str,
+        tag: Option<String>,
     ) -> anyhow::Result<Arc<Self>> {
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
@@ -74,6 +80,7 @@ impl EtcdMembership {
             cluster: cluster.to_string(),
             node_id,
             addr: addr.to_string(),
+            tag,
             lease: std::sync::Mutex::new(0),
         });
         me.register().await?;
@@ -89,12 +96,12 @@ impl EtcdMembership {
         let mut c = self.client.lock().await;
         let lease = c.lease_grant(LEASE_TTL_SECS, None).await?.id();
         let key = format!("{}{}", masters_prefix(&self.cluster), self.node_id);
-        c.put(
-            key,
-            self.addr.clone(),
-            Some(PutOptions::new().with_lease(lease)),
-        )
-        .await?;
+        let value = match &self.tag {
+            Some(tag) => format!("{} {tag}", self.addr),
+            None => self.addr.clone(),
+        };
+        c.put(key, value, Some(PutOptions::new().with_lease(lease)))
+            .await?;
         *self.lease.lock().expect("lock poisoned") = lease;
         tracing::info!(
             node_id = self.node_id,
@@ -127,8 +134,8 @@ impl EtcdMembership {
         Ok(got.kvs().first().and_then(|kv| kv.value_str().ok()) == Some(me.as_str()))
     }
 
-    /// Registered masters: id -> address.
-    pub async fn registered(&self) -> anyhow::Result<Vec<(NodeId, String)>> {
+    /// Registered masters: id, address and tag (empty without one).
+    pub async fn registered(&self) -> anyhow::Result<Vec<(NodeId, String, String)>> {
         let prefix = masters_prefix(&self.cluster);
         let mut c = self.client.lock().await;
         let resp = c
@@ -143,7 +150,10 @@ impl EtcdMembership {
                 .strip_prefix(&prefix)
                 .and_then(|s| s.parse::<NodeId>().ok())
             {
-                out.push((id, v.to_string()));
+                let mut words = v.split_whitespace();
+                let addr = words.next().unwrap_or_default().to_string();
+                let tag = words.next().unwrap_or_default().to_string();
+                out.push((id, addr, tag));
             }
         }
         Ok(out)
@@ -224,8 +234,17 @@ pub async fn leader_loop(node: Arc<MasterNode>, etcd: Arc<EtcdMembership>, term:
                 mem.voter_ids().collect(),
             )
         };
-        for (id, addr) in registered {
+        for (id, addr, tag) in registered {
             if voters.contains(&id) {
+                continue;
+            }
+            if !node.verifier.member_tag_ok(&etcd.cluster, id, &addr, &tag) {
+                tracing::warn!(
+                    id,
+                    addr,
+                    "a master registered in etcd without a valid tag (not signed with this \
+                     cluster's token); not adding it"
+                );
                 continue;
             }
             if !members.contains(&id) {

@@ -37,8 +37,13 @@ fn main() -> anyhow::Result<()> {
         // first and the old one second; see the README's Security section).
         let node = master.node.clone();
         crescent_runtime::on_hangup(move || {
-            let peer = node.peer_token.reload();
-            match node.verifier.reload().and(peer) {
+            // The peer token only once the verifier took the files: a broken
+            // file must leave both as they were.
+            let reloaded = node
+                .verifier
+                .reload()
+                .and_then(|r| node.peer_token.reload().map(|_| r));
+            match reloaded {
                 Ok(true) => tracing::info!("SIGHUP: token files reloaded"),
                 Ok(false) => tracing::info!("SIGHUP: --insecure, no tokens to reload"),
                 Err(e) => {

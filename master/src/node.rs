@@ -205,8 +205,14 @@ impl MasterNode {
         let etcd = match config.etcd_endpoints() {
             e if e.is_empty() => None,
             endpoints => Some(
-                crate::etcd::EtcdMembership::connect(&endpoints, &config.cluster, id, &addr)
-                    .await?,
+                crate::etcd::EtcdMembership::connect(
+                    &endpoints,
+                    &config.cluster,
+                    id,
+                    &addr,
+                    verifier.member_tag(&config.cluster, id, &addr),
+                )
+                .await?,
             ),
         };
         let (tx, rx) = mpsc::unbounded_channel();
