@@ -114,7 +114,7 @@ sleep 1.5
 "$BIN/crescentctl" --master "$MASTERS" status
 echo
 echo "demo: without a token, the cluster refuses:"
-CRESCENT_TOKEN_FILE= "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
+env -u CRESCENT_TOKEN_FILE -u CRESCENT_ADMIN_TOKEN_FILE "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
 echo
 echo "demo: cluster running (masters: $MASTERS). Try (with the demo's tokens):"
 echo "  export CRESCENT_TOKEN_FILE=$CRESCENT_TOKEN_FILE CRESCENT_ADMIN_TOKEN_FILE=$CRESCENT_ADMIN_TOKEN_FILE"
