@@ -685,15 +685,18 @@ impl LocalCluster {
 
     /// A client of the masters presenting the client token (if any).
     pub fn master_client(&self) -> anyhow::Result<MasterClient> {
-        let token =
-            crescent_auth::BearerToken::from_optional_file(self.client_token_file().as_deref())?;
-        Ok(MasterClient::new(&self.masters_arg())?.with_token(token))
+        self.client_with_token(self.client_token_file().as_deref())
     }
 
     /// A client of the masters presenting the admin token (if any).
     pub fn admin_client(&self) -> anyhow::Result<MasterClient> {
-        let token =
-            crescent_auth::BearerToken::from_optional_file(self.admin_token_file().as_deref())?;
+        self.client_with_token(self.admin_token_file().as_deref())
+    }
+
+    /// A client of the masters presenting the first token in `file` (none
+    /// without a file).
+    pub fn client_with_token(&self, file: Option<&Path>) -> anyhow::Result<MasterClient> {
+        let token = crescent_auth::BearerToken::from_optional_file(file)?;
         Ok(MasterClient::new(&self.masters_arg())?.with_token(token))
     }
 

@@ -14,10 +14,8 @@
 //!
 //! Needs `cargo build --bins` first (`make test` does it).
 
-use std::path::Path;
 use std::time::Duration;
 
-use crescent_auth::BearerToken;
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
 use crescent_integration::{find_binary, http_request, LocalCluster};
 use crescent_proto::pb;
@@ -48,13 +46,6 @@ async fn snapshot(cluster: &LocalCluster) -> Snapshot {
 
 fn value(i: usize) -> Vec<u8> {
     (0..4096).map(|j| (i * 13 + j) as u8).collect()
-}
-
-/// A client whose calls carry the token in `file` (or none).
-fn client_with(cluster: &LocalCluster, file: Option<&Path>) -> MasterClient {
-    MasterClient::new(&cluster.masters_arg())
-        .unwrap()
-        .with_token(BearerToken::from_optional_file(file).unwrap())
 }
 
 /// Every admin and peer call, each expected to fail with `code`.
@@ -199,8 +190,8 @@ async fn outsiders_and_clients_cannot_wipe_take_over_or_forge() {
     // Outsiders: no token, and a made-up one.
     let wrong = cluster.root.join("wrong.token");
     std::fs::write(&wrong, "not-this-clusters-token-0123456789\n").unwrap();
-    let nobody = client_with(&cluster, None);
-    let stranger = client_with(&cluster, Some(&wrong));
+    let nobody = cluster.client_with_token(None).unwrap();
+    let stranger = cluster.client_with_token(Some(&wrong)).unwrap();
     for (who, mc) in [("no token", &nobody), ("wrong token", &stranger)] {
         admin_and_peer_calls_fail(mc, &leader_addr, tonic::Code::Unauthenticated, who).await;
         // Client calls too: a fake 1 TiB segment that would attract puts,
@@ -359,7 +350,9 @@ async fn a_vote_from_outside_the_membership_is_refused_even_with_the_cluster_tok
         .wait_for_leader(Duration::from_secs(15))
         .await
         .unwrap();
-    let peer = client_with(&cluster, cluster.cluster_token_file().as_deref());
+    let peer = cluster
+        .client_with_token(cluster.cluster_token_file().as_deref())
+        .unwrap();
     let mut raft =
         pb::raft_service_client::RaftServiceClient::new(peer.channel(&leader_addr).unwrap());
     let vote: VoteRequest<crescent_raft::NodeId> = VoteRequest {
@@ -485,8 +478,8 @@ async fn a_token_rotates_without_downtime_on_sighup() {
     let new_file = cluster.root.join("new.token");
     std::fs::write(&old_file, &old).unwrap();
     std::fs::write(&new_file, &new).unwrap();
-    let old_client = client_with(&cluster, Some(&old_file));
-    let new_client = client_with(&cluster, Some(&new_file));
+    let old_client = cluster.client_with_token(Some(&old_file)).unwrap();
+    let new_client = cluster.client_with_token(Some(&new_file)).unwrap();
     async fn lookup(mc: &MasterClient) -> Result<(), ErrorCode> {
         mc.call_leader(|ch| async move {
             MasterClient::master(ch)
