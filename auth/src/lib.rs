@@ -9,7 +9,10 @@
 //!
 //! It must not hold any other policy, open sockets or know the metadata;
 //! where a check is enforced (the master's gRPC layer and admin HTTP) is the
-//! master's business. TLS is not here yet.
+//! master's business. TLS is not here yet. Data-plane capabilities
+//! (signed by masters, checked by stores) are in [`capability`].
+
+pub mod capability;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
