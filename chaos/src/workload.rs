@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
 use crescent_proto::ErrorCode;
-use crescent_store::protocol::segment_tag;
+use crescent_store::protocol::Grant;
 use crescent_store::transport::TcpTransport;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -264,12 +264,8 @@ async fn slow_get(
         let mut buf = vec![0u8; found.size as usize];
         let mut last = String::from("no replica");
         for r in found.replicas.iter().filter(|r| r.length == found.size) {
-            let tag = segment_tag(r.segment_id);
-            let mut reads = [(r.offset, buf.as_mut_slice())];
-            match transport
-                .read_checksummed(&r.endpoint, tag, &mut reads)
-                .await
-            {
+            let mut reads = [(Grant::from(r), r.offset, buf.as_mut_slice())];
+            match transport.read_checksummed(&r.endpoint, &mut reads).await {
                 Ok(crcs) if crcs.first() == Some(&found.checksum) => {
                     return match decode_value(&buf) {
                         Ok(value) => Outcome::Found { value },

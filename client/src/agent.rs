@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crescent_auth::capability::SegmentKey;
 use crescent_proto::pb;
 use crescent_store::segment::round_to_pages;
 use crescent_store::{Segment, TransferStats};
@@ -34,6 +35,8 @@ pub struct AgentConfig {
     pub shm: bool,
     pub shm_dir: PathBuf,
     pub heartbeat_interval: Duration,
+    /// Bounds on the transfer port, and the grant clock skew it tolerates.
+    pub limits: crescent_store::server::ServeLimits,
 }
 
 impl Default for AgentConfig {
@@ -47,6 +50,7 @@ impl Default for AgentConfig {
             shm: false,
             shm_dir: PathBuf::from("/dev/shm"),
             heartbeat_interval: Duration::from_secs(1),
+            limits: Default::default(),
         }
     }
 }
@@ -58,6 +62,10 @@ pub struct StoreAgent {
     pub stats: Arc<TransferStats>,
     /// Current segment id on the masters; 0 while not mounted.
     segment_id: Arc<AtomicU64>,
+    /// Chosen here, for this process's life: masters sign this segment's
+    /// data-plane grants with it, and only its holder may re-mount or
+    /// unmount the segment.
+    key: SegmentKey,
     master: Arc<MasterClient>,
     spec: pb::SegmentSpec,
     server: JoinHandle<()>,
@@ -114,7 +122,7 @@ impl StoreAgent {
             segment.clone(),
             listener,
             stats.clone(),
-            crescent_store::server::ServeLimits::default(),
+            cfg.limits.clone(),
         ));
         let spec = pb::SegmentSpec {
             name: name.clone(),
@@ -132,6 +140,7 @@ impl StoreAgent {
             name,
             stats,
             segment_id: Arc::new(AtomicU64::new(0)),
+            key: SegmentKey::generate(),
             master,
             spec,
             server,
@@ -176,7 +185,7 @@ impl StoreAgent {
             h.abort();
         }
         if let Some(id) = self.segment_id() {
-            if let Err(e) = self.master.unmount_segment(id).await {
+            if let Err(e) = self.master.unmount_segment(id, &self.key).await {
                 tracing::warn!(error = %e, "unmount on shutdown failed; the master will expire the segment");
             }
         }
@@ -184,8 +193,11 @@ impl StoreAgent {
     }
 
     async fn mount(&self) -> Result<u64, crate::master::MasterRpcError> {
-        let id = self.master.mount_segment(self.spec.clone()).await?;
-        self.segment.set_mounted_id(id);
+        let id = self
+            .master
+            .mount_segment(self.spec.clone(), &self.key)
+            .await?;
+        self.segment.set_mounted(id, &self.key);
         self.segment_id.store(id, Ordering::Release);
         Ok(id)
     }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crescent_auth::capability::SegmentKey;
 use crescent_auth::{AuthedChannel, BearerToken};
 use crescent_proto::pb::{
     self, cluster_service_client::ClusterServiceClient, master_service_client::MasterServiceClient,
@@ -560,13 +561,20 @@ impl MasterClient {
         }
     }
 
-    pub async fn mount_segment(&self, spec: pb::SegmentSpec) -> Result<u64, MasterRpcError> {
+    /// Mounts a segment under `key` (the store's own, random): masters sign
+    /// its data-plane grants with it, and unmount and re-mount need it.
+    pub async fn mount_segment(
+        &self,
+        spec: pb::SegmentSpec,
+        key: &SegmentKey,
+    ) -> Result<u64, MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
                 let req = pb::MountSegmentRequest {
                     header: Some(header.clone()),
                     segment: Some(spec.clone()),
+                    segment_key: key.as_bytes().to_vec(),
                 };
                 async move { Self::master(ch).mount_segment(req).await }
             })
@@ -574,13 +582,18 @@ impl MasterClient {
         Ok(Self::check(r)?.segment_id)
     }
 
-    pub async fn unmount_segment(&self, segment_id: u64) -> Result<(), MasterRpcError> {
+    pub async fn unmount_segment(
+        &self,
+        segment_id: u64,
+        key: &SegmentKey,
+    ) -> Result<(), MasterRpcError> {
         let header = self.header();
         let r = self
             .call_leader(|ch| {
                 let req = pb::UnmountSegmentRequest {
                     header: Some(header.clone()),
                     segment_id,
+                    segment_key: key.as_bytes().to_vec(),
                 };
                 async move { Self::master(ch).unmount_segment(req).await }
             })

@@ -186,12 +186,15 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
 
     // 3. A capacity that wrapped the cluster total to 1 KiB.
     let e = mc
-        .mount_segment(pb::SegmentSpec {
-            name: "wrap".into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: u64::MAX - (1 << 28) + 1024,
-            ..Default::default()
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: "wrap".into(),
+                endpoint: "127.0.0.1:1".into(),
+                capacity: u64::MAX - (1 << 28) + 1024,
+                ..Default::default()
+            },
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidParams, "{e}");

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
 use crescent_integration::LocalCluster;
 use crescent_proto::ErrorCode;
-use crescent_store::protocol::segment_tag;
+use crescent_store::protocol::{Grant, Status};
+use crescent_store::ShmMapping;
 use crescent_store::TcpTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -115,8 +116,24 @@ async fn edge_sizes_batches_and_zero_copy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
-    let mut cluster = cluster_with_stores(2, &[]).await;
-    let c = client(&cluster).await;
+    // The stores also offer their segments in /dev/shm, where this test
+    // corrupts bytes as failing memory would (the TCP port writes only
+    // under a write grant, and this object's has been used). The client
+    // claims another host, so it still reads over TCP.
+    let mut cluster = cluster_with_stores(2, &["--shm".to_string()]).await;
+    let c = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        local_hostname: "another-host".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let corrupt = |r: &crescent_proto::pb::ReplicaDescriptor, at: u64, junk: &[u8]| {
+        ShmMapping::open(std::path::Path::new(&r.shm_path))
+            .unwrap()
+            .write_at(r.offset + at, junk)
+            .unwrap()
+    };
     let value = pattern(300_000, 7);
     c.put("two", &value, &replicas(2)).await.unwrap();
     c.put("one", &value, &replicas(1)).await.unwrap();
@@ -128,13 +145,24 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
     let tcp = TcpTransport::new();
     let garbage = vec![0xAAu8; 1000];
     for r in &desc.replicas[..1] {
-        tcp.write(
-            &r.endpoint,
-            segment_tag(r.segment_id),
-            &[(r.offset + 5000, &garbage[..])],
-        )
-        .await
-        .unwrap();
+        // Not over TCP: a read grant does not allow a write.
+        let refused = tcp
+            .write(
+                &r.endpoint,
+                &[(Grant::from(r), r.offset + 5000, &garbage[..])],
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(crescent_store::TransferError::Refused {
+                    status: Status::Forbidden,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        corrupt(r, 5000, &garbage);
     }
     let before = c.stats.checksum_failures.load(Ordering::Relaxed);
     assert_eq!(c.get("two").await.unwrap(), value);
@@ -148,14 +176,7 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
     );
     // Corrupt the only replica of "one": CHECKSUM_MISMATCH, never wrong bytes.
     let one = c.master().get_replica_list("one").await.unwrap();
-    let r = &one.replicas[0];
-    tcp.write(
-        &r.endpoint,
-        segment_tag(r.segment_id),
-        &[(r.offset, &garbage[..])],
-    )
-    .await
-    .unwrap();
+    corrupt(&one.replicas[0], 0, &garbage);
     assert_eq!(
         c.get("one").await,
         Err(Error::ChecksumMismatch("one".into()))
@@ -205,8 +226,7 @@ async fn garbage_to_a_store_port_closes_only_that_connection() {
         let mut head = [0u8; 16];
         good.read(
             &r.endpoint,
-            segment_tag(r.segment_id),
-            &mut [(r.offset, &mut head[..])],
+            &mut [(Grant::from(r), r.offset, &mut head[..])],
         )
         .await
         .map(|_| head)
@@ -230,15 +250,20 @@ async fn garbage_to_a_store_port_closes_only_that_connection() {
     assert_eq!(read_head().await.unwrap(), value[..16]);
     let tcp = TcpTransport::new();
     let mut buf = [0u8; 16];
+    let grant = Grant::from(r);
     let out_of_range = tcp
-        .read(&endpoint, 0, &mut [(u64::MAX - 8, &mut buf[..])])
+        .read(&endpoint, &mut [(grant, u64::MAX - 8, &mut buf[..])])
         .await;
     assert!(out_of_range.is_err());
-    let beyond = tcp.write(&endpoint, 0, &[(1 << 40, &buf[..])]).await;
+    let beyond = tcp.write(&endpoint, &[(grant, 1 << 40, &buf[..])]).await;
     assert!(beyond.is_err());
     // A request naming another segment (as after a store restart) is refused,
     // and its bytes are not written.
-    let wrong = tcp.write(&endpoint, 0x00AB_CDEF, &[(0, &buf[..])]).await;
+    let other = Grant {
+        segment_id: 0x00AB_CDEF,
+        ..grant
+    };
+    let wrong = tcp.write(&endpoint, &[(other, 0, &buf[..])]).await;
     assert!(
         matches!(
             wrong,
@@ -392,10 +417,11 @@ async fn a_restarted_store_refuses_requests_for_its_previous_segment() {
     assert_eq!(new.endpoint, old.endpoint);
 
     let tcp = TcpTransport::new();
-    let stale_tag = segment_tag(old.segment_id);
+    // The old descriptor's grant, aimed at the new object's bytes.
+    let stale = Grant::from(&old);
     let mut buf = vec![0u8; 4096];
     let read = tcp
-        .read(&old.endpoint, stale_tag, &mut [(new.offset, &mut buf[..])])
+        .read(&old.endpoint, &mut [(stale, new.offset, &mut buf[..])])
         .await;
     assert!(
         matches!(
@@ -409,7 +435,7 @@ async fn a_restarted_store_refuses_requests_for_its_previous_segment() {
     );
     let junk = vec![0xEEu8; 4096];
     let write = tcp
-        .write(&old.endpoint, stale_tag, &[(new.offset, &junk[..])])
+        .write(&old.endpoint, &[(stale, new.offset, &junk[..])])
         .await;
     assert!(write.is_err(), "a write for the old segment was accepted");
     assert_eq!(c.get("new").await.unwrap(), new_value);

@@ -55,11 +55,19 @@ async fn absurd_capacities_and_segment_quotas_are_refused() {
         .await
         .unwrap();
     let a = MasterClient::new(&cluster.masters_arg()).unwrap();
-    a.mount_segment(spec("a1", 1 << 30)).await.unwrap();
+    a.mount_segment(
+        spec("a1", 1 << 30),
+        &crescent_auth::capability::SegmentKey::generate(),
+    )
+    .await
+    .unwrap();
 
     // A capacity near 2^64 once wrapped the total capacity to 1 KiB.
     let e = a
-        .mount_segment(spec("wrap", u64::MAX - (1 << 28) + 1024))
+        .mount_segment(
+            spec("wrap", u64::MAX - (1 << 28) + 1024),
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidParams, "{e}");
@@ -69,18 +77,37 @@ async fn absurd_capacities_and_segment_quotas_are_refused() {
         (1u64 << 30) as f64
     );
 
-    // Per client: two, then refused; a re-mount of an owned name still works.
-    a.mount_segment(spec("a2", 1 << 30)).await.unwrap();
-    let e = a.mount_segment(spec("a3", 1 << 30)).await.unwrap_err();
+    // Per client: two, then refused; a re-mount of an owned name (with its
+    // key) still works.
+    let a2_key = crescent_auth::capability::SegmentKey::generate();
+    a.mount_segment(spec("a2", 1 << 30), &a2_key).await.unwrap();
+    let e = a
+        .mount_segment(
+            spec("a3", 1 << 30),
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidParams, "{e}");
     assert!(e.to_string().contains("--max-segments-per-client"), "{e}");
-    a.mount_segment(spec("a2", 1 << 30)).await.unwrap();
+    a.mount_segment(spec("a2", 1 << 30), &a2_key).await.unwrap();
 
     // In all: three, then refused for anyone.
     let b = MasterClient::new(&cluster.masters_arg()).unwrap();
-    b.mount_segment(spec("b1", 1 << 30)).await.unwrap();
+    b.mount_segment(
+        spec("b1", 1 << 30),
+        &crescent_auth::capability::SegmentKey::generate(),
+    )
+    .await
+    .unwrap();
     let c = MasterClient::new(&cluster.masters_arg()).unwrap();
-    let e = c.mount_segment(spec("c1", 1 << 30)).await.unwrap_err();
+    let e = c
+        .mount_segment(
+            spec("c1", 1 << 30),
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidParams, "{e}");
     assert!(e.to_string().contains("--max-segments "), "{e}");
     assert_eq!(
@@ -118,7 +145,12 @@ async fn per_client_quotas_refuse_and_free_up() {
         .await
         .unwrap();
     let a = MasterClient::new(&cluster.masters_arg()).unwrap();
-    a.mount_segment(spec("seg", 1 << 30)).await.unwrap();
+    a.mount_segment(
+        spec("seg", 1 << 30),
+        &crescent_auth::capability::SegmentKey::generate(),
+    )
+    .await
+    .unwrap();
     let quota = |which: &str| format!("master_quota_rejections_total{{quota=\"{which}\"}}");
 
     // Unfinished puts: 100 pass, the 101st is refused and changes nothing.
@@ -199,7 +231,13 @@ async fn impossible_sizes_evict_nothing() {
         .await
         .unwrap();
     let client = MasterClient::new(&cluster.masters_arg()).unwrap();
-    client.mount_segment(spec("seg", 64 << 20)).await.unwrap();
+    client
+        .mount_segment(
+            spec("seg", 64 << 20),
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
+        .await
+        .unwrap();
     let one = pb::ReplicateConfig {
         replica_num: 1,
         ..Default::default()
@@ -347,7 +385,13 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
         .await
         .unwrap();
     let client = MasterClient::new(&cluster.masters_arg()).unwrap();
-    client.mount_segment(spec("big", 1 << 40)).await.unwrap();
+    client
+        .mount_segment(
+            spec("big", 1 << 40),
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
+        .await
+        .unwrap();
     let mut raw = MasterClient::master(client.channel(&leader_addr).unwrap());
     let header = || Some(client.header());
 
@@ -447,7 +491,13 @@ async fn a_follower_behind_by_large_entries_catches_up() {
         .await
         .unwrap();
     let client = MasterClient::new(&cluster.masters_arg()).unwrap();
-    client.mount_segment(spec("big", 1 << 40)).await.unwrap();
+    client
+        .mount_segment(
+            spec("big", 1 << 40),
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
+        .await
+        .unwrap();
     let followers: Vec<u64> = cluster
         .masters
         .iter()

@@ -4,6 +4,7 @@
 //! grace (`--expired-segment-grace`) has passed; only a segment's owner may
 //! unmount it. Needs `cargo build --bins` first (`make test` does it).
 
+use crescent_auth::capability::SegmentKey;
 use std::time::{Duration, Instant};
 
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
@@ -192,7 +193,8 @@ async fn an_expired_segment_is_removed_after_its_grace() {
 }
 
 /// Only the client that mounted a segment may unmount it: another client
-/// is refused with INVALID_PARAMS naming the owner, and nothing changes.
+/// is refused with PERMISSION_DENIED without naming the owner, and nothing
+/// changes; so is the owner itself without the key it mounted with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_owner_may_unmount_a_segment() {
     let cluster = LocalCluster::start(3, &[]).unwrap();
@@ -203,22 +205,43 @@ async fn only_the_owner_may_unmount_a_segment() {
     let owner = MasterClient::new(&cluster.masters_arg()).unwrap();
     let other = MasterClient::new(&cluster.masters_arg()).unwrap();
     assert_ne!(owner.client_id(), other.client_id());
-    let id = owner
-        .mount_segment(pb::SegmentSpec {
-            name: "owned".into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: 1 << 30,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let key = SegmentKey::generate();
+    let spec = pb::SegmentSpec {
+        name: "owned".into(),
+        endpoint: "127.0.0.1:1".into(),
+        capacity: 1 << 30,
+        ..Default::default()
+    };
+    let id = owner.mount_segment(spec.clone(), &key).await.unwrap();
 
-    let err = other.unmount_segment(id).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::InvalidParams, "{err}");
-    assert!(
-        err.to_string().contains(owner.client_id()),
-        "the refusal names the owner: {err}"
-    );
+    // Another client, even with the right key, and the owner's id with
+    // another key: refused, and the refusal does not name the owner.
+    for (who, err) in [
+        (
+            "another client",
+            other.unmount_segment(id, &key).await.unwrap_err(),
+        ),
+        (
+            "another key",
+            owner
+                .unmount_segment(id, &SegmentKey::generate())
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "a re-mount with another key",
+            owner
+                .mount_segment(spec.clone(), &SegmentKey::generate())
+                .await
+                .unwrap_err(),
+        ),
+    ] {
+        assert_eq!(err.code(), ErrorCode::PermissionDenied, "{who}: {err}");
+        assert!(
+            !err.to_string().contains(owner.client_id()),
+            "{who}: the refusal names the owner: {err}"
+        );
+    }
     // Polled, not read once: right after start-up the node named leader may
     // still change, and a single read of a stale one failed this test once.
     wait_live_segments(
@@ -228,9 +251,11 @@ async fn only_the_owner_may_unmount_a_segment() {
         "a refused unmount changed nothing",
     )
     .await;
-    let err = other.unmount_segment(id + 1000).await.unwrap_err();
+    let err = other.unmount_segment(id + 1000, &key).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::SegmentNotFound, "{err}");
 
-    owner.unmount_segment(id).await.unwrap();
+    // The owner's re-mount with its key is idempotent; its unmount works.
+    assert_eq!(owner.mount_segment(spec, &key).await.unwrap(), id);
+    owner.unmount_segment(id, &key).await.unwrap();
     wait_live_segments(&owner, 0, Duration::from_secs(10), "the owner's unmount").await;
 }

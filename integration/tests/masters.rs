@@ -18,12 +18,15 @@ fn cfg(n: u32) -> pb::ReplicateConfig {
 
 async fn mount(client: &MasterClient, name: &str) -> u64 {
     client
-        .mount_segment(pb::SegmentSpec {
-            name: name.into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: 1 << 30,
-            ..Default::default()
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: name.into(),
+                endpoint: "127.0.0.1:1".into(),
+                capacity: 1 << 30,
+                ..Default::default()
+            },
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .expect("mount")
 }
@@ -168,7 +171,11 @@ async fn bad_input_is_refused_and_changes_nothing() {
         ErrorCode::ObjectNotFound
     );
     assert_eq!(
-        client.unmount_segment(999).await.unwrap_err().code(),
+        client
+            .unmount_segment(999, &crescent_auth::capability::SegmentKey::generate())
+            .await
+            .unwrap_err()
+            .code(),
         ErrorCode::SegmentNotFound
     );
     // A lease from the read above blocks a non-forced remove; force wins.
@@ -308,12 +315,15 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
         .unwrap();
     let client = MasterClient::new(&cluster.masters_arg()).unwrap();
     let seg = client
-        .mount_segment(pb::SegmentSpec {
-            name: "small".into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: 1 << 20,
-            ..Default::default()
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: "small".into(),
+                endpoint: "127.0.0.1:1".into(),
+                capacity: 1 << 20,
+                ..Default::default()
+            },
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .unwrap();
     // The mounting client heartbeats below so its segment stays mounted.

@@ -7,10 +7,9 @@
 //! PERMISSION_DENIED (401/403 over HTTP) and changes nothing: same leader
 //! and term, same members, same segments, every object still there.
 //!
-//! Not covered here, because not built yet: the store's data port still
-//! serves whoever connects (issue 13 item 4, capabilities), and a holder of
-//! the client token can still re-mount or unmount another store's segment
-//! by its owner id (item 3).
+//! The data port's attacks (item 4) are in `data_plane_grants.rs`, and
+//! segment ownership by key (item 3) in `liveness.rs`
+//! (`only_the_owner_may_unmount_a_segment`).
 //!
 //! Needs `cargo build --bins` first (`make test` does it).
 
@@ -207,6 +206,7 @@ async fn outsiders_and_clients_cannot_wipe_take_over_or_forge() {
                     hostname: "attacker".into(),
                     shm_path: String::new(),
                 }),
+                segment_key: vec![7; 32],
             })
             .await
             .unwrap_err();

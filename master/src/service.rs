@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crescent_auth::capability::{Access, Capability, SegmentKey, SEGMENT_KEY_LEN};
 use crescent_proto::pb::{self, master_service_server::MasterService};
 use crescent_proto::ErrorCode;
 use crescent_raft::state::{
-    MetaError, MetaState, Op, Origin, PutId, PutPolicy, Replica, ReplicateConfig, SegmentSpec,
+    MetaError, MetaState, Op, Origin, PutId, PutPolicy, Replica, ReplicateConfig, SegmentKeyBytes,
+    SegmentSpec,
 };
 use crescent_raft::{sizing, Response};
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
@@ -72,10 +74,46 @@ fn invalid(code: ErrorCode, msg: impl Into<String>) -> pb::Status {
     pb::Status::error(code, msg)
 }
 
+/// What a replica descriptor lets its holder do on the data plane: write
+/// the placement of a put, or read a complete replica, until `expiry_ms`
+/// (Unix ms on this master's clock).
+#[derive(Clone, Copy)]
+struct GrantTerms {
+    access: Access,
+    expiry_ms: u64,
+}
+
+impl GrantTerms {
+    fn new(access: Access, ttl: std::time::Duration) -> Self {
+        Self {
+            access,
+            expiry_ms: crate::node::now_ms().saturating_add(ttl.as_millis() as u64),
+        }
+    }
+}
+
+/// The grant for `r` signed with its segment's key; none (the store will
+/// refuse) for a segment gone meanwhile or mounted without a key.
+fn sign_grant(seg: Option<&crescent_raft::state::Segment>, r: &Replica, t: GrantTerms) -> Vec<u8> {
+    let Some(key) = seg.and_then(|s| SegmentKey::from_slice(&s.key.0)) else {
+        return Vec::new();
+    };
+    key.sign(&Capability {
+        segment_id: r.segment_id,
+        offset: r.offset,
+        len: r.len,
+        access: t.access,
+        expiry_ms: t.expiry_ms,
+    })
+    .to_vec()
+}
+
 /// A replica with its segment's transport details (empty if the segment was
-/// unmounted meanwhile: the reader then fails over to another replica).
-fn replica_pb(state: &MetaState, r: &Replica, complete: bool) -> pb::ReplicaDescriptor {
+/// unmounted meanwhile: the reader then fails over to another replica) and
+/// the grant to move its bytes.
+fn replica_pb(state: &MetaState, r: &Replica, terms: GrantTerms) -> pb::ReplicaDescriptor {
     let seg = state.segments.get(&r.segment_id);
+    let complete = terms.access == Access::Read;
     pb::ReplicaDescriptor {
         segment_id: r.segment_id,
         segment_name: seg.map(|s| s.spec.name.clone()).unwrap_or_default(),
@@ -89,6 +127,8 @@ fn replica_pb(state: &MetaState, r: &Replica, complete: bool) -> pb::ReplicaDesc
         },
         hostname: seg.map(|s| s.spec.hostname.clone()).unwrap_or_default(),
         shm_path: seg.map(|s| s.spec.shm_path.clone()).unwrap_or_default(),
+        grant_expiry_ms: terms.expiry_ms,
+        grant_mac: sign_grant(seg, r, terms),
     }
 }
 
@@ -372,12 +412,16 @@ impl MasterApi {
         };
         match self.node.propose(Some(origin), op).await {
             Ok(Response::PutStart(v)) if v.len() == n => {
+                // A write grant lasts as long as the put may: past the
+                // discard timeout another put may take the key over.
+                let terms =
+                    GrantTerms::new(Access::Write, self.node.config.put_start_discard_timeout);
                 let sm = self.node.shared.sm.read().expect("state lock poisoned");
                 Ok(v.into_iter()
                     .map(|r| {
                         r.map(|reps| {
                             reps.iter()
-                                .map(|x| replica_pb(&sm.state, x, false))
+                                .map(|x| replica_pb(&sm.state, x, terms))
                                 .collect()
                         })
                     })
@@ -637,6 +681,8 @@ impl MasterApi {
         settled: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
     ) -> Option<Vec<pb::GetReplicaListResponse>> {
         let mut found = Vec::new();
+        // A read grant lasts as long as the read lease that keeps the bytes.
+        let terms = GrantTerms::new(Access::Read, std::time::Duration::from_millis(lease_ms));
         let sm = self.node.shared.sm.read().expect("state lock poisoned");
         let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
         if keys.iter().any(|k| mem.is_doomed(k)) {
@@ -653,7 +699,7 @@ impl MasterApi {
                         replicas: view
                             .replicas
                             .iter()
-                            .map(|r| replica_pb(&sm.state, r, true))
+                            .map(|r| replica_pb(&sm.state, r, terms))
                             .collect(),
                         size: view.size,
                         checksum: view.checksum,
@@ -1059,11 +1105,17 @@ impl MasterService for MasterApi {
                 "segment endpoint, hostname or shm path too long",
             ));
         }
+        if SegmentKey::from_slice(&r.segment_key).is_none() {
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                format!("segment key must be {SEGMENT_KEY_LEN} bytes"),
+            ));
+        }
         if let Err(s) = self.check_segment_quota(&seg.name, &origin.client_id) {
             return fail(s);
         }
         let owner = origin.client_id.clone();
-        let op = Op::MountSegment {
+        let op = Op::MountSegmentKeyed {
             spec: SegmentSpec {
                 name: seg.name.clone(),
                 endpoint: seg.endpoint,
@@ -1072,6 +1124,7 @@ impl MasterService for MasterApi {
                 shm_path: seg.shm_path,
             },
             owner: owner.clone(),
+            key: SegmentKeyBytes(r.segment_key),
         };
         match self.node.propose(Some(origin), op).await {
             Ok(Response::Mounted(Ok(id))) => {
@@ -1110,22 +1163,28 @@ impl MasterService for MasterApi {
             Ok(o) => o,
             Err(s) => return fail(s),
         };
-        let owner = {
+        let allowed = {
             let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            sm.state
-                .segments
-                .get(&r.segment_id)
-                .map(|s| s.owner.clone())
+            sm.state.segments.get(&r.segment_id).map(|s| {
+                // Its owner, proving it with the key it mounted with (a
+                // segment from an older log entry has none to prove).
+                s.owner == origin.client_id
+                    && (s.key.0.is_empty()
+                        || crescent_auth::constant_time_eq(&s.key.0, &r.segment_key))
+            })
         };
-        match owner {
+        match allowed {
             None => return fail(meta_status(&MetaError::SegmentNotFound(r.segment_id))),
-            Some(o) if o != origin.client_id => {
+            Some(false) => {
                 return fail(invalid(
-                    ErrorCode::InvalidParams,
-                    format!("segment {} is owned by client {o}", r.segment_id),
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "segment {} is mounted by another client or with another key",
+                        r.segment_id
+                    ),
                 ))
             }
-            Some(_) => {}
+            Some(true) => {}
         }
         match self
             .node

@@ -161,12 +161,15 @@ impl Cluster {
 
 async fn mount(client: &MasterClient) -> u64 {
     client
-        .mount_segment(pb::SegmentSpec {
-            name: "seg".into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: 1 << 30,
-            ..Default::default()
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: "seg".into(),
+                endpoint: "127.0.0.1:1".into(),
+                capacity: 1 << 30,
+                ..Default::default()
+            },
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .unwrap()
 }
@@ -481,12 +484,15 @@ async fn fail_over_with_a_leased_object_over_the_watermark(
     let mut cluster = Cluster::start_with("5s", &flags).await;
     let client = MasterClient::new(&cluster.addrs()).unwrap();
     client
-        .mount_segment(pb::SegmentSpec {
-            name: "small".into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: 4 * 4096,
-            ..Default::default()
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: "small".into(),
+                endpoint: "127.0.0.1:1".into(),
+                capacity: 4 * 4096,
+                ..Default::default()
+            },
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .unwrap();
     let leader = past_takeover_grace(&cluster).await;

@@ -44,12 +44,15 @@ async fn one_master(dir: &std::path::Path, extra: &[&str]) -> (RunningMaster, Ma
     }
     let client = MasterClient::new(&master.addr.to_string()).unwrap();
     client
-        .mount_segment(pb::SegmentSpec {
-            name: "seg".into(),
-            endpoint: "127.0.0.1:1".into(),
-            capacity: 1 << 30,
-            ..Default::default()
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: "seg".into(),
+                endpoint: "127.0.0.1:1".into(),
+                capacity: 1 << 30,
+                ..Default::default()
+            },
+            &crescent_auth::capability::SegmentKey::generate(),
+        )
         .await
         .unwrap();
     (master, client)

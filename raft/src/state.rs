@@ -141,6 +141,26 @@ pub enum Op {
     PutRevokeNamed {
         items: Vec<(String, PutId)>,
     },
+    /// MountSegment with the key the store chose for the segment (masters
+    /// sign its data-plane grants with it). A re-mount of an existing
+    /// segment by its owner must carry the same key. `MountSegment` above
+    /// stays for older logs: it mounts with no key (nothing is granted on
+    /// such a segment until its store re-mounts with one).
+    MountSegmentKeyed {
+        spec: SegmentSpec,
+        owner: String,
+        key: SegmentKeyBytes,
+    },
+}
+
+/// A segment's key as the state keeps it; `Debug` does not print it.
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq, Default)]
+pub struct SegmentKeyBytes(pub Vec<u8>);
+
+impl std::fmt::Debug for SegmentKeyBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SegmentKeyBytes({} bytes)", self.0.len())
+    }
 }
 
 /// A writer's name for one of its puts; 0 means unnamed.
@@ -172,6 +192,9 @@ pub enum MetaError {
     SegmentAlreadyExists(String),
     #[error("{0}")]
     InvalidParams(String),
+    /// A re-mount or unmount without the key the segment was mounted with.
+    #[error("segment {0:?} was mounted with another key")]
+    SegmentKeyMismatch(String),
 }
 
 impl MetaError {
@@ -188,6 +211,7 @@ impl MetaError {
             MetaError::SegmentNotFound(_) => ErrorCode::SegmentNotFound,
             MetaError::SegmentAlreadyExists(_) => ErrorCode::SegmentAlreadyExists,
             MetaError::InvalidParams(_) => ErrorCode::InvalidParams,
+            MetaError::SegmentKeyMismatch(_) => ErrorCode::PermissionDenied,
         }
     }
 }
@@ -266,6 +290,9 @@ pub struct Segment {
     pub spec: SegmentSpec,
     pub owner: String,
     pub mounted_ms: u64,
+    /// The key its store chose at mount (empty for a segment mounted by an
+    /// older log entry: then no grant is signed for it).
+    pub key: SegmentKeyBytes,
     /// Set when its owner missed its heartbeats: no new replicas go there and
     /// lookups skip it, but its replicas are kept, because a live store that
     /// merely could not reach the leader for a while (failover, partition)
@@ -600,7 +627,12 @@ impl MetaState {
                 )
             }
             Op::Evict { keys } => Response::Count(self.evict(keys)),
-            Op::MountSegment { spec, owner } => Response::Mounted(self.mount(now, spec, owner)),
+            Op::MountSegment { spec, owner } => {
+                Response::Mounted(self.mount(now, spec, owner, None))
+            }
+            Op::MountSegmentKeyed { spec, owner, key } => {
+                Response::Mounted(self.mount(now, spec, owner, Some(key)))
+            }
             Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
             Op::UnmountClient { client_id } => {
                 // Expire, not unmount: see `Segment::expired_ms`.
@@ -924,7 +956,13 @@ impl MetaState {
         evicted
     }
 
-    fn mount(&mut self, now: u64, spec: &SegmentSpec, owner: &str) -> Result<SegmentId, MetaError> {
+    fn mount(
+        &mut self,
+        now: u64,
+        spec: &SegmentSpec,
+        owner: &str,
+        key: Option<&SegmentKeyBytes>,
+    ) -> Result<SegmentId, MetaError> {
         if spec.name.is_empty() {
             return Err(MetaError::InvalidParams("segment name is empty".into()));
         }
@@ -949,10 +987,18 @@ impl MetaState {
                 // heartbeating: the old memory is gone, and so are its replicas.
                 let old = existing.id;
                 let _ = self.unmount(old);
-                return self.mount(now, spec, owner);
+                return self.mount(now, spec, owner, key);
             }
             if existing.owner != owner {
                 return Err(MetaError::SegmentAlreadyExists(spec.name.clone()));
+            }
+            // The owner's client id is no proof: the key the store chose is.
+            if let Some(key) = key {
+                if !existing.key.0.is_empty()
+                    && !crescent_auth::constant_time_eq(&existing.key.0, &key.0)
+                {
+                    return Err(MetaError::SegmentKeyMismatch(spec.name.clone()));
+                }
             }
             if existing.spec.capacity != spec.capacity {
                 return Err(MetaError::InvalidParams(format!(
@@ -966,6 +1012,9 @@ impl MetaState {
             if let Some(seg) = self.segments.get_mut(&id) {
                 seg.spec = spec.clone();
                 seg.expired_ms = None;
+                if let Some(key) = key {
+                    seg.key = key.clone();
+                }
             }
             return Ok(id);
         }
@@ -978,6 +1027,7 @@ impl MetaState {
                 spec: spec.clone(),
                 owner: owner.to_string(),
                 mounted_ms: now,
+                key: key.cloned().unwrap_or_default(),
                 expired_ms: None,
             },
         );

@@ -11,6 +11,17 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         let seg = crescent_store::Segment::anonymous(256 << 20).expect("segment");
+        // Mounted as segment 1 under a fresh key; one grant covers it all.
+        let key = crescent_auth::capability::SegmentKey::generate();
+        seg.set_mounted(1, &key);
+        let mut grant = crescent_store::protocol::Grant {
+            segment_id: 1,
+            offset: 0,
+            len: 256 << 20,
+            expiry_ms: u64::MAX,
+            mac: [0; 16],
+        };
+        grant.mac = key.sign(&grant.capability(crescent_auth::capability::Access::Read));
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -28,17 +39,17 @@ fn main() {
                 let start = Instant::now();
                 let mut bufs = vec![vec![0u8; 1 << 20]; batch];
                 for i in (0..n).step_by(batch) {
-                    let mut reads: Vec<(u64, &mut [u8])> = bufs
+                    let mut reads: Vec<_> = bufs
                         .iter_mut()
                         .enumerate()
-                        .map(|(j, b)| ((((i + j) % 200) << 20) as u64, b.as_mut_slice()))
+                        .map(|(j, b)| (grant, (((i + j) % 200) << 20) as u64, b.as_mut_slice()))
                         .collect();
                     if crc {
                         std::hint::black_box(
-                            t.read_checksummed(&ep, 0, &mut reads).await.expect("read"),
+                            t.read_checksummed(&ep, &mut reads).await.expect("read"),
                         );
                     } else {
-                        t.read(&ep, 0, &mut reads).await.expect("read");
+                        t.read(&ep, &mut reads).await.expect("read");
                     }
                 }
                 let gbps = (n << 20) as f64 / start.elapsed().as_secs_f64() / 1e9;

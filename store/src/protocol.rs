@@ -1,20 +1,30 @@
-//! The transfer wire format: fixed 32-byte headers, payload bytes straight after.
+//! The transfer wire format: fixed-size headers, payload bytes straight after.
 //!
 //! ```text
-//! request:  magic u32 | op u8 | segment_tag u24 | request_id u64 | offset u64 | len u64   [+ len bytes for WRITE]
-//! response: magic u32 | status u8 | 0 u8 x3 | request_id u64 | len u64 | 0 u64        [+ len bytes for READ]
+//! request (80 bytes):
+//!   magic u32 | op u8 | 0 u8 x3 | request_id u64 | offset u64 | len u64
+//!   | grant: segment_id u64 | offset u64 | len u64 | expiry_ms u64 | mac [u8; 16]
+//!   [+ len bytes for WRITE]
+//! response (32 bytes):
+//!   magic u32 | status u8 | 0 u8 x3 | request_id u64 | len u64 | 0 u64
+//!   [+ len bytes for READ]
 //! ```
-//! `segment_tag` is the low 24 bits of the master-assigned id of the segment
-//! the client means (0 = unchecked). A store restarted on the same address
-//! serves a new segment: without the tag it would accept reads and writes
-//! meant for its previous incarnation's replicas, and writes would overwrite
-//! other objects (found by the chaos suite).
+//! Every READ and WRITE carries the [`Grant`] it is made under: a capability
+//! the master signed with the segment's key (see `crescent_auth::capability`)
+//! for a range, an operation and a time. The store serves only what a grant it
+//! can verify covers; PING needs none. The grant's segment id also makes a
+//! store restarted on the same address refuse requests meant for its previous
+//! incarnation (whose writes would otherwise overwrite other objects — found
+//! by the chaos suite).
 //! All integers little-endian. Requests on one connection are answered in
 //! order, so a client may pipeline many before reading any answer. Pure: no I/O.
 
+use crescent_auth::capability::{Access, Capability, CapabilityMac, MAC_LEN};
+
 /// "CRES" in little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRES");
-pub const HEADER_LEN: usize = 32;
+pub const REQUEST_LEN: usize = 80;
+pub const RESPONSE_LEN: usize = 32;
 /// Largest single transfer; bigger objects are split by the client.
 pub const MAX_TRANSFER: u64 = 1 << 30;
 
@@ -25,14 +35,74 @@ pub enum Op {
     Ping = 3,
 }
 
+impl Op {
+    /// The capability access this operation needs (None for PING).
+    pub fn access(self) -> Option<Access> {
+        match self {
+            Op::Read => Some(Access::Read),
+            Op::Write => Some(Access::Write),
+            Op::Ping => None,
+        }
+    }
+}
+
+/// The signed permission a request is made under: the capability's fields
+/// as the master signed them (its access is the request's op) and its MAC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Grant {
+    pub segment_id: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub expiry_ms: u64,
+    pub mac: CapabilityMac,
+}
+
+impl Grant {
+    /// The capability this grant claims for `access`.
+    pub fn capability(&self, access: Access) -> Capability {
+        Capability {
+            segment_id: self.segment_id,
+            offset: self.offset,
+            len: self.len,
+            access,
+            expiry_ms: self.expiry_ms,
+        }
+    }
+
+    /// A grant as a replica descriptor carries it; a MAC of the wrong length
+    /// becomes all zeros (and is refused by the store, not here).
+    pub fn from_parts(segment_id: u64, offset: u64, len: u64, expiry_ms: u64, mac: &[u8]) -> Self {
+        Self {
+            segment_id,
+            offset,
+            len,
+            expiry_ms,
+            mac: mac.try_into().unwrap_or([0u8; MAC_LEN]),
+        }
+    }
+}
+
+impl From<&crescent_proto::pb::ReplicaDescriptor> for Grant {
+    /// The grant a replica descriptor carries for its whole range.
+    fn from(r: &crescent_proto::pb::ReplicaDescriptor) -> Self {
+        Grant::from_parts(
+            r.segment_id,
+            r.offset,
+            r.length,
+            r.grant_expiry_ms,
+            &r.grant_mac,
+        )
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     pub op: Op,
-    /// Which segment the client means (see the module comment); 0 = any.
-    pub segment_tag: u32,
     pub request_id: u64,
     pub offset: u64,
     pub len: u64,
+    /// The permission it is made under (ignored for PING).
+    pub grant: Grant,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,11 +112,9 @@ pub enum Status {
     BadRequest = 2,
     /// The request names a segment this store does not (or no longer) serve.
     WrongSegment = 3,
-}
-
-/// The tag a client sends for segment `id`.
-pub fn segment_tag(id: u64) -> u32 {
-    (id & 0x00FF_FFFF) as u32
+    /// The request's grant does not verify, has expired, is for the other
+    /// operation or does not cover the range.
+    Forbidden = 4,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +136,7 @@ pub enum ProtocolError {
     TooLarge(u64),
 }
 
-fn check_magic(b: &[u8; HEADER_LEN]) -> Result<(), ProtocolError> {
+fn check_magic(b: &[u8]) -> Result<(), ProtocolError> {
     let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     if magic == MAGIC {
         Ok(())
@@ -78,7 +146,7 @@ fn check_magic(b: &[u8; HEADER_LEN]) -> Result<(), ProtocolError> {
 }
 
 /// The transfer length at `at`, refused above [`MAX_TRANSFER`].
-fn len_at(b: &[u8; HEADER_LEN], at: usize) -> Result<u64, ProtocolError> {
+fn len_at(b: &[u8], at: usize) -> Result<u64, ProtocolError> {
     let len = u64_at(b, at);
     if len > MAX_TRANSFER {
         return Err(ProtocolError::TooLarge(len));
@@ -86,25 +154,29 @@ fn len_at(b: &[u8; HEADER_LEN], at: usize) -> Result<u64, ProtocolError> {
     Ok(len)
 }
 
-fn u64_at(b: &[u8; HEADER_LEN], at: usize) -> u64 {
+fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(x)
 }
 
 impl Request {
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = self.op as u8;
-        b[5..8].copy_from_slice(&(self.segment_tag & 0x00FF_FFFF).to_le_bytes()[..3]);
         b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.grant.segment_id.to_le_bytes());
+        b[40..48].copy_from_slice(&self.grant.offset.to_le_bytes());
+        b[48..56].copy_from_slice(&self.grant.len.to_le_bytes());
+        b[56..64].copy_from_slice(&self.grant.expiry_ms.to_le_bytes());
+        b[64..80].copy_from_slice(&self.grant.mac);
         b
     }
 
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, ProtocolError> {
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Result<Self, ProtocolError> {
         check_magic(b)?;
         let op = match b[4] {
             1 => Op::Read,
@@ -113,12 +185,20 @@ impl Request {
             other => return Err(ProtocolError::UnknownOp(other)),
         };
         let len = len_at(b, 24)?;
+        let mut mac = [0u8; MAC_LEN];
+        mac.copy_from_slice(&b[64..80]);
         Ok(Self {
             op,
-            segment_tag: u32::from_le_bytes([b[5], b[6], b[7], 0]),
             request_id: u64_at(b, 8),
             offset: u64_at(b, 16),
             len,
+            grant: Grant {
+                segment_id: u64_at(b, 32),
+                offset: u64_at(b, 40),
+                len: u64_at(b, 48),
+                expiry_ms: u64_at(b, 56),
+                mac,
+            },
         })
     }
 
@@ -131,8 +211,8 @@ impl Request {
 }
 
 impl Response {
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
+    pub fn encode(&self) -> [u8; RESPONSE_LEN] {
+        let mut b = [0u8; RESPONSE_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = self.status as u8;
         b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
@@ -140,13 +220,14 @@ impl Response {
         b
     }
 
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, ProtocolError> {
+    pub fn decode(b: &[u8; RESPONSE_LEN]) -> Result<Self, ProtocolError> {
         check_magic(b)?;
         let status = match b[4] {
             0 => Status::Ok,
             1 => Status::OutOfRange,
             2 => Status::BadRequest,
             3 => Status::WrongSegment,
+            4 => Status::Forbidden,
             other => return Err(ProtocolError::UnknownStatus(other)),
         };
         let len = len_at(b, 16)?;
@@ -163,54 +244,48 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn read(offset: u64, len: u64) -> Request {
+        Request {
+            op: Op::Read,
+            request_id: 1,
+            offset,
+            len,
+            grant: Grant::default(),
+        }
+    }
+
     proptest! {
         #[test]
-        fn request_roundtrip(id in any::<u64>(), off in any::<u64>(), len in 0..=MAX_TRANSFER, op in 1u8..=3, tag in 0u32..(1 << 24)) {
+        fn request_roundtrip(id in any::<u64>(), off in any::<u64>(), len in 0..=MAX_TRANSFER, op in 1u8..=3,
+                             seg in any::<u64>(), goff in any::<u64>(), glen in any::<u64>(), exp in any::<u64>(),
+                             mac in prop::array::uniform16(any::<u8>())) {
             let op = match op { 1 => Op::Read, 2 => Op::Write, _ => Op::Ping };
-            let r = Request { op, segment_tag: tag, request_id: id, offset: off, len };
+            let grant = Grant { segment_id: seg, offset: goff, len: glen, expiry_ms: exp, mac };
+            let r = Request { op, request_id: id, offset: off, len, grant };
             prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
 
         #[test]
-        fn garbage_never_panics(bytes in prop::array::uniform32(any::<u8>())) {
-            let _ = Request::decode(&bytes);
-            let _ = Response::decode(&bytes);
+        fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), REQUEST_LEN)) {
+            let req: [u8; REQUEST_LEN] = bytes.clone().try_into().unwrap();
+            let _ = Request::decode(&req);
+            let resp: [u8; RESPONSE_LEN] = bytes[..RESPONSE_LEN].try_into().unwrap();
+            let _ = Response::decode(&resp);
         }
     }
 
     #[test]
     fn rejects_bad_headers() {
-        let mut b = Request {
-            op: Op::Read,
-            segment_tag: 0,
-            request_id: 1,
-            offset: 0,
-            len: 8,
-        }
-        .encode();
+        let mut b = read(0, 8).encode();
         b[0] = b'X';
         assert!(matches!(
             Request::decode(&b),
             Err(ProtocolError::BadMagic(_))
         ));
-        let mut b = Request {
-            op: Op::Read,
-            segment_tag: 0,
-            request_id: 1,
-            offset: 0,
-            len: 8,
-        }
-        .encode();
+        let mut b = read(0, 8).encode();
         b[4] = 9;
         assert_eq!(Request::decode(&b), Err(ProtocolError::UnknownOp(9)));
-        let b = Request {
-            op: Op::Read,
-            segment_tag: 0,
-            request_id: 1,
-            offset: 0,
-            len: MAX_TRANSFER + 1,
-        }
-        .encode();
+        let b = read(0, MAX_TRANSFER + 1).encode();
         assert_eq!(
             Request::decode(&b),
             Err(ProtocolError::TooLarge(MAX_TRANSFER + 1))
@@ -219,22 +294,21 @@ mod tests {
 
     #[test]
     fn range_checks_do_not_overflow() {
-        let r = Request {
-            op: Op::Read,
-            segment_tag: 0,
-            request_id: 0,
-            offset: u64::MAX,
-            len: 2,
-        };
-        assert!(!r.fits(u64::MAX));
-        let r = Request {
-            op: Op::Read,
-            segment_tag: 0,
-            request_id: 0,
-            offset: 10,
-            len: 10,
-        };
+        assert!(!read(u64::MAX, 2).fits(u64::MAX));
+        let r = read(10, 10);
         assert!(r.fits(20));
         assert!(!r.fits(19));
+    }
+
+    #[test]
+    fn a_grant_with_a_mac_of_the_wrong_length_has_a_zero_mac() {
+        assert_eq!(
+            Grant::from_parts(1, 2, 3, 4, &[7u8; 15]).mac,
+            [0u8; MAC_LEN]
+        );
+        assert_eq!(
+            Grant::from_parts(1, 2, 3, 4, &[7u8; 16]).mac,
+            [7u8; MAC_LEN]
+        );
     }
 }

@@ -49,9 +49,16 @@ pub struct Segment {
     ptr: *mut u8,
     len: u64,
     shm_path: Option<PathBuf>,
-    /// Transfer tag of the master-assigned id this segment is mounted under
-    /// (0 until mounted); requests naming another segment are refused.
-    tag: std::sync::atomic::AtomicU32,
+    /// The master-assigned id this segment is mounted under and the key its
+    /// grants are signed with (None until mounted: nothing is served).
+    mounted: std::sync::RwLock<Option<Mounted>>,
+}
+
+/// What the transfer server checks requests against.
+#[derive(Clone, Debug)]
+pub struct Mounted {
+    pub id: u64,
+    pub signer: crescent_auth::capability::Signer,
 }
 
 // SAFETY: the mapping lives as long as the Segment; access goes through raw
@@ -60,18 +67,19 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// Records the master-assigned id this segment is mounted under, so the
-    /// transfer server refuses requests meant for another segment.
-    pub fn set_mounted_id(&self, id: u64) {
-        self.tag.store(
-            crate::protocol::segment_tag(id),
-            std::sync::atomic::Ordering::Release,
-        );
+    /// Records the master-assigned id this segment is mounted under and the
+    /// key it mounted with, so the transfer server serves only requests for
+    /// this segment under grants signed with that key.
+    pub fn set_mounted(&self, id: u64, key: &crescent_auth::capability::SegmentKey) {
+        *self.mounted.write().expect("lock poisoned") = Some(Mounted {
+            id,
+            signer: key.signer(),
+        });
     }
 
-    /// The transfer tag requests must carry (0 until mounted).
-    pub fn tag(&self) -> u32 {
-        self.tag.load(std::sync::atomic::Ordering::Acquire)
+    /// The id and key requests are checked against (None until mounted).
+    pub fn mounted(&self) -> Option<Mounted> {
+        self.mounted.read().expect("lock poisoned").clone()
     }
 
     fn from_map(mut map: MmapMut, size: u64, shm_path: Option<PathBuf>) -> Arc<Self> {
@@ -82,7 +90,7 @@ impl Segment {
             ptr,
             len: size,
             shm_path,
-            tag: Default::default(),
+            mounted: Default::default(),
         })
     }
 

@@ -5,6 +5,12 @@
 //! segment gets an error answer (when the header was readable) and is closed;
 //! every other connection keeps being served.
 //!
+//! A READ or WRITE is served only under a grant (see [`crate::protocol`])
+//! for this segment, signed with the key it was mounted with, for that
+//! operation, unexpired and covering the range; anything else is answered
+//! FORBIDDEN and the connection closed. Nothing is served before the
+//! segment is mounted.
+//!
 //! Every connection is bounded ([`ServeLimits`]): it is closed when idle too
 //! long between requests, when one request (header, payload and answer)
 //! moves slower than a floor rate, and connections beyond a cap are closed
@@ -19,8 +25,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::protocol::{Op, Request, Response, Status, HEADER_LEN};
+use crate::protocol::{Op, Request, Response, Status, REQUEST_LEN};
 use crate::segment::Segment;
+use crescent_auth::capability::Refusal;
 
 const IO_BUFFER: usize = 64 * 1024;
 
@@ -32,6 +39,9 @@ pub struct TransferStats {
     pub requests: AtomicU64,
     pub rejected_connections: AtomicU64,
     pub connections: AtomicU64,
+    /// Requests refused for their grant (bad MAC, expired, wrong segment,
+    /// operation or range).
+    pub forbidden: AtomicU64,
     /// Time to serve one request (from its header to its answer being written).
     pub transfer_latency: crescent_proto::metrics::Histogram,
 }
@@ -47,6 +57,9 @@ pub struct ServeLimits {
     pub request_base: Duration,
     /// Slowest transfer rate tolerated on top of `request_base`, bytes/s.
     pub min_bytes_per_sec: u64,
+    /// How far past its expiry a grant is still honoured: the store's clock
+    /// may run ahead of the master's that signed it.
+    pub grant_clock_skew: Duration,
 }
 
 impl Default for ServeLimits {
@@ -56,6 +69,7 @@ impl Default for ServeLimits {
             idle_timeout: Duration::from_secs(300),
             request_base: Duration::from_secs(10),
             min_bytes_per_sec: 16 << 20,
+            grant_clock_skew: Duration::from_secs(2),
         }
     }
 }
@@ -111,8 +125,10 @@ enum ConnError {
     Io(#[from] std::io::Error),
     #[error("protocol error: {0}")]
     Protocol(#[from] crate::protocol::ProtocolError),
-    #[error("request for segment tag {asked:#x}, but this store serves {serving:#x}")]
-    WrongSegment { asked: u32, serving: u32 },
+    #[error("request for segment {asked}, but this store serves {serving:?}")]
+    WrongSegment { asked: u64, serving: Option<u64> },
+    #[error("request {request_id} refused: {refusal}")]
+    Forbidden { request_id: u64, refusal: Refusal },
     #[error("request [{offset}, +{len}) outside the {size}-byte segment")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("request {request_id} of {len} bytes not done within {deadline:?}")]
@@ -125,20 +141,33 @@ enum ConnError {
     HeaderTooSlow(Duration),
 }
 
+/// Most payload bytes of a refused write read and dropped before closing.
+const REFUSED_PAYLOAD_DRAIN: u64 = 4 << 20;
+
 /// Answers a request with a refusal and flushes it; the caller then closes
-/// the connection.
-async fn refuse<W: tokio::io::AsyncWrite + Unpin>(
-    w: &mut W,
-    status: Status,
-    request_id: u64,
-) -> std::io::Result<()> {
+/// the connection. A refused write's payload (up to
+/// [`REFUSED_PAYLOAD_DRAIN`], for at most a second) is read and dropped
+/// first: closing with unread bytes makes the kernel send a reset, which can
+/// destroy the refusal before the client reads it.
+async fn refuse<R, W>(r: &mut R, w: &mut W, req: &Request, status: Status) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
     let resp = Response {
         status,
-        request_id,
+        request_id: req.request_id,
         len: 0,
     };
     w.write_all(&resp.encode()).await?;
-    w.flush().await
+    w.flush().await?;
+    if req.op == Op::Write {
+        let mut payload = (&mut *r).take(req.len.min(REFUSED_PAYLOAD_DRAIN));
+        let mut sink = tokio::io::sink();
+        let drain = tokio::io::copy(&mut payload, &mut sink);
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    }
+    Ok(())
 }
 
 async fn handle(
@@ -165,7 +194,7 @@ async fn handle(
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e.into()),
         }
-        let mut hdr = [0u8; HEADER_LEN];
+        let mut hdr = [0u8; REQUEST_LEN];
         match tokio::time::timeout(limits.request_base, r.read_exact(&mut hdr)).await {
             Err(_) => return Err(ConnError::HeaderTooSlow(limits.request_base)),
             Ok(Ok(_)) => {}
@@ -174,7 +203,8 @@ async fn handle(
         }
         let req = Request::decode(&hdr)?;
         let deadline = limits.request_deadline(req.len);
-        tokio::time::timeout(deadline, serve_one(&segment, &req, &mut r, &mut w, stats))
+        let serve = serve_one(&segment, &req, &mut r, &mut w, stats, limits);
+        tokio::time::timeout(deadline, serve)
             .await
             .map_err(|_| ConnError::TooSlow {
                 request_id: req.request_id,
@@ -191,6 +221,7 @@ async fn serve_one<R, W>(
     r: &mut R,
     w: &mut W,
     stats: &TransferStats,
+    limits: &ServeLimits,
 ) -> Result<(), ConnError>
 where
     R: tokio::io::AsyncRead + Unpin,
@@ -199,18 +230,46 @@ where
     {
         let started = std::time::Instant::now();
         stats.requests.fetch_add(1, Ordering::Relaxed);
-        if req.op != Op::Ping && req.segment_tag != 0 && req.segment_tag != segment.tag() {
-            // Meant for a segment this process does not serve (typically the
-            // previous incarnation of a restarted store). Refuse and close:
-            // a write's payload is not read, so the stream cannot continue.
-            refuse(w, Status::WrongSegment, req.request_id).await?;
-            return Err(ConnError::WrongSegment {
-                asked: req.segment_tag,
-                serving: segment.tag(),
-            });
+        if let Some(access) = req.op.access() {
+            let mounted = segment.mounted();
+            let refusal = match &mounted {
+                Some(m) if req.grant.segment_id != m.id => {
+                    // Meant for a segment this process does not serve
+                    // (typically the previous incarnation of a restarted
+                    // store). Refuse and close: a write's payload is not
+                    // stored, so the stream cannot continue.
+                    refuse(r, w, req, Status::WrongSegment).await?;
+                    return Err(ConnError::WrongSegment {
+                        asked: req.grant.segment_id,
+                        serving: Some(m.id),
+                    });
+                }
+                Some(m) => m
+                    .signer
+                    .check(
+                        &req.grant.capability(access),
+                        &req.grant.mac,
+                        m.id,
+                        access,
+                        req.offset,
+                        req.len,
+                        unix_ms(),
+                        limits.grant_clock_skew.as_millis() as u64,
+                    )
+                    .err(),
+                None => Some(Refusal::NoKey),
+            };
+            if let Some(refusal) = refusal {
+                stats.forbidden.fetch_add(1, Ordering::Relaxed);
+                refuse(r, w, req, Status::Forbidden).await?;
+                return Err(ConnError::Forbidden {
+                    request_id: req.request_id,
+                    refusal,
+                });
+            }
         }
         if !req.fits(segment.len()) {
-            refuse(w, Status::OutOfRange, req.request_id).await?;
+            refuse(r, w, req, Status::OutOfRange).await?;
             return Err(ConnError::OutOfRange {
                 offset: req.offset,
                 len: req.len,
@@ -259,21 +318,43 @@ where
     Ok(())
 }
 
+/// The store's wall clock, for grant expiry (0 if before 1970).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     //! Real sockets on loopback, with small limits so the bounds show within
     //! a test; every wait is capped by a generous deadline.
 
     use super::*;
+    use crate::protocol::{Grant, RESPONSE_LEN};
+    use crescent_auth::capability::SegmentKey;
+    use std::sync::LazyLock;
     use std::time::Instant;
 
-    async fn start(limits: ServeLimits) -> (String, Arc<TransferStats>) {
-        let segment = Segment::anonymous(4 << 20).unwrap();
+    const SEGMENT_ID: u64 = 7;
+    static KEY: LazyLock<SegmentKey> = LazyLock::new(SegmentKey::generate);
+
+    async fn serve_segment(
+        segment: Arc<Segment>,
+        limits: ServeLimits,
+    ) -> (String, Arc<TransferStats>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let stats = Arc::new(TransferStats::default());
         tokio::spawn(serve(segment, listener, stats.clone(), limits));
         (addr, stats)
+    }
+
+    async fn start(limits: ServeLimits) -> (String, Arc<TransferStats>) {
+        let segment = Segment::anonymous(4 << 20).unwrap();
+        segment.set_mounted(SEGMENT_ID, &KEY);
+        serve_segment(segment, limits).await
     }
 
     fn small_limits() -> ServeLimits {
@@ -282,18 +363,177 @@ mod tests {
             idle_timeout: Duration::from_millis(300),
             request_base: Duration::from_millis(300),
             min_bytes_per_sec: 1 << 30,
+            grant_clock_skew: Duration::ZERO,
         }
     }
 
-    fn request(op: Op, id: u64, offset: u64, len: u64) -> [u8; HEADER_LEN] {
+    /// A grant for exactly `[offset, offset+len)`, signed with `key`.
+    fn grant(key: &SegmentKey, op: Op, offset: u64, len: u64, expiry_ms: u64) -> Grant {
+        let mut g = Grant {
+            segment_id: SEGMENT_ID,
+            offset,
+            len,
+            expiry_ms,
+            mac: [0; 16],
+        };
+        if let Some(access) = op.access() {
+            g.mac = key.sign(&g.capability(access));
+        }
+        g
+    }
+
+    fn request_under(op: Op, id: u64, offset: u64, len: u64, grant: Grant) -> [u8; REQUEST_LEN] {
         Request {
             op,
-            segment_tag: 0,
             request_id: id,
             offset,
             len,
+            grant,
         }
         .encode()
+    }
+
+    /// A request under a valid grant for exactly its range.
+    fn request(op: Op, id: u64, offset: u64, len: u64) -> [u8; REQUEST_LEN] {
+        let g = grant(&KEY, op, offset, len, unix_ms() + 60_000);
+        request_under(op, id, offset, len, g)
+    }
+
+    async fn answer(s: &mut TcpStream) -> Response {
+        let mut hdr = [0u8; RESPONSE_LEN];
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut hdr))
+            .await
+            .expect("answer within 10 s")
+            .unwrap();
+        Response::decode(&hdr).unwrap()
+    }
+
+    /// Sends one request (with `payload` for a write) on a new connection
+    /// and returns the status of the answer.
+    async fn status_of(addr: &str, req: [u8; REQUEST_LEN], payload: &[u8]) -> Status {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&req).await.unwrap();
+        s.write_all(payload).await.unwrap();
+        answer(&mut s).await.status
+    }
+
+    #[tokio::test]
+    async fn only_requests_under_a_valid_grant_are_served() {
+        let (addr, stats) = start(ServeLimits {
+            max_connections: 64,
+            ..small_limits()
+        })
+        .await;
+        let now = unix_ms();
+        let later = now + 60_000;
+        // A valid write then read of the same range.
+        let g = grant(&KEY, Op::Write, 4096, 8, later);
+        let st = status_of(&addr, request_under(Op::Write, 1, 4096, 8, g), b"12345678").await;
+        assert_eq!(st, Status::Ok);
+        let g = grant(&KEY, Op::Read, 4096, 8, later);
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request_under(Op::Read, 2, 4096, 8, g))
+            .await
+            .unwrap();
+        assert_eq!(answer(&mut s).await.status, Status::Ok);
+        let mut got = [0u8; 8];
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"12345678");
+        // Part of a granted range is served too.
+        let st = status_of(&addr, request_under(Op::Read, 3, 4100, 4, g), &[]).await;
+        assert_eq!(st, Status::Ok);
+
+        let refused = [
+            (
+                "no grant",
+                request_under(
+                    Op::Read,
+                    4,
+                    4096,
+                    8,
+                    Grant {
+                        segment_id: SEGMENT_ID,
+                        ..Default::default()
+                    },
+                ),
+            ),
+            (
+                "another key",
+                request_under(
+                    Op::Read,
+                    5,
+                    4096,
+                    8,
+                    grant(&SegmentKey::generate(), Op::Read, 4096, 8, later),
+                ),
+            ),
+            (
+                "expired",
+                request_under(
+                    Op::Read,
+                    6,
+                    4096,
+                    8,
+                    grant(&KEY, Op::Read, 4096, 8, now - 1_000),
+                ),
+            ),
+            ("past the range", request_under(Op::Read, 7, 4096, 9, g)),
+            ("before the range", request_under(Op::Read, 8, 4095, 8, g)),
+            (
+                "widened grant",
+                request_under(
+                    Op::Read,
+                    9,
+                    0,
+                    1 << 20,
+                    Grant {
+                        offset: 0,
+                        len: 1 << 20,
+                        ..g
+                    },
+                ),
+            ),
+            (
+                "a read grant used to write",
+                request_under(Op::Write, 10, 4096, 8, g),
+            ),
+        ];
+        for (what, req) in refused {
+            // A refused write's payload is read and dropped, never stored.
+            let is_write = Request::decode(&req).unwrap().op == Op::Write;
+            let payload: &[u8] = if is_write { b"XXXXXXXX" } else { b"" };
+            assert_eq!(
+                status_of(&addr, req, payload).await,
+                Status::Forbidden,
+                "{what}"
+            );
+        }
+        assert_eq!(stats.forbidden.load(Ordering::Relaxed), 7);
+        // The refused write changed nothing.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request_under(Op::Read, 11, 4096, 8, g))
+            .await
+            .unwrap();
+        assert_eq!(answer(&mut s).await.status, Status::Ok);
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"12345678");
+        // A grant for another segment id is a wrong-segment answer.
+        let other = Grant {
+            segment_id: SEGMENT_ID + 1,
+            ..g
+        };
+        let st = status_of(&addr, request_under(Op::Read, 12, 4096, 8, other), &[]).await;
+        assert_eq!(st, Status::WrongSegment);
+    }
+
+    #[tokio::test]
+    async fn an_unmounted_segment_serves_nothing_but_pings() {
+        let segment = Segment::anonymous(1 << 20).unwrap();
+        let (addr, _) = serve_segment(segment, small_limits()).await;
+        let st = status_of(&addr, request(Op::Read, 1, 0, 8), &[]).await;
+        assert_eq!(st, Status::Forbidden);
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        assert_eq!(ping(&mut s, 2).await.status, Status::Ok);
     }
 
     /// Waits (at most 10 s) for the store to close `s`.
@@ -307,9 +547,7 @@ mod tests {
 
     async fn ping(s: &mut TcpStream, id: u64) -> Response {
         s.write_all(&request(Op::Ping, id, 0, 0)).await.unwrap();
-        let mut hdr = [0u8; HEADER_LEN];
-        s.read_exact(&mut hdr).await.unwrap();
-        Response::decode(&hdr).unwrap()
+        answer(s).await
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use crate::protocol::{Op, Request, Response, Status, HEADER_LEN};
+use crate::protocol::{Grant, Op, Request, Response, Status, REQUEST_LEN, RESPONSE_LEN};
 
 const IO_BUFFER: usize = 64 * 1024;
 /// Checksum granularity on receive: small enough to still be in L2 when hashed.
@@ -119,18 +119,15 @@ impl TcpTransport {
     }
 
     /// Reads `[offset, offset+buf.len())` into each buffer, pipelined on one
-    /// connection. `segment_tag` ([`segment_tag`](crate::protocol::segment_tag)
-    /// of the replica's segment id, or 0) makes a store that serves another
-    /// segment refuse instead of answering with someone else's bytes.
+    /// connection, each under its grant (the signed capability that came with
+    /// the replica descriptor; its segment id also makes a store that serves
+    /// another segment refuse instead of answering with someone else's bytes).
     pub async fn read(
         &self,
         endpoint: &str,
-        segment_tag: u32,
-        reads: &mut [(u64, &mut [u8])],
+        reads: &mut [(Grant, u64, &mut [u8])],
     ) -> Result<(), TransferError> {
-        self.read_checksummed(endpoint, segment_tag, reads)
-            .await
-            .map(|_| ())
+        self.read_checksummed(endpoint, reads).await.map(|_| ())
     }
 
     /// Like [`read`](Self::read), also returning each buffer's crc32c, computed
@@ -138,27 +135,26 @@ impl TcpTransport {
     pub async fn read_checksummed(
         &self,
         endpoint: &str,
-        segment_tag: u32,
-        reads: &mut [(u64, &mut [u8])],
+        reads: &mut [(Grant, u64, &mut [u8])],
     ) -> Result<Vec<u32>, TransferError> {
         if reads.is_empty() {
             return Ok(Vec::new());
         }
         let mut conn = self.checkout(endpoint).await?;
-        let total: u64 = reads.iter().map(|(_, b)| b.len() as u64).sum();
+        let total: u64 = reads.iter().map(|(_, _, b)| b.len() as u64).sum();
         let mut crcs = vec![0u32; reads.len()];
         let first_id = conn.next_id;
         conn.next_id += reads.len() as u64;
-        let headers: Vec<[u8; HEADER_LEN]> = reads
+        let headers: Vec<[u8; REQUEST_LEN]> = reads
             .iter()
             .enumerate()
-            .map(|(i, (off, buf))| {
+            .map(|(i, (grant, off, buf))| {
                 Request {
                     op: Op::Read,
-                    segment_tag,
                     request_id: first_id + i as u64,
                     offset: *off,
                     len: buf.len() as u64,
+                    grant: *grant,
                 }
                 .encode()
             })
@@ -172,7 +168,7 @@ impl TcpTransport {
         };
         let crcs_ref = &mut crcs;
         let recv = async move {
-            for (i, (_, buf)) in reads.iter_mut().enumerate() {
+            for (i, (_, _, buf)) in reads.iter_mut().enumerate() {
                 let resp = read_response(r).await?;
                 check_response(&resp, first_id + i as u64, buf.len() as u64)?;
                 let mut crc = 0u32;
@@ -189,29 +185,29 @@ impl TcpTransport {
         Ok(crcs)
     }
 
-    /// Writes each buffer at its offset, pipelined on one connection.
+    /// Writes each buffer at its offset under its grant, pipelined on one
+    /// connection.
     pub async fn write(
         &self,
         endpoint: &str,
-        segment_tag: u32,
-        writes: &[(u64, &[u8])],
+        writes: &[(Grant, u64, &[u8])],
     ) -> Result<(), TransferError> {
         if writes.is_empty() {
             return Ok(());
         }
         let mut conn = self.checkout(endpoint).await?;
-        let total: u64 = writes.iter().map(|(_, b)| b.len() as u64).sum();
+        let total: u64 = writes.iter().map(|(_, _, b)| b.len() as u64).sum();
         let first_id = conn.next_id;
         conn.next_id += writes.len() as u64;
         let Conn { r, w, .. } = &mut conn;
         let send = async {
-            for (i, (off, buf)) in writes.iter().enumerate() {
+            for (i, (grant, off, buf)) in writes.iter().enumerate() {
                 let h = Request {
                     op: Op::Write,
-                    segment_tag,
                     request_id: first_id + i as u64,
                     offset: *off,
                     len: buf.len() as u64,
+                    grant: *grant,
                 }
                 .encode();
                 w.write_all(&h).await?;
@@ -288,7 +284,7 @@ impl IoOrRefused {
 }
 
 async fn read_response(r: &mut BufReader<OwnedReadHalf>) -> Result<Response, IoOrRefused> {
-    let mut hdr = [0u8; HEADER_LEN];
+    let mut hdr = [0u8; RESPONSE_LEN];
     r.read_exact(&mut hdr).await?;
     Response::decode(&hdr).map_err(|e| IoOrRefused::Protocol(e.to_string()))
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
-use crescent_store::protocol::{segment_tag, MAX_TRANSFER};
+use crescent_store::protocol::{Grant, MAX_TRANSFER};
 
 use super::*;
 
@@ -216,18 +216,21 @@ impl ClientCore {
         let mut by_index: Vec<Option<&mut [u8]>> =
             bufs.iter_mut().map(|b| Some(&mut **b)).collect();
         let mut exchanges = Vec::new();
-        for ((ep, segment_id), idxs) in &tcp_groups {
-            let tag = segment_tag(*segment_id);
-            let mut reads: Vec<(u64, &mut [u8])> = Vec::new();
+        for ((ep, _segment_id), idxs) in &tcp_groups {
+            let mut reads: Vec<(Grant, u64, &mut [u8])> = Vec::new();
             for &i in idxs {
                 let r = found[i].as_ref().expect("grouped only found objects");
                 let first = self.read_order(&r.replicas)[0];
                 let buf = by_index[i].take().expect("each index grouped once");
-                reads.push((first.offset, &mut buf[..r.size as usize]));
+                reads.push((
+                    Grant::from(first),
+                    first.offset,
+                    &mut buf[..r.size as usize],
+                ));
             }
             exchanges.push(async move {
                 let mut reads = reads;
-                let outcome = self.tcp.read_checksummed(ep, tag, &mut reads).await;
+                let outcome = self.tcp.read_checksummed(ep, &mut reads).await;
                 (ep, idxs, outcome)
             });
         }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
-use crescent_store::protocol::segment_tag;
+use crescent_store::protocol::Grant;
 
 use super::routing::chunks;
 use super::*;
@@ -199,11 +199,12 @@ impl ClientCore {
                         match self.route(r) {
                             Route::Tcp(ep) => {
                                 let data = items[i].1;
+                                let grant = Grant::from(r);
                                 for (off, a, b) in chunks(r.offset, data.len()) {
                                     tcp_groups
                                         .entry((ep.to_string(), r.segment_id))
                                         .or_default()
-                                        .push((i, off, &data[a..b]));
+                                        .push((i, grant, off, &data[a..b]));
                                 }
                             }
                             _ => direct.push((i, r)),
@@ -218,18 +219,19 @@ impl ClientCore {
             }
         }
         let exchanges = tcp_groups.iter().map(|(group, writes)| async move {
-            let (ep, segment_id) = (&group.0, group.1);
-            let w: Vec<(u64, &[u8])> = writes.iter().map(|(_, off, d)| (*off, *d)).collect();
-            let bytes: usize = w.iter().map(|(_, d)| d.len()).sum();
+            let ep = &group.0;
+            let w: Vec<(Grant, u64, &[u8])> =
+                writes.iter().map(|(_, g, off, d)| (*g, *off, *d)).collect();
+            let bytes: usize = w.iter().map(|(_, _, d)| d.len()).sum();
             self.stats
                 .tcp_bytes
                 .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
-            (group, self.tcp.write(ep, segment_tag(segment_id), &w).await)
+            (group, self.tcp.write(ep, &w).await)
         });
         for (group, outcome) in futures::future::join_all(exchanges).await {
             if let Err(e) = outcome {
                 self.tcp.forget(&group.0);
-                for (i, _, _) in &tcp_groups[group] {
+                for (i, _, _, _) in &tcp_groups[group] {
                     results[*i] = Some(Err(Error::Transfer(e.to_string())));
                 }
             }
@@ -287,5 +289,5 @@ impl ClientCore {
     }
 }
 
-/// One write of a batch put: (item index, remote offset, bytes).
-type PendingWrite<'a> = (usize, u64, &'a [u8]);
+/// One write of a batch put: (item index, its grant, remote offset, bytes).
+type PendingWrite<'a> = (usize, Grant, u64, &'a [u8]);

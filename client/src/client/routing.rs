@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crescent_proto::pb;
-use crescent_store::protocol::{segment_tag, MAX_TRANSFER};
+use crescent_store::protocol::{Grant, MAX_TRANSFER};
 use crescent_store::ShmMapping;
 
 use super::*;
@@ -98,16 +98,14 @@ impl ClientCore {
                 Error::Transfer(e.to_string())
             }),
             Route::Tcp(ep) => {
-                let writes: Vec<(u64, &[u8])> = chunks(r.offset, data.len())
-                    .map(|(off, start, end)| (off, &data[start..end]))
+                let grant = Grant::from(r);
+                let writes: Vec<(Grant, u64, &[u8])> = chunks(r.offset, data.len())
+                    .map(|(off, start, end)| (grant, off, &data[start..end]))
                     .collect();
-                self.tcp
-                    .write(ep, segment_tag(r.segment_id), &writes)
-                    .await
-                    .map_err(|e| {
-                        self.tcp.forget(ep);
-                        Error::Transfer(e.to_string())
-                    })
+                self.tcp.write(ep, &writes).await.map_err(|e| {
+                    self.tcp.forget(ep);
+                    Error::Transfer(e.to_string())
+                })
             }
         }
     }
@@ -134,14 +132,15 @@ impl ClientCore {
             }),
             Route::Tcp(ep) => {
                 let step = MAX_TRANSFER as usize;
-                let mut reads: Vec<(u64, &mut [u8])> = buf
+                let grant = Grant::from(r);
+                let mut reads: Vec<(Grant, u64, &mut [u8])> = buf
                     .chunks_mut(step)
                     .enumerate()
-                    .map(|(i, piece)| (r.offset + (i * step) as u64, piece))
+                    .map(|(i, piece)| (grant, r.offset + (i * step) as u64, piece))
                     .collect();
                 let crcs = self
                     .tcp
-                    .read_checksummed(ep, segment_tag(r.segment_id), &mut reads)
+                    .read_checksummed(ep, &mut reads)
                     .await
                     .map_err(|e| {
                         self.tcp.forget(ep);
@@ -209,13 +208,13 @@ impl ClientCore {
 /// The crc32c of consecutive pieces. Objects over MAX_TRANSFER (1 GiB) arrive
 /// in several pieces; rather than combining crcs algebraically we re-hash the
 /// (rare) multi-piece case.
-pub(super) fn combine_crcs(crcs: &[u32], pieces: &[(u64, &mut [u8])]) -> u32 {
+pub(super) fn combine_crcs(crcs: &[u32], pieces: &[(Grant, u64, &mut [u8])]) -> u32 {
     if crcs.len() == 1 {
         return crcs[0];
     }
     pieces
         .iter()
-        .fold(0u32, |crc, (_, b)| crc32c::crc32c_append(crc, b))
+        .fold(0u32, |crc, (_, _, b)| crc32c::crc32c_append(crc, b))
 }
 
 /// Splits `len` bytes at `offset` into transfers of at most MAX_TRANSFER:

@@ -52,6 +52,13 @@ pub fn router(agent: Arc<StoreAgent>) -> axum::Router {
         );
         sample(
             &mut out,
+            "store_transfer_forbidden_total",
+            "counter",
+            "Transfer requests refused for their grant (unsigned, expired, another segment, operation or range).",
+            s.forbidden.load(Ordering::Relaxed),
+        );
+        sample(
+            &mut out,
             "store_segment_capacity_bytes",
             "gauge",
             "Size of the contributed segment.",

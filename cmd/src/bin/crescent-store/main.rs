@@ -57,6 +57,10 @@ struct Args {
     #[arg(long, env = "CRESCENT_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Log format: text or json. Filter with RUST_LOG.
+    /// How far past its expiry a data-plane grant is still honoured: room for
+    /// this host's clock running ahead of the masters'.
+    #[arg(long, env = "CRESCENT_GRANT_CLOCK_SKEW", default_value = "2s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
+    grant_clock_skew: std::time::Duration,
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
 }
@@ -99,6 +103,10 @@ fn main() -> anyhow::Result<()> {
             shm: args.shm,
             shm_dir: args.shm_dir.clone(),
             heartbeat_interval: args.heartbeat_interval,
+            limits: crescent_store::server::ServeLimits {
+                grant_clock_skew: args.grant_clock_skew,
+                ..Default::default()
+            },
         };
         let agent = StoreAgent::start(master, cfg).await?;
         tracing::info!(

@@ -131,14 +131,18 @@ async fn bench_cluster(
     let run_id = crescent_client::master::new_client_id();
     let max_objects = args.objects.max(args.single_objects);
     let capacity = (max_objects as u64 * args.value_size * 4).max(1 << 30);
+    let segment_key = crescent_auth::capability::SegmentKey::generate();
     let segment_id = client
-        .mount_segment(pb::SegmentSpec {
-            name: format!("bench-{run_id}"),
-            endpoint: "127.0.0.1:1".into(),
-            capacity,
-            hostname: "bench".into(),
-            shm_path: String::new(),
-        })
+        .mount_segment(
+            pb::SegmentSpec {
+                name: format!("bench-{run_id}"),
+                endpoint: "127.0.0.1:1".into(),
+                capacity,
+                hostname: "bench".into(),
+                shm_path: String::new(),
+            },
+            &segment_key,
+        )
         .await?;
     // Keep the segment alive: the leader unmounts segments of silent clients.
     let hb_client = client.clone();
@@ -212,7 +216,7 @@ async fn bench_cluster(
             .await?;
     }
     heartbeat.abort();
-    client.unmount_segment(segment_id).await?;
+    client.unmount_segment(segment_id, &segment_key).await?;
     Ok(rows)
 }
 
