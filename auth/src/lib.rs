@@ -9,10 +9,12 @@
 //!
 //! It must not hold any other policy, open sockets or know the metadata;
 //! where a check is enforced (the master's gRPC layer and admin HTTP) is the
-//! master's business. TLS is not here yet. Data-plane capabilities
-//! (signed by masters, checked by stores) are in [`capability`].
+//! master's business. Mutual TLS material and the one place gRPC endpoints
+//! are built are in [`tls`]. Data-plane capabilities (signed by masters,
+//! checked by stores) are in [`capability`].
 
 pub mod capability;
+pub mod tls;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -56,6 +56,13 @@ pub struct ClientConfig {
     /// (`CRESCENT_TOKEN_FILE`, JSON `token_file`); `None` for a cluster
     /// started with `--insecure`.
     pub token_file: Option<std::path::PathBuf>,
+    /// Mutual TLS towards the masters: this client's certificate, its key
+    /// and the cluster's CA (`CRESCENT_TLS_CERT`, `CRESCENT_TLS_KEY`,
+    /// `CRESCENT_TLS_CA`; JSON `tls_cert`, `tls_key`, `tls_ca`). All three
+    /// or none.
+    pub tls_cert: Option<std::path::PathBuf>,
+    pub tls_key: Option<std::path::PathBuf>,
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientConfig {
@@ -74,6 +81,9 @@ impl Default for ClientConfig {
             degrade_after: Duration::from_secs(3),
             publish_on_recover: true,
             token_file: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }
@@ -96,6 +106,10 @@ struct JsonConfig {
     device_name: Option<String>,
     /// Crescent's addition: the client token's file.
     token_file: Option<String>,
+    /// Crescent's addition: mutual TLS files.
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_ca: Option<String>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -175,6 +189,15 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_TOKEN_FILE") {
             c.token_file = Some(v.into());
         }
+        if let Some(v) = get("CRESCENT_TLS_CERT") {
+            c.tls_cert = Some(v.into());
+        }
+        if let Some(v) = get("CRESCENT_TLS_KEY") {
+            c.tls_key = Some(v.into());
+        }
+        if let Some(v) = get("CRESCENT_TLS_CA") {
+            c.tls_ca = Some(v.into());
+        }
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");
         }
@@ -217,7 +240,26 @@ impl ClientConfig {
         if let Some(v) = j.token_file {
             self.token_file = Some(v.into());
         }
+        if let Some(v) = j.tls_cert {
+            self.tls_cert = Some(v.into());
+        }
+        if let Some(v) = j.tls_key {
+            self.tls_key = Some(v.into());
+        }
+        if let Some(v) = j.tls_ca {
+            self.tls_ca = Some(v.into());
+        }
         Ok(())
+    }
+
+    /// The TLS files, read and checked (`None`: plain HTTP/2).
+    pub fn tls(&self) -> Result<Option<crescent_auth::tls::TlsFiles>, ConfigError> {
+        crescent_auth::tls::TlsFiles::from_flags(
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_ca.as_deref(),
+        )
+        .map_err(|e| ConfigError(e.to_string()))
     }
 }
 
@@ -257,6 +299,16 @@ mod tests {
         );
         assert!(
             ClientConfig::from_lookup(lookup(&[("MOONCAKE_PROTOCOL", "carrier-pigeon")])).is_err()
+        );
+        let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_TLS_CA", "/run/ca.pem")])).unwrap();
+        assert_eq!(
+            c.tls_ca.as_deref(),
+            Some(std::path::Path::new("/run/ca.pem"))
+        );
+        let err = c.tls().unwrap_err().to_string();
+        assert!(
+            err.contains("--tls-cert"),
+            "half a TLS set-up is refused: {err}"
         );
         assert!(
             ClientConfig::from_lookup(lookup(&[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")])).is_err()

@@ -13,7 +13,7 @@ use crescent_proto::pb::{
 };
 use crescent_proto::ErrorCode;
 use rand::Rng;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 /// How long an attempt waits on its target before asking the other masters
 /// whether leadership has moved (see `leader_moved_away_from`).
@@ -168,6 +168,8 @@ pub struct MasterClient {
     channels: Mutex<HashMap<String, Channel>>,
     /// Presented on every call (none for `--insecure` clusters).
     token: BearerToken,
+    /// Mutual TLS towards the masters (`--tls-*`); plain HTTP/2 without.
+    tls: Option<ClientTlsConfig>,
     client_id: String,
     seq: AtomicU64,
     /// Names this client gives its puts (see `new_put_id`).
@@ -218,6 +220,7 @@ impl MasterClient {
             next_seed: AtomicUsize::new(start),
             channels: Mutex::new(HashMap::new()),
             token: BearerToken::none(),
+            tls: None,
             client_id: new_client_id(),
             seq: AtomicU64::new(1),
             next_put_id: AtomicU64::new(1),
@@ -229,6 +232,14 @@ impl MasterClient {
     /// the admin token for administration).
     pub fn with_token(mut self, token: BearerToken) -> Self {
         self.token = token;
+        self
+    }
+
+    /// Speaks mutual TLS to the masters from now on (channels opened
+    /// before are dropped, so no call goes out in clear text after this).
+    pub fn with_tls(mut self, tls: Option<&crescent_auth::tls::TlsFiles>) -> Self {
+        self.tls = tls.map(|t| t.client_config());
+        self.channels.get_mut().expect("lock poisoned").clear();
         self
     }
 
@@ -260,7 +271,7 @@ impl MasterClient {
         if let Some(c) = channels.get(addr) {
             return Ok(self.token.wrap(c.clone()));
         }
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
+        let ch = crescent_auth::tls::endpoint(addr, self.tls.as_ref())
             .map_err(|_| MasterRpcError::BadAddress(addr.to_string()))?
             .connect_timeout(Duration::from_millis(300))
             .tcp_nodelay(true)

@@ -469,6 +469,9 @@ pub struct LocalCluster {
     /// The directory of client.token, admin.token and cluster.token in
     /// token mode; `None`: the masters run `--insecure`.
     pub tokens: Option<PathBuf>,
+    /// The directory `crescentctl certs init` wrote when every gRPC
+    /// connection is mutual TLS; `None`: plain HTTP/2.
+    pub certs: Option<PathBuf>,
 }
 
 /// How a [`LocalCluster`]'s masters authenticate callers.
@@ -478,6 +481,43 @@ pub enum Security {
     Insecure,
     /// Token mode with fresh tokens under the cluster's root.
     Tokens,
+    /// Token mode, and mutual TLS on every gRPC connection with
+    /// certificates `crescentctl certs init` writes under the root.
+    TokensAndTls,
+}
+
+/// The `--tls-cert/--tls-key/--tls-ca` flags for the files `crescentctl
+/// certs init` wrote in `dir`: the node pair for masters and stores, the
+/// client pair for everything else.
+pub fn tls_flags(dir: &Path, node: bool) -> Vec<String> {
+    use crescent_auth::tls::*;
+    let (cert, key) = if node {
+        (NODE_CERT_FILE, NODE_KEY_FILE)
+    } else {
+        (CLIENT_CERT_FILE, CLIENT_KEY_FILE)
+    };
+    [
+        ("--tls-cert", cert),
+        ("--tls-key", key),
+        ("--tls-ca", CA_CERT_FILE),
+    ]
+    .into_iter()
+    .flat_map(|(flag, file)| [flag.to_string(), dir.join(file).display().to_string()])
+    .collect()
+}
+
+/// Runs `crescentctl certs init dir`: a fresh CA and certificates.
+pub fn write_certs(dir: &Path) -> anyhow::Result<()> {
+    let out = std::process::Command::new(find_binary("crescentctl")?)
+        .args(["certs", "init"])
+        .arg(dir)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "crescentctl certs init failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 impl LocalCluster {
@@ -496,11 +536,16 @@ impl LocalCluster {
     /// [`start`](Self::start) in token mode: every process gets its token
     /// file; [`master_client`](Self::master_client) presents the client token.
     pub fn start_secured(n: usize, extra: &[String]) -> anyhow::Result<Self> {
+        Self::start_as(n, extra, Security::Tokens)
+    }
+
+    /// [`start`](Self::start) with a choice of security.
+    pub fn start_as(n: usize, extra: &[String], security: Security) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("crescent-cluster-")
             .tempdir()?;
         let root = dir.path().to_path_buf();
-        let mut c = Self::start_mode(&root, n, extra, true, Security::Tokens)?;
+        let mut c = Self::start_mode(&root, n, extra, true, security)?;
         c._dir = Some(dir);
         Ok(c)
     }
@@ -555,11 +600,19 @@ impl LocalCluster {
         let binary = find_binary("crescent-master")?;
         let tokens = match security {
             Security::Insecure => None,
-            Security::Tokens => {
+            Security::Tokens | Security::TokensAndTls => {
                 let dir = root.join("tokens");
                 crescent_auth::write_token_files(&dir, false)?;
                 Some(dir)
             }
+        };
+        let certs = match security {
+            Security::TokensAndTls => {
+                let dir = root.join("certs");
+                write_certs(&dir)?;
+                Some(dir)
+            }
+            _ => None,
         };
         let mut ports = Vec::new();
         for _ in 0..n {
@@ -583,6 +636,9 @@ impl LocalCluster {
                 flags.extend(["--peers".to_string(), peers.clone()]);
             }
             flags.extend(security_flags(tokens.as_deref()));
+            if let Some(dir) = &certs {
+                flags.extend(tls_flags(dir, true));
+            }
             flags.extend(extra.iter().cloned());
             masters.push(MasterProcess::new(&binary, root, id, port, http, flags)?);
         }
@@ -593,6 +649,7 @@ impl LocalCluster {
             _dir: None,
             root: root.to_path_buf(),
             tokens,
+            certs,
         };
         for m in &mut cluster.masters {
             m.process.start()?;
@@ -609,6 +666,9 @@ impl LocalCluster {
         );
         let mut flags = vec!["--join".to_string()];
         flags.extend(security_flags(self.tokens.as_deref()));
+        if let Some(dir) = &self.certs {
+            flags.extend(tls_flags(dir, true));
+        }
         flags.extend(extra.iter().cloned());
         let (port, http) = (free_port()?, free_port()?);
         let mut master = MasterProcess::new(&self.binary, &self.root, id, port, http, flags)?;
@@ -638,6 +698,9 @@ impl LocalCluster {
         ];
         if let Some(token) = self.client_token_file() {
             args.extend(["--token-file".into(), token.display().to_string()]);
+        }
+        if let Some(dir) = &self.certs {
+            args.extend(tls_flags(dir, true));
         }
         args.extend(extra.iter().cloned());
         let mut store = StoreProcess {
@@ -697,7 +760,17 @@ impl LocalCluster {
     /// without a file).
     pub fn client_with_token(&self, file: Option<&Path>) -> anyhow::Result<MasterClient> {
         let token = crescent_auth::BearerToken::from_optional_file(file)?;
-        Ok(MasterClient::new(&self.masters_arg())?.with_token(token))
+        Ok(MasterClient::new(&self.masters_arg())?
+            .with_token(token)
+            .with_tls(self.client_tls()?.as_ref()))
+    }
+
+    /// The client certificate's TLS files when the cluster runs mutual TLS.
+    pub fn client_tls(&self) -> anyhow::Result<Option<crescent_auth::tls::TlsFiles>> {
+        Ok(match &self.certs {
+            Some(dir) => Some(crescent_auth::tls::TlsFiles::client_in(dir)?),
+            None => None,
+        })
     }
 
     /// Waits until `n` segments are mounted (as the leader reports).

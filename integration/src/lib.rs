@@ -12,8 +12,8 @@ use std::process::Command;
 pub mod harness;
 
 pub use harness::{
-    find_binary, free_port, security_flags, wait_listening, LocalCluster, LocalEtcd, ManagedChild,
-    MasterProcess, Security, StoreProcess,
+    find_binary, free_port, security_flags, tls_flags, wait_listening, write_certs, LocalCluster,
+    LocalEtcd, ManagedChild, MasterProcess, Security, StoreProcess,
 };
 
 /// Whether every test must run (`CI` set to anything but "", "false" or "0",

@@ -387,7 +387,8 @@ async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
     let result = async {
         // A frozen target accepts the TCP connection and then answers
         // nothing; without deadlines writes stayed refused until it woke.
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let tls = node.tls.as_ref().map(|t| t.client_config());
+        let endpoint = crescent_auth::tls::endpoint(&addr, tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_millis(500))
             .timeout(Duration::from_secs(1));

@@ -96,6 +96,22 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
 
+    /// This master's TLS certificate (PEM). With --tls-key and --tls-ca, all
+    /// gRPC — clients, stores, the other masters — is mutual TLS: a peer
+    /// without a certificate the CA signed cannot connect. `crescentctl
+    /// certs init DIR` writes a CA and certificates for a test cluster.
+    #[arg(long, env = "CRESCENT_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "CRESCENT_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// The CA certificate (PEM) that signed every master's, store's and
+    /// client's certificate.
+    #[arg(long, env = "CRESCENT_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
     /// Serve without authentication: anyone who reaches the ports may read,
     /// write, wipe and take over the cluster. For tests and trusted networks
     /// only; a warning is logged at start.
@@ -350,6 +366,15 @@ impl MasterConfig {
                  authentication"
             ),
         }
+    }
+
+    /// Mutual TLS from --tls-cert, --tls-key and --tls-ca (none without them).
+    pub fn tls(&self) -> anyhow::Result<Option<crescent_auth::tls::TlsFiles>> {
+        Ok(crescent_auth::tls::TlsFiles::from_flags(
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_ca.as_deref(),
+        )?)
     }
 
     /// The token this master presents to its peers (Raft, TimeoutNow).

@@ -154,6 +154,8 @@ pub struct MasterNode {
     pub verifier: Arc<crescent_auth::Verifier>,
     /// The cluster token this master presents to its peers.
     pub peer_token: crescent_auth::BearerToken,
+    /// Mutual TLS (`--tls-*`): served by gRPC and presented to the peers.
+    pub tls: Option<crescent_auth::tls::TlsFiles>,
 }
 
 pub fn now_ms() -> u64 {
@@ -197,7 +199,12 @@ impl MasterNode {
             );
         }
         let peer_token = config.peer_token()?;
-        let network = GrpcNetworkFactory::new(id, peer_token.clone());
+        let tls = config.tls()?;
+        let network = GrpcNetworkFactory::new(
+            id,
+            peer_token.clone(),
+            tls.as_ref().map(|t| t.client_config()),
+        );
         let contacts = network.contacts.clone();
         let lease_clock = network.lease_clock.clone();
         let raft = Raft::new(id, Arc::new(raft_config(&config)?), network, log, sm).await?;
@@ -233,6 +240,7 @@ impl MasterNode {
             counters: Default::default(),
             verifier,
             peer_token,
+            tls,
         });
         tokio::spawn(read_barrier_loop(raft.clone(), rx));
 

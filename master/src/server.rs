@@ -47,7 +47,11 @@ pub async fn serve(
         node.config.max_connections,
         conn_limit::GRPC_IDLE_TIMEOUT,
     );
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &node.tls {
+        builder = builder.tls_config(tls.server_config())?;
+    }
+    builder
         // Dead or vanished peers are noticed and their connections dropped;
         // no request runs unbounded; one connection cannot queue unbounded
         // work (issue 11: nothing bounded the gRPC server).

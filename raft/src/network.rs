@@ -21,7 +21,7 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, LogId};
 use serde::{de::DeserializeOwned, Serialize};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::lease::LeaseClock;
 use crate::{codec, sizing, NodeId, Raft, TypeConfig};
@@ -61,17 +61,20 @@ pub struct GrpcNetworkFactory {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// The cluster token every message carries (none with `--insecure`).
     token: BearerToken,
+    /// Mutual TLS towards the peers (`--tls-*`), none without.
+    tls: Option<ClientTlsConfig>,
     pub contacts: Arc<ContactBook>,
     /// Send times of accepted AppendEntries, for the leader's read lease.
     pub lease_clock: Arc<LeaseClock>,
 }
 
 impl GrpcNetworkFactory {
-    pub fn new(self_id: NodeId, token: BearerToken) -> Self {
+    pub fn new(self_id: NodeId, token: BearerToken, tls: Option<ClientTlsConfig>) -> Self {
         Self {
             self_id,
             channels: Default::default(),
             token,
+            tls,
             contacts: Default::default(),
             lease_clock: Default::default(),
         }
@@ -82,7 +85,7 @@ impl GrpcNetworkFactory {
         if let Some(c) = channels.get(addr) {
             return Ok(self.token.wrap(c.clone()));
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = crescent_auth::tls::endpoint(addr, self.tls.as_ref())
             .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)

@@ -125,13 +125,15 @@ impl Client {
         }
         let token = crescent_auth::BearerToken::from_optional_file(config.token_file.as_deref())
             .map_err(|e| Error::Config(e.to_string()))?;
+        let tls = config.tls().map_err(|e| Error::Config(e.to_string()))?;
         let mut master = MasterClient::connect(&config.master)
             .await
             .map_err(|e| match e {
                 MasterRpcError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),
                 other => Error::Unavailable(other.to_string()),
             })?
-            .with_token(token);
+            .with_token(token)
+            .with_tls(tls.as_ref());
         master.policy.deadline = if config.degrade_after.is_zero() {
             config.master_deadline
         } else {

@@ -56,11 +56,21 @@ struct Args {
     /// tokens init DIR` writes one); leave it out for `--insecure` masters.
     #[arg(long, env = "CRESCENT_TOKEN_FILE")]
     token_file: Option<PathBuf>,
-    /// Log format: text or json. Filter with RUST_LOG.
+    /// This store's TLS certificate (PEM), for mutual TLS to masters started
+    /// with --tls-*; with --tls-key and --tls-ca.
+    #[arg(long, env = "CRESCENT_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "CRESCENT_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) that signed the masters' certificates.
+    #[arg(long, env = "CRESCENT_TLS_CA")]
+    tls_ca: Option<PathBuf>,
     /// How far past its expiry a data-plane grant is still honoured: room for
     /// this host's clock running ahead of the masters'.
     #[arg(long, env = "CRESCENT_GRANT_CLOCK_SKEW", default_value = "2s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
     grant_clock_skew: std::time::Duration,
+    /// Log format: text or json. Filter with RUST_LOG.
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
 }
@@ -80,10 +90,16 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async move {
         let token = crescent_auth::BearerToken::from_optional_file(args.token_file.as_deref())?;
+        let tls = crescent_auth::tls::TlsFiles::from_flags(
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+            args.tls_ca.as_deref(),
+        )?;
         let master = Arc::new(
             MasterClient::connect(&args.master)
                 .await?
-                .with_token(token.clone()),
+                .with_token(token.clone())
+                .with_tls(tls.as_ref()),
         );
         // SIGHUP re-reads the token file (the token's clones share it).
         crescent_runtime::on_hangup(move || match token.reload() {

@@ -1,5 +1,6 @@
 //! crescentctl: the operator's CLI for a Crescent cluster.
 
+mod certs;
 mod cluster_cmds;
 mod object_cmds;
 
@@ -31,6 +32,19 @@ struct Cli {
     /// and status instead of --token-file.
     #[arg(long, global = true, env = "CRESCENT_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<std::path::PathBuf>,
+
+    /// This client's TLS certificate (PEM), for masters started with
+    /// --tls-*; with --tls-key and --tls-ca (`certs init` writes client.pem).
+    #[arg(long, global = true, env = "CRESCENT_TLS_CERT")]
+    tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, global = true, env = "CRESCENT_TLS_KEY")]
+    tls_key: Option<std::path::PathBuf>,
+
+    /// The CA certificate (PEM) that signed the masters' certificates.
+    #[arg(long, global = true, env = "CRESCENT_TLS_CA")]
+    tls_ca: Option<std::path::PathBuf>,
 
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
@@ -87,6 +101,12 @@ enum Cmd {
         #[command(subcommand)]
         action: TokensCmd,
     },
+    /// TLS: `certs init DIR` writes a CA and certificates for a test or
+    /// demo cluster (keys readable by the owner only).
+    Certs {
+        #[command(subcommand)]
+        action: CertsCmd,
+    },
     /// Benchmarks: runs `crescent-bench` (found next to this program) with
     /// the rest of the arguments, e.g. `bench meta --masters H:P`.
     #[command(disable_help_flag = true)]
@@ -104,6 +124,26 @@ enum TokensCmd {
     /// engines client.token, operators admin.token.
     Init {
         dir: std::path::PathBuf,
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CertsCmd {
+    /// Write ca.pem, node.pem + node.key (masters and stores: --tls-cert,
+    /// --tls-key) and client.pem + client.key (engines, crescentctl) into
+    /// DIR; every process gets ca.pem as --tls-ca. Existing files are kept
+    /// unless --force.
+    Init {
+        dir: std::path::PathBuf,
+        /// A name or address the masters and stores are reached by, beyond
+        /// localhost, 127.0.0.1 and ::1 (repeat for several).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Validity of every certificate, in days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
         #[arg(long)]
         force: bool,
     },
@@ -136,17 +176,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     } = &cli.command
     {
         let written = crescent_auth::write_token_files(dir, *force)?;
-        for path in &written {
-            println!("wrote {}", path.display());
-        }
-        if written.is_empty() {
-            println!(
-                "kept the existing tokens in {} (--force replaces them)",
-                dir.display()
-            );
-        }
+        report_written(&written, dir, "tokens");
         return Ok(());
     }
+    if let Cmd::Certs {
+        action:
+            CertsCmd::Init {
+                dir,
+                hosts,
+                days,
+                force,
+            },
+    } = &cli.command
+    {
+        let written = certs::init(dir, hosts, *days, *force)?;
+        report_written(&written, dir, "certificates");
+        return Ok(());
+    }
+    let tls = crescent_auth::tls::TlsFiles::from_flags(
+        cli.tls_cert.as_deref(),
+        cli.tls_key.as_deref(),
+        cli.tls_ca.as_deref(),
+    )?;
     let admin_command = matches!(
         cli.command,
         Cmd::Members { .. } | Cmd::TransferLeader { .. } | Cmd::Status
@@ -159,8 +210,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let target = Target {
         master: cli.master.clone(),
         token_file,
+        tls: [
+            cli.tls_cert.clone(),
+            cli.tls_key.clone(),
+            cli.tls_ca.clone(),
+        ],
     };
-    let client = MasterClient::connect(&cli.master).await?.with_token(token);
+    let client = MasterClient::connect(&cli.master)
+        .await?
+        .with_token(token)
+        .with_tls(tls.as_ref());
     match cli.command {
         Cmd::Leader => cluster_cmds::leader(&client, cli.json).await,
         Cmd::Members { action: None } => cluster_cmds::members(&client, cli.json).await,
@@ -181,7 +240,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Get { key, out } => object_cmds::get(&target, &key, out).await,
         Cmd::Rm { key, force } => object_cmds::rm(&target, &key, force).await,
         Cmd::Exists { key } => object_cmds::exists(&target, &key, cli.json).await,
-        Cmd::Bench { .. } | Cmd::Tokens { .. } => unreachable!("handled above"),
+        Cmd::Bench { .. } | Cmd::Tokens { .. } | Cmd::Certs { .. } => {
+            unreachable!("handled above")
+        }
+    }
+}
+
+/// What `tokens init` / `certs init` wrote, or that they kept what was there.
+fn report_written(written: &[std::path::PathBuf], dir: &std::path::Path, what: &str) {
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    if written.is_empty() {
+        println!(
+            "kept the existing {what} in {} (--force replaces them)",
+            dir.display()
+        );
     }
 }
 
@@ -189,6 +263,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 pub struct Target {
     pub master: String,
     pub token_file: Option<std::path::PathBuf>,
+    /// --tls-cert, --tls-key, --tls-ca.
+    pub tls: [Option<std::path::PathBuf>; 3],
 }
 
 /// The benchmarks are their own program (they start local clusters with the

@@ -11,6 +11,9 @@ async fn client(target: &Target) -> anyhow::Result<Client> {
     let config = ClientConfig {
         master: target.master.clone(),
         token_file: target.token_file.clone(),
+        tls_cert: target.tls[0].clone(),
+        tls_key: target.tls[1].clone(),
+        tls_ca: target.tls[2].clone(),
         // Never local-only: this process's memory dies with it, so a put
         // "stored" there while no master answers would be a false success.
         degrade_after: std::time::Duration::ZERO,

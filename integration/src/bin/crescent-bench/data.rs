@@ -191,7 +191,9 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
             (Some(c), m, dir)
         }
     };
-    let floor = crate::floor::measure(&floor_dir, &masters, &crate::env_token()?).await?;
+    let tls = crate::env_tls()?;
+    let floor =
+        crate::floor::measure(&floor_dir, &masters, &crate::env_token()?, tls.as_ref()).await?;
     eprintln!("{}", floor.describe(&floor_dir));
     let host = crescent_client::config::system_hostname();
     let mut rows = Vec::new();

@@ -100,17 +100,20 @@ pub async fn rpc_p50(client: &MasterClient, n: usize) -> anyhow::Result<f64> {
     Ok(p50(lat))
 }
 
-/// Both floors: fsync in `dir`, round trips to the leader of `masters`.
+/// Both floors: fsync in `dir`, round trips to the leader of `masters`
+/// (over TLS with `tls`, so a TLS cluster's floor includes TLS).
 pub async fn measure(
     dir: &Path,
     masters: &str,
     token: &crescent_auth::BearerToken,
+    tls: Option<&crescent_auth::tls::TlsFiles>,
 ) -> anyhow::Result<Floor> {
     let dir_owned = dir.to_path_buf();
     let fsync = tokio::task::spawn_blocking(move || fsync_4k_p50(&dir_owned, 200)).await??;
     let client = MasterClient::connect(masters)
         .await?
-        .with_token(token.clone());
+        .with_token(token.clone())
+        .with_tls(tls);
     let rpc = rpc_p50(&client, 500).await?;
     Ok(Floor {
         fsync_4k_p50_ms: fsync,

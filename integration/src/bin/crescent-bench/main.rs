@@ -65,3 +65,18 @@ pub fn env_token() -> anyhow::Result<crescent_auth::BearerToken> {
         file.as_deref(),
     )?)
 }
+
+/// Mutual TLS towards given masters from CRESCENT_TLS_CERT, _KEY and _CA.
+pub fn env_tls() -> anyhow::Result<Option<crescent_auth::tls::TlsFiles>> {
+    let var = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+    let (cert, key, ca) = (
+        var("CRESCENT_TLS_CERT"),
+        var("CRESCENT_TLS_KEY"),
+        var("CRESCENT_TLS_CA"),
+    );
+    Ok(crescent_auth::tls::TlsFiles::from_flags(
+        cert.as_deref(),
+        key.as_deref(),
+        ca.as_deref(),
+    )?)
+}

@@ -15,7 +15,8 @@ use serde_json::json;
 pub struct MetaArgs {
     /// Masters to benchmark (host:port list; the token, if they need one,
     /// from CRESCENT_TOKEN_FILE: the admin token, since each run clears its
-    /// keys with RemoveByRegex). Default: spawn local 1- and 3-node clusters.
+    /// keys with RemoveByRegex; TLS files from CRESCENT_TLS_CERT, _KEY and
+    /// _CA). Default: spawn local 1- and 3-node clusters.
     #[arg(long)]
     masters: Option<String>,
     /// Batch sizes to run, comma separated.
@@ -74,23 +75,24 @@ pub async fn run(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
     match &args.masters {
         Some(m) => {
             let token = crate::env_token()?;
-            rows.extend(bench_cluster("given", m, &token, &args).await?);
-            let f = crate::floor::measure(&args.floor_dir, m, &token).await?;
+            let tls = crate::env_tls()?;
+            rows.extend(bench_cluster("given", m, &token, tls.as_ref(), &args).await?);
+            let f = crate::floor::measure(&args.floor_dir, m, &token, tls.as_ref()).await?;
             floors.push(("given".to_string(), args.floor_dir.clone(), f));
         }
         None => {
             // One cluster at a time, so the idle one does not share the CPU.
-            // The 3-node cluster twice: `--insecure`, then in token mode,
-            // so the cost of checking tokens shows in the same run.
+            // The 3-node cluster three times: `--insecure`, in token mode,
+            // and in token mode with mutual TLS, so the cost of checking
+            // tokens and of TLS shows in the same run.
             for (n, security) in [
                 (1usize, Security::Insecure),
                 (3, Security::Insecure),
                 (3, Security::Tokens),
+                (3, Security::TokensAndTls),
             ] {
-                let cluster = match security {
-                    Security::Insecure => LocalCluster::start(n, &[])?,
-                    Security::Tokens => LocalCluster::start_secured(n, &[])?,
-                };
+                let cluster = LocalCluster::start_as(n, &[], security)?;
+                let tls = cluster.client_tls()?;
                 cluster.wait_for_leader(Duration::from_secs(20)).await?;
                 // The admin token: each run clears its keys with RemoveByRegex.
                 let token = crescent_auth::BearerToken::from_optional_file(
@@ -99,14 +101,16 @@ pub async fn run(args: MetaArgs, json_out: bool) -> anyhow::Result<()> {
                 let name = match security {
                     Security::Insecure => format!("{n}-node"),
                     Security::Tokens => format!("{n}-node-tokens"),
+                    Security::TokensAndTls => format!("{n}-node-tokens-tls"),
                 };
                 eprintln!(
                     "benchmarking {name} cluster at {} ...",
                     cluster.masters_arg()
                 );
-                rows.extend(bench_cluster(&name, &cluster.masters_arg(), &token, &args).await?);
+                let masters = cluster.masters_arg();
+                rows.extend(bench_cluster(&name, &masters, &token, tls.as_ref(), &args).await?);
                 let f =
-                    crate::floor::measure(&cluster.root, &cluster.masters_arg(), &token).await?;
+                    crate::floor::measure(&cluster.root, &masters, &token, tls.as_ref()).await?;
                 floors.push((name, cluster.root.clone(), f));
                 drop(cluster);
             }
@@ -120,12 +124,14 @@ async fn bench_cluster(
     name: &str,
     masters: &str,
     token: &crescent_auth::BearerToken,
+    tls: Option<&crescent_auth::tls::TlsFiles>,
     args: &MetaArgs,
 ) -> anyhow::Result<Vec<Row>> {
     let client = Arc::new(
         MasterClient::connect(masters)
             .await?
-            .with_token(token.clone()),
+            .with_token(token.clone())
+            .with_tls(tls),
     );
     client.get_leader().await?;
     let run_id = crescent_client::master::new_client_id();

@@ -1,0 +1,269 @@
+//! Mutual TLS for every gRPC connection (issue 13 item 1).
+//!
+//! One set of three PEM files per process — its certificate, its private key
+//! and the cluster's CA — gives both sides of a connection: a server that
+//! accepts only clients with a certificate the CA signed, and a client that
+//! accepts only servers the CA signed and presents its own certificate.
+//! `crescentctl certs init DIR` writes such a set for a test or demo cluster.
+//!
+//! Roles still come from the bearer tokens (a client certificate proves
+//! membership of the deployment, not which role): TLS adds confidentiality,
+//! server authentication and a handshake no outsider passes.
+
+use std::path::{Path, PathBuf};
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+
+/// Largest certificate or key file read (a chain of a few certificates).
+pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The files `crescentctl certs init` writes.
+pub const CA_CERT_FILE: &str = "ca.pem";
+pub const NODE_CERT_FILE: &str = "node.pem";
+pub const NODE_KEY_FILE: &str = "node.key";
+pub const CLIENT_CERT_FILE: &str = "client.pem";
+pub const CLIENT_KEY_FILE: &str = "client.key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error(
+        "TLS needs all three of --tls-cert, --tls-key and --tls-ca (CRESCENT_TLS_CERT, \
+         CRESCENT_TLS_KEY, CRESCENT_TLS_CA); {missing} is missing"
+    )]
+    Incomplete { missing: &'static str },
+    #[error("cannot read {what} {path}: {source}")]
+    Unreadable {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {path} is larger than {MAX_PEM_FILE_BYTES} bytes")]
+    TooLarge { what: &'static str, path: PathBuf },
+    #[error("{what} {path} holds no PEM block ({expected})")]
+    NotPem {
+        what: &'static str,
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("TLS set-up refused the certificate or key: {0}")]
+    Rejected(String),
+}
+
+/// A process's TLS material, read once at start.
+#[derive(Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    ca_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Paths only: the key's bytes never reach a log.
+        f.debug_struct("TlsFiles")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("ca", &self.ca)
+            .finish()
+    }
+}
+
+impl TlsFiles {
+    /// TLS from the three flags: `None` when none is given, an error naming
+    /// the missing one when only some are.
+    pub fn from_flags(
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        ca: Option<&Path>,
+    ) -> Result<Option<Self>, TlsError> {
+        match (cert, key, ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Self::read(cert, key, ca).map(Some),
+            (cert, key, _) => Err(TlsError::Incomplete {
+                missing: if cert.is_none() {
+                    "--tls-cert"
+                } else if key.is_none() {
+                    "--tls-key"
+                } else {
+                    "--tls-ca"
+                },
+            }),
+        }
+    }
+
+    /// Reads and checks the three files.
+    pub fn read(cert: &Path, key: &Path, ca: &Path) -> Result<Self, TlsError> {
+        let cert_pem = read_pem("certificate", cert, "CERTIFICATE")?;
+        let key_pem = read_pem("private key", key, "PRIVATE KEY")?;
+        let ca_pem = read_pem("CA certificate", ca, "CERTIFICATE")?;
+        Ok(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            ca: ca.to_path_buf(),
+            cert_pem,
+            key_pem,
+            ca_pem,
+        })
+    }
+
+    /// The files `crescentctl certs init DIR` wrote for a node (master or store).
+    pub fn node_in(dir: &Path) -> Result<Self, TlsError> {
+        Self::read(
+            &dir.join(NODE_CERT_FILE),
+            &dir.join(NODE_KEY_FILE),
+            &dir.join(CA_CERT_FILE),
+        )
+    }
+
+    /// The files `crescentctl certs init DIR` wrote for a client (engine, operator).
+    pub fn client_in(dir: &Path) -> Result<Self, TlsError> {
+        Self::read(
+            &dir.join(CLIENT_CERT_FILE),
+            &dir.join(CLIENT_KEY_FILE),
+            &dir.join(CA_CERT_FILE),
+        )
+    }
+
+    fn identity(&self) -> Identity {
+        Identity::from_pem(&self.cert_pem, &self.key_pem)
+    }
+
+    /// A server that presents this certificate and requires clients to
+    /// present one the CA signed.
+    pub fn server_config(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(self.identity())
+            .client_ca_root(Certificate::from_pem(&self.ca_pem))
+            // A client that opens a connection and stalls the handshake
+            // holds a connection slot for no longer than this.
+            .timeout(std::time::Duration::from_secs(10))
+    }
+
+    /// A client that trusts only servers the CA signed and presents this
+    /// certificate.
+    pub fn client_config(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(self.identity())
+    }
+}
+
+/// The endpoint for `addr` (`host:port`): `https://` with `tls`, else
+/// `http://`. Every gRPC client of Crescent builds its channels here.
+pub fn endpoint(addr: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint, TlsError> {
+    let bad = |e: tonic::transport::Error| TlsError::Rejected(format!("{addr}: {e}"));
+    match tls {
+        None => Endpoint::from_shared(format!("http://{addr}")).map_err(bad),
+        Some(tls) => Endpoint::from_shared(format!("https://{addr}"))
+            .map_err(bad)?
+            .tls_config(tls.clone())
+            .map_err(bad),
+    }
+}
+
+fn read_pem(what: &'static str, path: &Path, label: &'static str) -> Result<Vec<u8>, TlsError> {
+    let unreadable = |source| TlsError::Unreadable {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = std::fs::metadata(path).map_err(unreadable)?.len();
+    if len > MAX_PEM_FILE_BYTES {
+        return Err(TlsError::TooLarge {
+            what,
+            path: path.to_path_buf(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(unreadable)?;
+    let text = String::from_utf8_lossy(&bytes);
+    // "-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----",
+    // "-----BEGIN EC PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----".
+    let has_block = text
+        .lines()
+        .any(|l| l.starts_with("-----BEGIN ") && l.trim_end().ends_with(&format!("{label}-----")));
+    if !has_block {
+        return Err(TlsError::NotPem {
+            what,
+            path: path.to_path_buf(),
+            expected: label,
+        });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAKE_CERT: &str = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    const FAKE_KEY: &str = "-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n";
+
+    fn files(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let (c, k, a) = (dir.join("c.pem"), dir.join("k.pem"), dir.join("a.pem"));
+        std::fs::write(&c, FAKE_CERT).unwrap();
+        std::fs::write(&k, FAKE_KEY).unwrap();
+        std::fs::write(&a, FAKE_CERT).unwrap();
+        (c, k, a)
+    }
+
+    #[test]
+    fn no_flags_is_no_tls_and_some_flags_name_the_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, k, a) = files(dir.path());
+        assert!(TlsFiles::from_flags(None, None, None).unwrap().is_none());
+        for (args, missing) in [
+            ((None, Some(&k), Some(&a)), "--tls-cert"),
+            ((Some(&c), None, Some(&a)), "--tls-key"),
+            ((Some(&c), Some(&k), None), "--tls-ca"),
+        ] {
+            let err = TlsFiles::from_flags(
+                args.0.map(|p| p.as_path()),
+                args.1.map(|p| p.as_path()),
+                args.2.map(|p| p.as_path()),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains(missing), "{err}");
+        }
+        let tls = TlsFiles::from_flags(Some(&c), Some(&k), Some(&a))
+            .unwrap()
+            .unwrap();
+        assert!(!format!("{tls:?}").contains("AAAA"), "key bytes in Debug");
+    }
+
+    #[test]
+    fn a_missing_oversized_or_non_pem_file_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, k, a) = files(dir.path());
+        let gone = dir.path().join("gone.pem");
+        let err = TlsFiles::read(&c, &gone, &a).unwrap_err();
+        assert!(matches!(err, TlsError::Unreadable { .. }), "{err}");
+        assert!(err.to_string().contains("gone.pem"), "{err}");
+
+        let text = dir.path().join("text.pem");
+        std::fs::write(&text, "not a certificate").unwrap();
+        let err = TlsFiles::read(&c, &k, &text).unwrap_err();
+        assert!(matches!(err, TlsError::NotPem { .. }), "{err}");
+        assert!(err.to_string().contains("text.pem"), "{err}");
+        // A certificate where the key belongs is not a key.
+        let err = TlsFiles::read(&c, &c, &a).unwrap_err();
+        assert!(matches!(err, TlsError::NotPem { .. }), "{err}");
+
+        let big = dir.path().join("big.pem");
+        std::fs::write(&big, vec![b'A'; MAX_PEM_FILE_BYTES as usize + 1]).unwrap();
+        let err = TlsFiles::read(&big, &k, &a).unwrap_err();
+        assert!(matches!(err, TlsError::TooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn endpoints_use_https_exactly_when_tls_is_on() {
+        let plain = endpoint("127.0.0.1:1", None).unwrap();
+        assert_eq!(plain.uri().scheme_str(), Some("http"));
+        let tls = ClientTlsConfig::new();
+        let secure = endpoint("127.0.0.1:1", Some(&tls)).unwrap();
+        assert_eq!(secure.uri().scheme_str(), Some("https"));
+        assert!(endpoint("not a host", None).is_err());
+    }
+}
