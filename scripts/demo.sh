@@ -25,6 +25,15 @@ export CRESCENT_TOKEN_FILE="$DIR/tokens/client.token"
 export CRESCENT_ADMIN_TOKEN_FILE="$DIR/tokens/admin.token"
 export CRESCENT_CLUSTER_TOKEN_FILE="$DIR/tokens/cluster.token"
 echo "demo: tokens in $DIR/tokens (client, admin, cluster)"
+# Mutual TLS on every gRPC connection: a fresh CA and certificates. Masters
+# and the store present the node certificate (flags below), crescentctl the
+# client certificate (these variables).
+"$BIN/crescentctl" certs init "$DIR/certs" >/dev/null
+export CRESCENT_TLS_CERT="$DIR/certs/client.pem"
+export CRESCENT_TLS_KEY="$DIR/certs/client.key"
+export CRESCENT_TLS_CA="$DIR/certs/ca.pem"
+NODE_TLS=(--tls-cert "$DIR/certs/node.pem" --tls-key "$DIR/certs/node.key" --tls-ca "$DIR/certs/ca.pem")
+echo "demo: certificates in $DIR/certs (CA, node, client)"
 
 BASE=${CRESCENT_DEMO_PORT:-50051}
 ETCD_PORT=$((BASE + 20))
@@ -54,7 +63,7 @@ fi
 start_master() {
   local id=$1
   "$BIN/crescent-master" --node-id "$id" --listen "127.0.0.1:$((BASE + id - 1))" \
-    --http "127.0.0.1:$((9002 + id))" --data-dir "$DIR/master-$id" "${MEMBERSHIP[@]}" \
+    --http "127.0.0.1:$((9002 + id))" --data-dir "$DIR/master-$id" "${MEMBERSHIP[@]}" "${NODE_TLS[@]}" \
     >>"$DIR/master-$id.log" 2>&1 &
   PIDS+=($!)
   eval "MASTER_PID_$id=$!"
@@ -71,7 +80,7 @@ done
 
 echo "demo: starting a store with a 256 MiB segment (TCP and /dev/shm)"
 "$BIN/crescent-store" --master "$MASTERS" --listen "127.0.0.1:$STORE_PORT" --segment-size 256mb --shm \
-  >"$DIR/store.log" 2>&1 &
+  "${NODE_TLS[@]}" >"$DIR/store.log" 2>&1 &
 PIDS+=($!)
 sleep 1
 
@@ -115,9 +124,12 @@ sleep 1.5
 echo
 echo "demo: without a token, the cluster refuses:"
 env -u CRESCENT_TOKEN_FILE -u CRESCENT_ADMIN_TOKEN_FILE "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
+echo "demo: without a client certificate (clear text), the cluster refuses:"
+env -u CRESCENT_TLS_CERT -u CRESCENT_TLS_KEY -u CRESCENT_TLS_CA "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
 echo
-echo "demo: cluster running (masters: $MASTERS). Try (with the demo's tokens):"
+echo "demo: cluster running (masters: $MASTERS). Try (with the demo's tokens and certificates):"
 echo "  export CRESCENT_TOKEN_FILE=$CRESCENT_TOKEN_FILE CRESCENT_ADMIN_TOKEN_FILE=$CRESCENT_ADMIN_TOKEN_FILE"
+echo "  export CRESCENT_TLS_CERT=$CRESCENT_TLS_CERT CRESCENT_TLS_KEY=$CRESCENT_TLS_KEY CRESCENT_TLS_CA=$CRESCENT_TLS_CA"
 echo "  $BIN/crescentctl --master $MASTERS status"
 echo "  $BIN/crescentctl --master $MASTERS put hello world && $BIN/crescentctl --master $MASTERS get hello"
 echo "Press Ctrl-C to stop."

@@ -142,6 +142,30 @@ impl TlsFiles {
             .timeout(std::time::Duration::from_secs(10))
     }
 
+    /// The admin HTTP port's TLS: this certificate, and no client
+    /// certificate asked for — Prometheus and SGLang's segment poll come
+    /// without one; the admin endpoints still need the admin token.
+    pub fn http_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |e: &dyn std::fmt::Display| TlsError::Rejected(e.to_string());
+        let chain = CertificateDer::pem_slice_iter(&self.cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(&format!("{}: {e}", self.cert.display())))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key_pem)
+            .map_err(|e| bad(&format!("{}: {e}", self.key.display())))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(&e))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| bad(&e))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+    }
+
     /// A client that trusts only servers the CA signed and presents this
     /// certificate.
     pub fn client_config(&self) -> ClientTlsConfig {

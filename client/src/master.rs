@@ -148,17 +148,54 @@ impl Targets {
     }
 }
 
-/// A refusal of the master's auth layer as an error, or `None` for other
-/// transport statuses.
+/// A refusal of the master's auth layer, or of the TLS handshake, as an
+/// error; `None` for other transport statuses.
 fn denied(status: &tonic::Status) -> Option<MasterRpcError> {
-    matches!(
+    if matches!(
         status.code(),
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
-    )
-    .then(|| MasterRpcError::Status {
+    ) {
+        return Some(MasterRpcError::Status {
+            code: ErrorCode::PermissionDenied,
+            message: status.message().to_string(),
+        });
+    }
+    tls_mismatch(status).map(|message| MasterRpcError::Status {
         code: ErrorCode::PermissionDenied,
-        message: status.message().to_string(),
+        message,
     })
+}
+
+/// A connection the TLS layer refused — a certificate one side does not
+/// trust, or one side speaking TLS and the other not. That is a
+/// configuration error, not an outage: retrying cannot help, and a client
+/// must not take it for "no master reachable" and go local-only.
+fn tls_mismatch(status: &tonic::Status) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(status);
+    // The chain is a handful deep (status, transport, hyper, io, rustls).
+    for _ in 0..16 {
+        let e = next?;
+        let text = e.to_string();
+        // rustls's own words, as tokio-rustls passes them on.
+        if text.contains("invalid peer certificate")
+            || text.starts_with("received fatal alert")
+            || text.contains("peer sent no certificates")
+            || text.contains("received corrupt message")
+        {
+            return Some(format!("TLS handshake refused: {text}"));
+        }
+        // A TLS server's first bytes read as an HTTP/2 frame header give an
+        // impossible frame size.
+        if text.contains("frame with invalid size") {
+            return Some(
+                "the master does not speak clear-text gRPC: it may require TLS \
+                 (CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA or --tls-*)"
+                    .into(),
+            );
+        }
+        next = e.source();
+    }
+    None
 }
 
 /// A client of the master set that follows the leader by itself.

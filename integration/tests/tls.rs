@@ -3,7 +3,8 @@
 //! init` wrote. Raft, mounts, puts and gets work; a client in clear text, a
 //! client without a certificate, a client whose certificate another CA
 //! signed and a client that trusts another CA are all turned away at the
-//! handshake, and the cluster is unchanged afterwards.
+//! handshake, and the cluster is unchanged afterwards. The admin HTTP port
+//! serves HTTPS.
 //!
 //! Needs `cargo build --bins` first (`make test` does it).
 
@@ -12,18 +13,33 @@ use std::time::Duration;
 use crescent_auth::tls::{TlsFiles, CA_CERT_FILE};
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
 use crescent_integration::{find_binary, tls_flags, write_certs, LocalCluster, Security};
-use crescent_proto::pb;
+use crescent_proto::{pb, ErrorCode};
 
 fn value(i: usize) -> Vec<u8> {
     (0..4096).map(|j| (i * 31 + j) as u8).collect()
 }
 
-/// A master client that gives up after 2 s (refusals at the handshake are
-/// transport errors, retried until the deadline).
+/// A master client that gives up after 5 s: a refusal at the handshake must
+/// come back at once as PERMISSION_DENIED, not as "no master reachable"
+/// when the deadline passes (that would send an engine local-only).
 fn impatient(client: MasterClient) -> MasterClient {
     let mut client = client;
-    client.policy.deadline = Duration::from_secs(2);
+    client.policy.deadline = Duration::from_secs(5);
     client
+}
+
+async fn refused_by_tls(client: &MasterClient, who: &str) {
+    let started = std::time::Instant::now();
+    let err = client
+        .get_leader()
+        .await
+        .expect_err(&format!("{who} must be refused"));
+    assert_eq!(err.code(), ErrorCode::PermissionDenied, "{who}: {err}");
+    assert!(err.to_string().contains("TLS"), "{who}: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{who}: refused only at the deadline"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,8 +81,7 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
             .unwrap()
             .with_token(bearer.clone()),
     );
-    let err = plain.get_leader().await.unwrap_err();
-    assert!(!err.to_string().is_empty());
+    refused_by_tls(&plain, "a clear-text client").await;
 
     // 2. Another CA's client: it does not trust the masters, they do not
     //    trust its certificate.
@@ -78,10 +93,7 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
             .with_token(bearer.clone())
             .with_tls(Some(&TlsFiles::client_in(foreign.path()).unwrap())),
     );
-    stranger
-        .get_leader()
-        .await
-        .expect_err("a client of another CA must be refused");
+    refused_by_tls(&stranger, "a client of another CA").await;
 
     // 3. Trusts the right CA but presents another CA's certificate: the
     //    masters refuse it (they, not the client, decide here).
@@ -97,10 +109,7 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
             .with_token(bearer.clone())
             .with_tls(Some(&forged)),
     );
-    impostor
-        .get_leader()
-        .await
-        .expect_err("a certificate of another CA must be refused");
+    refused_by_tls(&impostor, "a certificate of another CA").await;
 
     // 4. Trusts the right CA and presents no certificate at all.
     let ca = std::fs::read(certs.join(CA_CERT_FILE)).unwrap();
@@ -151,6 +160,35 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "clear-text crescentctl was served");
+
+    // 6. The admin HTTP port serves HTTPS with the node certificate: a
+    //    client trusting the CA reads /metrics (no client certificate is
+    //    asked for); clear text and a client trusting another CA get nothing.
+    let http = cluster.masters[0].http.clone();
+    let curl = |args: &[&str]| {
+        std::process::Command::new("curl")
+            .args(["-sS", "--max-time", "5"])
+            .args(args)
+            .output()
+            .expect("curl (scripts/install-deps.sh installs it)")
+    };
+    let ca_path = certs.join(CA_CERT_FILE);
+    let metrics = format!("https://{http}/metrics");
+    let out = curl(&["--cacert", ca_path.to_str().unwrap(), &metrics]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("master_"));
+    let out = curl(&[&format!("http://{http}/metrics")]);
+    assert!(!out.status.success(), "clear-text HTTP was answered");
+    let foreign_ca = foreign.path().join(CA_CERT_FILE);
+    let out = curl(&["--cacert", foreign_ca.to_str().unwrap(), &metrics]);
+    assert!(
+        !out.status.success(),
+        "another CA's client trusted the port"
+    );
 
     // Nothing the strangers did changed the cluster.
     let status = cluster

@@ -100,6 +100,8 @@ pub struct MasterConfig {
     /// gRPC — clients, stores, the other masters — is mutual TLS: a peer
     /// without a certificate the CA signed cannot connect. `crescentctl
     /// certs init DIR` writes a CA and certificates for a test cluster.
+    /// The admin HTTP port then serves HTTPS with this certificate (no
+    /// client certificate asked for: the admin endpoints need the admin token).
     #[arg(long, env = "CRESCENT_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
 

@@ -102,12 +102,18 @@ impl RunningMaster {
             conn_limit::MAX_HTTP_CONNECTIONS,
             conn_limit::HTTP_IDLE_TIMEOUT,
         );
+        let https = match &node.tls {
+            Some(tls) => Some(tls.http_acceptor()?),
+            None => None,
+        };
+        let scheme = if https.is_some() { "https" } else { "http" };
         let http = tokio::spawn(conn_limit::serve_http(
             http_listener,
             router,
             conn_limit::HTTP_HEADER_READ_TIMEOUT,
+            https,
         ));
-        tracing::info!(%http_bound, "admin/metrics HTTP listening");
+        tracing::info!(%http_bound, scheme, "admin/metrics HTTP listening");
         let watch = tokio::spawn(crate::leader::run_leadership_watch(node.clone()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(node.clone(), listener, async {

@@ -39,21 +39,45 @@ pub const HTTP_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `router` on `listener` over HTTP/1.1 with hyper directly:
 /// `axum::serve` gives hyper no timer, and without one hyper enforces no
-/// header read timeout.
+/// header read timeout. With `tls`, HTTPS: the handshake must also finish
+/// within `header_timeout`.
 pub async fn serve_http(
     mut listener: CappedListener,
     router: axum::Router,
     header_timeout: Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     loop {
         let (io, _peer) = axum::serve::Listener::accept(&mut listener).await;
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let served = hyper::server::conn::http1::Builder::new()
+            let builder = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
-                .await;
+                .clone();
+            let served = match tls {
+                None => {
+                    builder
+                        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                        .await
+                }
+                Some(tls) => match tokio::time::timeout(header_timeout, tls.accept(io)).await {
+                    Ok(Ok(io)) => {
+                        builder
+                            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                            .await
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "admin HTTPS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("admin HTTPS handshake timed out");
+                        return;
+                    }
+                },
+            };
             if let Err(e) = served {
                 tracing::debug!(error = %e, "admin HTTP connection ended");
             }
@@ -348,7 +372,7 @@ mod tests {
     async fn a_trickled_request_header_is_cut_off() {
         let (l, addr) = listener(8, Duration::from_secs(60)).await;
         let router = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
-        let server = tokio::spawn(serve_http(l, router, Duration::from_millis(500)));
+        let server = tokio::spawn(serve_http(l, router, Duration::from_millis(500), None));
 
         let mut normal = TcpStream::connect(addr).await.unwrap();
         normal

@@ -1,6 +1,7 @@
 """A real local Crescent cluster for the Python tests and benchmark: three
 master processes (static peers) and one store process (TCP), started from the
-workspace's binaries on free loopback ports. Test and benchmark code only:
+workspace's binaries on free loopback ports, secured as a production cluster
+is (tokens and mutual TLS). Test and benchmark code only:
 it is not part of the `crescent` package an engine installs."""
 
 import os
@@ -58,16 +59,24 @@ class Cluster:
         # token, crescentctl and this process's clients the admin token
         # (MooncakeDistributedStore.setup reads CRESCENT_TOKEN_FILE): the
         # engines' sequences end with remove_all, which needs the admin role.
-        self.tokens = self.root / "tokens"
-        subprocess.run(
-            [str(self.bin / "crescentctl"), "tokens", "init", str(self.tokens)],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
+        self.tokens = self.init_credentials("tokens")
         self.client_token = self.tokens / "client.token"
         self.admin_token = self.tokens / "admin.token"
         os.environ["CRESCENT_TOKEN_FILE"] = str(self.admin_token)
+        # Mutual TLS on every gRPC connection, also as a real cluster runs:
+        # masters and the store present the node certificate, this
+        # process's clients and crescentctl the client certificate (setup
+        # reads CRESCENT_TLS_CERT, CRESCENT_TLS_KEY and CRESCENT_TLS_CA).
+        self.certs = self.init_credentials("certs")
+        self.ca = self.certs / "ca.pem"
+        node_tls = [
+            "--tls-cert", str(self.certs / "node.pem"),
+            "--tls-key", str(self.certs / "node.key"),
+            "--tls-ca", str(self.ca),
+        ]
+        os.environ["CRESCENT_TLS_CERT"] = str(self.certs / "client.pem")
+        os.environ["CRESCENT_TLS_KEY"] = str(self.certs / "client.key")
+        os.environ["CRESCENT_TLS_CA"] = str(self.ca)
         peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(self.master_ports))
         for i, port in enumerate(self.master_ports):
             self.spawn(
@@ -85,6 +94,7 @@ class Cluster:
                     "--token-file", str(self.client_token),
                     "--admin-token-file", str(self.admin_token),
                     "--cluster-token-file", str(self.tokens / "cluster.token"),
+                    *node_tls,
                 ],
             )
         wait_until("a leader", lambda: self.ctl("leader").returncode == 0)
@@ -97,22 +107,36 @@ class Cluster:
                 "--http", f"127.0.0.1:{free_port()}",
                 "--segment-size", self.segment_size,
                 "--token-file", str(self.client_token),
+                *node_tls,
             ],
         )
         wait_until("the store's segment", self.can_put)
 
+    def init_credentials(self, kind):
+        """`crescentctl tokens|certs init` into a fresh directory under the root."""
+        directory = self.root / kind
+        subprocess.run(
+            [str(self.bin / "crescentctl"), kind, "init", str(directory)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return directory
+
     def http_get(self, path):
-        """GET `path` from the first master's HTTP port: (status, text)."""
+        """GET `path` from the first master's HTTPS port: (status, text)."""
+        import ssl
         import urllib.error
         import urllib.request
 
         token = self.admin_token.read_text().strip()
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.http_ports[0]}{path}",
+            f"https://127.0.0.1:{self.http_ports[0]}{path}",
             headers={"Authorization": f"Bearer {token}"},
         )
+        trust = ssl.create_default_context(cafile=str(self.ca))
         try:
-            with urllib.request.urlopen(request, timeout=10) as r:
+            with urllib.request.urlopen(request, timeout=10, context=trust) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()

@@ -304,6 +304,22 @@ def test_token_roles(cluster, monkeypatch):
         s.close()
 
 
+def test_tls_is_required(cluster, monkeypatch):
+    """The cluster runs mutual TLS: an engine that speaks clear text, or
+    presents no client certificate, is not served."""
+    for name in ("CRESCENT_TLS_CERT", "CRESCENT_TLS_KEY", "CRESCENT_TLS_CA"):
+        monkeypatch.delenv(name)
+    s = MooncakeDistributedStore()
+    rc = s.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.masters)
+    assert rc != 0 or s.put("tls-required", b"x") < 0, "served in clear text"
+    if rc == 0:
+        s.close()
+    # Half a TLS set-up is a configuration error, not a silent clear-text client.
+    monkeypatch.setenv("CRESCENT_TLS_CA", str(cluster.ca))
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.masters) != 0
+
+
 def test_setup_from_a_mooncake_config_file(cluster, tmp_path, monkeypatch):
     """vLLM and SGLang write Mooncake's JSON (sizes as "4GB" strings, their
     own extra fields) and point MOONCAKE_CONFIG_PATH at it."""

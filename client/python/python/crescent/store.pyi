@@ -39,6 +39,10 @@ class MooncakeHostMemAllocator:
 
 class MooncakeDistributedStore:
     def __init__(self) -> None: ...
+    # setup() also reads, as Mooncake does, MOONCAKE_*/CRESCENT_* variables
+    # and MOONCAKE_CONFIG_PATH; Crescent's credentials come from there too:
+    # CRESCENT_TOKEN_FILE, and for masters that require mutual TLS
+    # CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA.
     def setup(
         self,
         local_hostname: Union[str, dict[str, Any], None] = None,

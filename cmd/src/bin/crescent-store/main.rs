@@ -57,7 +57,8 @@ struct Args {
     #[arg(long, env = "CRESCENT_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// This store's TLS certificate (PEM), for mutual TLS to masters started
-    /// with --tls-*; with --tls-key and --tls-ca.
+    /// with --tls-*; with --tls-key and --tls-ca. The metrics HTTP port then
+    /// serves HTTPS with it.
     #[arg(long, env = "CRESCENT_TLS_CERT")]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
@@ -140,10 +141,15 @@ fn main() -> anyhow::Result<()> {
                 conn_limit::MAX_HTTP_CONNECTIONS,
                 conn_limit::HTTP_IDLE_TIMEOUT,
             );
+            let https = match &tls {
+                Some(tls) => Some(tls.http_acceptor()?),
+                None => None,
+            };
             tokio::spawn(conn_limit::serve_http(
                 listener,
                 router,
                 conn_limit::HTTP_HEADER_READ_TIMEOUT,
+                https,
             ));
         }
         crescent_runtime::shutdown_signal().await;
