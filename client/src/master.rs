@@ -1016,6 +1016,50 @@ where
 mod tests {
     use super::*;
 
+    #[derive(Debug)]
+    struct Cause(&'static str);
+    impl std::fmt::Display for Cause {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Cause {}
+
+    fn status_caused_by(code: tonic::Code, cause: &'static str) -> tonic::Status {
+        let mut s = tonic::Status::new(code, "transport error");
+        s.set_source(std::sync::Arc::new(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            Cause(cause),
+        )));
+        s
+    }
+
+    #[test]
+    fn tls_refusals_are_final_and_outages_are_not() {
+        for cause in [
+            "invalid peer certificate: UnknownIssuer",
+            "received fatal alert: CertificateRequired",
+            "received corrupt message of type InvalidContentType",
+            "connection error detected: frame with invalid size",
+        ] {
+            let err = denied(&status_caused_by(tonic::Code::Unknown, cause))
+                .unwrap_or_else(|| panic!("{cause} taken for an outage"));
+            assert_eq!(err.code(), ErrorCode::PermissionDenied, "{cause}");
+        }
+        for cause in [
+            "Connection refused (os error 111)",
+            "stream closed because of a broken pipe",
+            "connection closed",
+        ] {
+            assert!(
+                denied(&status_caused_by(tonic::Code::Unavailable, cause)).is_none(),
+                "{cause} is an outage, to be retried"
+            );
+        }
+        assert!(denied(&tonic::Status::unavailable("leader changed")).is_none());
+        assert!(denied(&tonic::Status::permission_denied("role")).is_some());
+    }
+
     #[test]
     fn master_lists() {
         assert_eq!(parse_master_list("a:1, b:2").unwrap(), vec!["a:1", "b:2"]);
