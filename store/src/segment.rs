@@ -3,6 +3,14 @@
 //! Either anonymous memory (huge pages requested with `MADV_HUGEPAGE`), or a
 //! file in `/dev/shm` that same-host clients map to copy without a socket.
 //!
+//! A shared-memory file outlives a store killed with SIGKILL (or by the OOM
+//! killer), and tmpfs keeps its touched pages in RAM until it is removed. So
+//! the owning store holds an exclusive `flock` on its file for its lifetime,
+//! and every store that creates one first removes the `crescent-*` files in
+//! the directory that nobody holds a lock on: their owners are dead. A lock
+//! is released by the kernel when its holder dies, whatever pid namespace it
+//! ran in, so this never removes a live store's file.
+//!
 //! Concurrency: many connections read and write the segment at once. The
 //! master's allocator hands out disjoint ranges, so well-behaved peers never
 //! touch the same bytes concurrently; a misbehaving peer can only corrupt
@@ -44,11 +52,24 @@ pub fn round_to_pages(size: u64) -> u64 {
     size.div_ceil(page) * page
 }
 
+/// A shared-memory file and the open handle whose lock marks it as in use.
+struct ShmFile {
+    path: PathBuf,
+    _locked: std::fs::File,
+}
+
+/// Prefix of every shared-memory file a segment creates (and of nothing else
+/// the sweep may remove).
+const SHM_PREFIX: &str = "crescent-";
+/// Most directory entries one sweep looks at, so a huge directory cannot
+/// stall a store's start.
+const SWEEP_LIMIT: usize = 4096;
+
 pub struct Segment {
     map: MmapMut,
     ptr: *mut u8,
     len: u64,
-    shm_path: Option<PathBuf>,
+    shm: Option<ShmFile>,
     /// The master-assigned id this segment is mounted under and the key its
     /// grants are signed with (None until mounted: nothing is served).
     mounted: std::sync::RwLock<Option<Mounted>>,
@@ -82,14 +103,14 @@ impl Segment {
         self.mounted.read().expect("lock poisoned").clone()
     }
 
-    fn from_map(mut map: MmapMut, size: u64, shm_path: Option<PathBuf>) -> Arc<Self> {
+    fn from_map(mut map: MmapMut, size: u64, shm: Option<ShmFile>) -> Arc<Self> {
         advise_huge(&map);
         let ptr = map.as_mut_ptr();
         Arc::new(Self {
             map,
             ptr,
             len: size,
-            shm_path,
+            shm,
             mounted: Default::default(),
         })
     }
@@ -105,9 +126,18 @@ impl Segment {
     }
 
     /// A file in `dir` (normally `/dev/shm`) that same-host clients can map.
-    /// The file is removed when the segment is dropped.
+    /// The file is removed when the segment is dropped, and by the next
+    /// store to start in `dir` if this process dies first (module comment).
     pub fn shared(dir: &Path, name: &str, size: u64) -> Result<Arc<Self>, SegmentError> {
         check_size(size)?;
+        let swept = sweep_dead_shm_files(dir);
+        if swept > 0 {
+            tracing::info!(
+                dir = %dir.display(),
+                files = swept,
+                "removed shared-memory files of stores that died without cleaning up"
+            );
+        }
         let safe: String = name
             .chars()
             .map(|c| {
@@ -118,7 +148,10 @@ impl Segment {
                 }
             })
             .collect();
-        let path = dir.join(format!("crescent-{safe}-{}", std::process::id()));
+        let path = dir.join(format!("{SHM_PREFIX}{safe}-{}", std::process::id()));
+        // Created and locked under a name the sweep ignores, then renamed:
+        // another store's sweep never sees it unlocked.
+        let creating = dir.join(format!(".{SHM_PREFIX}{safe}-{}.new", std::process::id()));
         let shm_err = |source| SegmentError::ShmFile {
             path: path.clone(),
             source,
@@ -128,15 +161,25 @@ impl Segment {
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&path)
+            .open(&creating)
             .map_err(shm_err)?;
-        restrict_to_owner(&path).map_err(shm_err)?;
+        file.try_lock()
+            .map_err(|e| shm_err(std::io::Error::other(e)))?;
+        restrict_to_owner(&creating).map_err(shm_err)?;
         file.set_len(size).map_err(shm_err)?;
+        std::fs::rename(&creating, &path).map_err(shm_err)?;
         // SAFETY: the file was just created by us with the right length; other
         // mappers are same-host clients sharing it by design.
         let map = unsafe { MmapOptions::new().len(size as usize).map_mut(&file) }
             .map_err(|source| SegmentError::Map { size, source })?;
-        Ok(Self::from_map(map, size, Some(path)))
+        Ok(Self::from_map(
+            map,
+            size,
+            Some(ShmFile {
+                path,
+                _locked: file,
+            }),
+        ))
     }
 
     pub fn len(&self) -> u64 {
@@ -148,7 +191,7 @@ impl Segment {
     }
 
     pub fn shm_path(&self) -> Option<&Path> {
-        self.shm_path.as_deref()
+        self.shm.as_ref().map(|f| f.path.as_path())
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), SegmentError> {
@@ -212,10 +255,36 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if let Some(p) = &self.shm_path {
-            let _ = std::fs::remove_file(p);
+        if let Some(f) = &self.shm {
+            let _ = std::fs::remove_file(&f.path);
         }
     }
+}
+
+/// Removes the segment files in `dir` whose owner is dead (nobody holds their
+/// lock); returns how many. Best effort: errors leave a file in place.
+fn sweep_dead_shm_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.take(SWEEP_LIMIT).flatten() {
+        let is_ours = entry.file_name().to_string_lossy().starts_with(SHM_PREFIX);
+        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if !is_ours || !is_file {
+            continue;
+        }
+        let Ok(file) = std::fs::File::open(entry.path()) else {
+            continue;
+        };
+        // Held by a live store: WouldBlock. Free: its owner died. The lock
+        // is ours until `file` is closed, so no store can adopt it meanwhile
+        // (stores never reopen an existing name: theirs carry their pid).
+        if file.try_lock().is_ok() && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 fn check_size(size: u64) -> Result<(), SegmentError> {
@@ -345,5 +414,33 @@ mod tests {
         drop(m);
         drop(s);
         assert!(!path.exists(), "shm file removed with the segment");
+    }
+
+    #[test]
+    fn files_of_dead_stores_are_swept_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = page_size();
+        // A dead store's file: nobody holds its lock.
+        let dead = dir.path().join("crescent-127_0_0_1_1-dead-1");
+        std::fs::write(&dead, b"stale").unwrap();
+        // Not a segment file: never touched.
+        let other = dir.path().join("someone-else");
+        std::fs::write(&other, b"keep").unwrap();
+        let live = Segment::shared(dir.path(), "live", page).unwrap();
+        assert!(!dead.exists(), "a dead store's file is removed");
+        assert!(other.exists());
+        // A second store in the same directory keeps the live one's file.
+        let second = Segment::shared(dir.path(), "second", page).unwrap();
+        assert!(
+            live.shm_path().unwrap().exists(),
+            "a live store's file is kept"
+        );
+        assert!(second.shm_path().unwrap().exists());
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".new"))
+            .collect();
+        assert!(leftovers.is_empty(), "no half-created files");
     }
 }
