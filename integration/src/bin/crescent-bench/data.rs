@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use crescent_auth::tls::TlsFiles;
 use crescent_client::{Client, ClientConfig, ReplicateConfig};
-use crescent_integration::LocalCluster;
+use crescent_integration::{LocalCluster, Security};
 use crescent_proto::units::{format_size, parse_size};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -48,9 +49,32 @@ pub struct DataArgs {
     /// masters' data disk). A local cluster uses its own data directory.
     #[arg(long, default_value = ".")]
     floor_dir: std::path::PathBuf,
+    /// Security of the local cluster, one run each so their costs compare in
+    /// the same run: insecure (no tokens, clear text), tokens, tokens-tls
+    /// (tokens and mutual TLS on every gRPC connection). Data-plane grants
+    /// are always on. With --masters the cluster is what it is ("given").
+    #[arg(long, value_delimiter = ',', default_value = "insecure,tokens-tls")]
+    security: Vec<String>,
+}
+
+/// The credentials the benchmark's clients present.
+struct Credentials {
+    /// The admin token: each run clears its keys with RemoveByRegex.
+    token_file: Option<std::path::PathBuf>,
+    tls: Option<TlsFiles>,
+}
+
+fn parse_security(name: &str) -> anyhow::Result<Security> {
+    match name {
+        "insecure" => Ok(Security::Insecure),
+        "tokens" => Ok(Security::Tokens),
+        "tokens-tls" => Ok(Security::TokensAndTls),
+        other => anyhow::bail!("unknown --security {other:?} (insecure, tokens, tokens-tls)"),
+    }
 }
 
 struct Row {
+    security: String,
     batch: usize,
     transport: String,
     size: u64,
@@ -176,57 +200,76 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
     let grant_us = tokio::task::spawn_blocking(grant_cost_us).await?;
     eprintln!("loopback TCP {tcp_ceiling:.2} GB/s, memcpy {memcpy:.2} GB/s, grant sign+check {grant_us:.2} us");
 
-    let (_cluster, masters, floor_dir) = match &args.masters {
-        Some(m) => (None, m.clone(), args.floor_dir.clone()),
-        None => {
-            // A removed object's space stays held for one lease TTL (readers
-            // may still hold its descriptor); 2 s instead of 10 s lets the
-            // next run reuse a big run's space after a short wait (below).
-            let mut c = LocalCluster::start(3, &["--lease-ttl".into(), LOCAL_LEASE_TTL.into()])?;
-            c.wait_for_leader(Duration::from_secs(20)).await?;
-            c.start_store(&args.segment_size, &["--shm".to_string()])?;
-            c.wait_for_segments(1, Duration::from_secs(20)).await?;
-            let m = c.masters_arg();
-            let dir = c.root.clone();
-            (Some(c), m, dir)
-        }
+    let modes: Vec<(String, Option<Security>)> = match &args.masters {
+        Some(_) => vec![("given".to_string(), None)],
+        None => args
+            .security
+            .iter()
+            .map(|name| Ok((name.clone(), Some(parse_security(name)?))))
+            .collect::<anyhow::Result<_>>()?,
     };
-    let tls = crate::env_tls()?;
-    let floor =
-        crate::floor::measure(&floor_dir, &masters, &crate::env_token()?, tls.as_ref()).await?;
-    eprintln!("{}", floor.describe(&floor_dir));
-    let host = crescent_client::config::system_hostname();
+    anyhow::ensure!(!modes.is_empty(), "--security needs at least one mode");
     let mut rows = Vec::new();
-    for transport in &args.transports {
-        for &size in &sizes {
-            for &batch in &args.batch {
-                for &clients in &args.clients {
-                    eprintln!(
-                        "{transport} {} x{clients} batch {batch} ...",
-                        format_size(size)
-                    );
-                    // A client that believes it is on another host never maps shared memory.
-                    let hostname = if transport == "shm" {
-                        host.clone()
-                    } else {
-                        format!("{host}-remote")
-                    };
-                    let ops = ((per_run / size) as usize / clients).clamp(4, args.max_ops);
-                    let ops = ops.div_ceil(batch) * batch;
-                    rows.extend(
-                        run_one(&masters, transport, &hostname, size, clients, ops, batch).await?,
-                    );
-                    // Wait for a big run's removed space to be released, or
-                    // the next run finds the segment full (NO_AVAILABLE_HANDLE
-                    // counted as errors). Not timed.
-                    let moved = size * (ops * clients) as u64;
-                    if args.masters.is_none() && moved >= segment_bytes / 4 {
-                        tokio::time::sleep(Duration::from_millis(2_500)).await;
-                    }
-                }
+    let mut first_floor = None;
+    for (label, security) in modes {
+        // The previous mode's cluster is stopped when `_cluster` is replaced.
+        let (_cluster, masters, floor_dir, creds) = match security {
+            None => (
+                None,
+                args.masters.clone().unwrap_or_default(),
+                args.floor_dir.clone(),
+                Credentials {
+                    token_file: std::env::var_os("CRESCENT_TOKEN_FILE").map(Into::into),
+                    tls: crate::env_tls()?,
+                },
+            ),
+            Some(security) => {
+                eprintln!("starting a local 3-master cluster ({label}) ...");
+                // A removed object's space stays held for one lease TTL
+                // (readers may still hold its descriptor); 2 s instead of
+                // 10 s lets the next run reuse a big run's space after a
+                // short wait (below).
+                let mut c = LocalCluster::start_as(
+                    3,
+                    &["--lease-ttl".into(), LOCAL_LEASE_TTL.into()],
+                    security,
+                )?;
+                c.wait_for_leader(Duration::from_secs(20)).await?;
+                c.start_store(&args.segment_size, &["--shm".to_string()])?;
+                c.wait_for_segments(1, Duration::from_secs(20)).await?;
+                let m = c.masters_arg();
+                let dir = c.root.clone();
+                let creds = Credentials {
+                    token_file: c.admin_token_file(),
+                    tls: c.client_tls()?,
+                };
+                (Some(c), m, dir, creds)
             }
+        };
+        if first_floor.is_none() {
+            let token =
+                crescent_auth::BearerToken::from_optional_file(creds.token_file.as_deref())?;
+            let floor =
+                crate::floor::measure(&floor_dir, &masters, &token, creds.tls.as_ref()).await?;
+            eprintln!("{}", floor.describe(&floor_dir));
+            first_floor = Some((floor, floor_dir.clone()));
         }
+        rows.extend(
+            run_mode(
+                &args,
+                &label,
+                &masters,
+                &creds,
+                &sizes,
+                per_run,
+                segment_bytes,
+            )
+            .await?,
+        );
     }
+    let Some((floor, floor_dir)) = first_floor else {
+        anyhow::bail!("no run");
+    };
     print(
         &rows,
         tcp_ceiling,
@@ -238,10 +281,67 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_one(
+/// Every transport, size, batch and client count against one cluster.
+async fn run_mode(
+    args: &DataArgs,
+    label: &str,
     masters: &str,
-    transport: &str,
-    hostname: &str,
+    creds: &Credentials,
+    sizes: &[u64],
+    per_run: u64,
+    segment_bytes: u64,
+) -> anyhow::Result<Vec<Row>> {
+    let host = crescent_client::config::system_hostname();
+    let mut rows = Vec::new();
+    for transport in &args.transports {
+        for &size in sizes {
+            for &batch in &args.batch {
+                for &clients in &args.clients {
+                    eprintln!(
+                        "{label} {transport} {} x{clients} batch {batch} ...",
+                        format_size(size)
+                    );
+                    // A client that believes it is on another host never maps shared memory.
+                    let hostname = if transport == "shm" {
+                        host.clone()
+                    } else {
+                        format!("{host}-remote")
+                    };
+                    let ops = ((per_run / size) as usize / clients).clamp(4, args.max_ops);
+                    let ops = ops.div_ceil(batch) * batch;
+                    let run = Run {
+                        label,
+                        masters,
+                        creds,
+                        transport,
+                        hostname: &hostname,
+                    };
+                    rows.extend(run_one(&run, size, clients, ops, batch).await?);
+                    // Wait for a big run's removed space to be released, or
+                    // the next run finds the segment full (NO_AVAILABLE_HANDLE
+                    // counted as errors). Not timed.
+                    let moved = size * (ops * clients) as u64;
+                    if args.masters.is_none() && moved >= segment_bytes / 4 {
+                        tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Where and how one run connects.
+struct Run<'a> {
+    label: &'a str,
+    masters: &'a str,
+    creds: &'a Credentials,
+    transport: &'a str,
+    hostname: &'a str,
+}
+
+async fn run_one(
+    run_at: &Run<'_>,
     size: u64,
     clients: usize,
     ops: usize,
@@ -249,10 +349,14 @@ async fn run_one(
 ) -> anyhow::Result<Vec<Row>> {
     let mut handles = Vec::new();
     for _ in 0..clients {
+        let tls = run_at.creds.tls.as_ref();
         let c = Client::connect(ClientConfig {
-            master: masters.to_string(),
-            local_hostname: hostname.to_string(),
-            token_file: std::env::var_os("CRESCENT_TOKEN_FILE").map(Into::into),
+            master: run_at.masters.to_string(),
+            local_hostname: run_at.hostname.to_string(),
+            token_file: run_at.creds.token_file.clone(),
+            tls_cert: tls.map(|t| t.cert.clone()),
+            tls_key: tls.map(|t| t.key.clone()),
+            tls_ca: tls.map(|t| t.ca.clone()),
             ..Default::default()
         })
         .await?;
@@ -334,8 +438,9 @@ async fn run_one(
         let elapsed = start.elapsed().as_secs_f64();
         lat.sort_unstable();
         out.push(Row {
+            security: run_at.label.to_string(),
             batch,
-            transport: transport.to_string(),
+            transport: run_at.transport.to_string(),
             size,
             clients,
             op,
@@ -365,7 +470,7 @@ fn print(
         let v: Vec<_> = rows
             .iter()
             .map(|r| {
-                json!({"transport": r.transport, "batch": r.batch, "size": r.size, "clients": r.clients, "op": r.op, "ops": r.ops,
+                json!({"security": r.security, "transport": r.transport, "batch": r.batch, "size": r.size, "clients": r.clients, "op": r.op, "ops": r.ops,
                        "gb_per_s": r.gbps, "ratio_of_ceiling": r.gbps / ceiling(&r.transport),
                        "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors})
             })
@@ -382,7 +487,8 @@ fn print(
     }
     println!("ceilings: loopback TCP {tcp_ceiling:.2} GB/s (two local sockets), memcpy {memcpy:.2} GB/s (one thread)");
     println!(
-        "{:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
+        "{:<10} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
+        "SECURITY",
         "XPORT",
         "SIZE",
         "BATCH",
@@ -397,7 +503,8 @@ fn print(
     );
     for r in rows {
         println!(
-            "{:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6}",
+            "{:<10} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6}",
+            r.security,
             r.transport,
             format_size(r.size),
             r.batch,
@@ -412,6 +519,8 @@ fn print(
         );
     }
     println!();
+    println!("insecure: no tokens, clear-text gRPC; tokens-tls: tokens and mutual TLS on every gRPC connection;");
+    println!("data-plane grants are checked in every mode; the data port itself is not TLS");
     println!("every request includes its master round trip (PutStart+PutEnd, or GetReplicaList) and crc32c of the values;");
     println!("latency is per request (BATCH objects)");
     let best = |t: &str, size: u64| {
@@ -484,6 +593,59 @@ fn print(
             "  4 KiB get p99 with one client over TCP: {:.3} ms; target 1 ms {}",
             r.p99_ms,
             if r.p99_ms <= 1.0 { "MET" } else { "NOT MET" }
+        );
+    }
+    print_security_cost(rows);
+}
+
+/// Each secured run next to the same run against the insecure cluster
+/// (same transport, size, batch and clients), over TCP. Targets (issue 13):
+/// TLS + grants cost <= 10 % of 1 MiB get throughput and <= 15 % of a
+/// single put's latency.
+fn print_security_cost(rows: &[Row]) {
+    let secured = rows
+        .iter()
+        .filter(|r| r.security != "insecure" && r.security != "given" && r.transport == "tcp");
+    for r in secured {
+        let Some(open) = rows.iter().find(|o| {
+            o.security == "insecure"
+                && o.transport == r.transport
+                && o.size == r.size
+                && o.batch == r.batch
+                && o.clients == r.clients
+                && o.op == r.op
+        }) else {
+            continue;
+        };
+        let throughput_cost = (1.0 - r.gbps / open.gbps) * 100.0;
+        let latency_cost = (r.p50_ms / open.p50_ms - 1.0) * 100.0;
+        let verdict = |cost: f64, target: f64| {
+            if cost <= target {
+                format!("target <= {target:.0} %: MET")
+            } else {
+                format!("target <= {target:.0} %: NOT MET")
+            }
+        };
+        let target = match (r.op, r.size, r.batch, r.clients) {
+            ("get", s, _, _) if s == 1 << 20 => {
+                format!("; throughput {}", verdict(throughput_cost, 10.0))
+            }
+            ("put", _, 1, 1) => format!("; latency {}", verdict(latency_cost, 15.0)),
+            _ => String::new(),
+        };
+        println!(
+            "{} cost: tcp {} batch {} x{} {}: {:.3} vs {:.3} GB/s insecure ({:+.1} % throughput), p50 {:.3} vs {:.3} ms ({:+.1} %){target}",
+            r.security,
+            format_size(r.size),
+            r.batch,
+            r.clients,
+            r.op,
+            r.gbps,
+            open.gbps,
+            -throughput_cost,
+            r.p50_ms,
+            open.p50_ms,
+            latency_cost,
         );
     }
 }

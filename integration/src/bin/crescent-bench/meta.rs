@@ -440,31 +440,45 @@ fn print_rows(rows: &[Row], floors: &Floors, args: &MetaArgs, json_out: bool) {
             }
         );
     }
-    // The cost of token mode: the same 3-node cluster with and without it.
-    for r in rows.iter().filter(|r| r.cluster == "3-node-tokens") {
-        let Some(open) = rows
-            .iter()
-            .find(|o| o.cluster == "3-node" && o.batch == r.batch && o.op == r.op)
-        else {
-            continue;
-        };
-        if r.batch == 1 {
-            println!(
-                "token mode cost: single {} p50 {:.3} ms vs {:.3} ms --insecure ({:+.1} %)",
-                r.op,
-                r.p50_ms,
-                open.p50_ms,
-                (r.p50_ms / open.p50_ms - 1.0) * 100.0
-            );
-        } else {
-            println!(
-                "token mode cost: batch-{} {} {:.0}/s vs {:.0}/s --insecure ({:+.1} %)",
-                r.batch,
-                r.op,
-                r.per_sec,
-                open.per_sec,
-                (r.per_sec / open.per_sec - 1.0) * 100.0
-            );
+    // The cost of security: the same 3-node cluster with tokens, and with
+    // tokens + mutual TLS, against --insecure (issue target: <= 15 % of
+    // single-put latency).
+    for (secured, label) in [
+        ("3-node-tokens", "token mode cost"),
+        ("3-node-tokens-tls", "tokens + TLS cost"),
+    ] {
+        for r in rows.iter().filter(|r| r.cluster == secured) {
+            let Some(open) = rows
+                .iter()
+                .find(|o| o.cluster == "3-node" && o.batch == r.batch && o.op == r.op)
+            else {
+                continue;
+            };
+            if r.batch == 1 {
+                let cost = (r.p50_ms / open.p50_ms - 1.0) * 100.0;
+                let verdict = if r.op == "put" {
+                    if cost <= 15.0 {
+                        " (target <= +15 %: MET)"
+                    } else {
+                        " (target <= +15 %: NOT MET)"
+                    }
+                } else {
+                    ""
+                };
+                println!(
+                    "{label}: single {} p50 {:.3} ms vs {:.3} ms --insecure ({cost:+.1} %){verdict}",
+                    r.op, r.p50_ms, open.p50_ms,
+                );
+            } else {
+                println!(
+                    "{label}: batch-{} {} {:.0}/s vs {:.0}/s --insecure ({:+.1} %)",
+                    r.batch,
+                    r.op,
+                    r.per_sec,
+                    open.per_sec,
+                    (r.per_sec / open.per_sec - 1.0) * 100.0
+                );
+            }
         }
     }
     for (cluster, dir, f) in floors {
