@@ -1,6 +1,9 @@
 //! deploy/docker-compose.yml, for real: bring it up from the locally built
-//! image, find the leader through the published ports with `crescentctl`,
-//! kill the leader's container, see a new leader, tear it down.
+//! image (its `credentials` service writing tokens and certificates into a
+//! temporary directory), find the leader through the published ports with
+//! `crescentctl` presenting those credentials, see a clear-text caller
+//! refused, read `/metrics` over HTTPS, kill the leader's container, see a
+//! new leader, tear it down.
 //!
 //! Needs a Docker engine, docker-compose and the image `make images` builds
 //! (`$CRESCENT_IMAGE`, default crescent:latest). Without an engine it fails
@@ -58,8 +61,26 @@ fn engine_answers() -> bool {
             .is_ok_and(|o| o.status.success())
 }
 
-fn leader(masters: &str) -> Option<(u64, u64)> {
-    let (ok, out, _) = crescentctl(&["--master", masters, "leader", "--json"]).ok()?;
+/// `crescentctl` flags presenting the admin token and the client certificate
+/// the compose file's `credentials` service wrote under `secrets`.
+fn credentials(secrets: &std::path::Path) -> Vec<String> {
+    let path = |p: &str| secrets.join(p).to_string_lossy().into_owned();
+    vec![
+        "--token-file".into(),
+        path("tokens/admin.token"),
+        "--tls-cert".into(),
+        path("certs/client.pem"),
+        "--tls-key".into(),
+        path("certs/client.key"),
+        "--tls-ca".into(),
+        path("certs/ca.pem"),
+    ]
+}
+
+fn leader(masters: &str, creds: &[String]) -> Option<(u64, u64)> {
+    let mut args: Vec<&str> = creds.iter().map(String::as_str).collect();
+    args.extend(["--master", masters, "leader", "--json"]);
+    let (ok, out, _) = crescentctl(&args).ok()?;
     if !ok {
         return None;
     }
@@ -67,10 +88,10 @@ fn leader(masters: &str) -> Option<(u64, u64)> {
     Some((v["leader_id"].as_u64()?, v["term"].as_u64()?))
 }
 
-fn wait_leader(masters: &str, not: Option<u64>, within: Duration) -> (u64, u64) {
+fn wait_leader(masters: &str, creds: &[String], not: Option<u64>, within: Duration) -> (u64, u64) {
     let deadline = Instant::now() + within;
     loop {
-        if let Some((id, term)) = leader(masters) {
+        if let Some((id, term)) = leader(masters, creds) {
             if id != 0 && Some(id) != not {
                 return (id, term);
             }
@@ -117,6 +138,12 @@ async fn compose_cluster_survives_leader_kill() {
         .map(|(n, p)| (n.to_string(), p.to_string()))
         .collect();
     env.push(("CRESCENT_IMAGE".into(), image.clone()));
+    let secrets = tempfile::tempdir().unwrap();
+    env.push((
+        "CRESCENT_SECRETS".into(),
+        secrets.path().to_string_lossy().into_owned(),
+    ));
+    let creds = credentials(secrets.path());
     env.push(("CRESCENT_SEGMENT_SIZE".into(), "64mb".into()));
     let compose = Compose {
         project: format!("crescent-compose-{}", std::process::id()),
@@ -133,18 +160,39 @@ async fn compose_cluster_survives_leader_kill() {
         "127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
         ports[0], ports[1], ports[2]
     );
-    let (first, term) = wait_leader(&masters, None, Duration::from_secs(90));
+    let (first, term) = wait_leader(&masters, &creds, None, Duration::from_secs(90));
     println!("leader: master{first} (term {term})");
 
-    // Metrics are published too.
+    // Secured by default: without a certificate and token, refused.
+    let (ok, _, err) = crescentctl(&["--master", &masters, "leader"]).unwrap();
+    assert!(!ok && err.contains("PERMISSION_DENIED"), "{err}");
+
+    // Metrics are published too, over HTTPS with the compose CA.
     let http = format!("127.0.0.1:{}", ports[3 + (first as usize - 1)]);
-    let (status, body) = http_request(&http, "GET", "/metrics", &[]).await.unwrap();
-    assert_eq!(status, 200);
+    let ca = secrets.path().join("certs/ca.pem");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(&ca)
+        .arg(format!("https://{http}/metrics"))
+        .output()
+        .expect("curl (scripts/install-deps.sh installs it)");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(body.contains("master_key_count"), "{body}");
+    // Clear-text HTTP is not served.
+    let plain = http_request(&http, "GET", "/metrics", &[]).await;
+    assert!(
+        !matches!(plain, Ok((200, _))),
+        "clear-text /metrics answered"
+    );
 
     let (ok, out) = compose.run(&["kill", &format!("master{first}")]);
     assert!(ok, "docker-compose kill failed:\n{out}");
-    let (second, new_term) = wait_leader(&masters, Some(first), Duration::from_secs(30));
+    let (second, new_term) = wait_leader(&masters, &creds, Some(first), Duration::from_secs(30));
     println!("after killing master{first}: leader master{second} (term {new_term})");
     assert!(new_term > term);
 }

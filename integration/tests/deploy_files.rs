@@ -376,6 +376,76 @@ fn check_http_probe(d: &Doc, c: &Value, probe: &str, http_port: u64) {
         "{}: {probe} port must be the container's http port {http_port}",
         d.what()
     );
+    // With TLS files the HTTP port serves HTTPS only.
+    if uses_tls(c) {
+        assert_eq!(
+            s(&p["scheme"]),
+            "HTTPS",
+            "{}: {probe} must use scheme HTTPS (the container runs TLS)",
+            d.what()
+        );
+    }
+}
+
+/// Masters and stores run secured: a token file and the three TLS files,
+/// each from a Secret mounted read-only, never `--insecure`; Prometheus is
+/// told to scrape HTTPS.
+fn check_secured(d: &Doc, c: &Value) {
+    let text = command_text(c);
+    assert!(
+        !text.contains("--insecure"),
+        "{}: runs --insecure",
+        d.what()
+    );
+    let env_value = |name: &str| {
+        seq(&c["env"])
+            .iter()
+            .find(|e| s(&e["name"]) == name)
+            .map(|e| s(&e["value"]).to_string())
+    };
+    assert!(
+        env_value("CRESCENT_INSECURE").is_none(),
+        "{}: sets CRESCENT_INSECURE",
+        d.what()
+    );
+    let volumes = seq(&pod_template(d)["spec"]["volumes"]);
+    for name in [
+        "CRESCENT_TOKEN_FILE",
+        "CRESCENT_TLS_CERT",
+        "CRESCENT_TLS_KEY",
+        "CRESCENT_TLS_CA",
+    ] {
+        let path = env_value(name).unwrap_or_else(|| panic!("{}: no {name}", d.what()));
+        let mount = seq(&c["volumeMounts"])
+            .iter()
+            .find(|m| path.starts_with(&format!("{}/", s(&m["mountPath"]))))
+            .unwrap_or_else(|| panic!("{}: {name}={path} is under no volume mount", d.what()));
+        assert_eq!(
+            mount["readOnly"].as_bool(),
+            Some(true),
+            "{}: mount {} must be read-only",
+            d.what(),
+            s(&mount["name"])
+        );
+        let volume = volumes
+            .iter()
+            .find(|v| s(&v["name"]) == s(&mount["name"]))
+            .unwrap_or_else(|| panic!("{}: no volume {}", d.what(), s(&mount["name"])));
+        assert!(
+            volume["secret"]["secretName"].is_string(),
+            "{}: {name} must come from a Secret",
+            d.what()
+        );
+    }
+    let a = &pod_template(d)["metadata"]["annotations"];
+    assert_eq!(s(&a["prometheus.io/scheme"]), "https", "{}", d.what());
+}
+
+/// Whether a container is given TLS files (`CRESCENT_TLS_CERT`).
+fn uses_tls(c: &Value) -> bool {
+    seq(&c["env"])
+        .iter()
+        .any(|e| s(&e["name"]) == "CRESCENT_TLS_CERT")
 }
 
 fn check_scrape_annotations(d: &Doc, http_port: u64) {
@@ -455,6 +525,7 @@ fn kubernetes_manifests_are_well_formed() {
         sts.what()
     );
     check_scrape_annotations(sts, http);
+    check_secured(sts, c);
     assert!(
         c["resources"]["requests"].is_mapping(),
         "{}: set resource requests",
@@ -563,6 +634,7 @@ fn kubernetes_manifests_are_well_formed() {
     check_explicit_port(ds, c, "--http", http);
     check_http_probe(ds, c, "readinessProbe", http);
     check_scrape_annotations(ds, http);
+    check_secured(ds, c);
     for v in flag_values(&command_text(c), "--advertise") {
         assert!(
             !v.contains(':'),
