@@ -11,8 +11,14 @@
 //! server authentication and a handshake no outsider passes.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// Longest a TLS handshake may take on a server before the connection is
+/// closed: a client that opens a connection and stalls holds a connection
+/// slot no longer than this.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Largest certificate or key file read (a chain of a few certificates).
 pub const MAX_PEM_FILE_BYTES: u64 = 1024 * 1024;
@@ -131,21 +137,12 @@ impl TlsFiles {
         Identity::from_pem(&self.cert_pem, &self.key_pem)
     }
 
-    /// A server that presents this certificate and requires clients to
-    /// present one the CA signed.
-    pub fn server_config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(self.identity())
-            .client_ca_root(Certificate::from_pem(&self.ca_pem))
-            // A client that opens a connection and stalls the handshake
-            // holds a connection slot for no longer than this.
-            .timeout(std::time::Duration::from_secs(10))
-    }
-
-    /// The admin HTTP port's TLS: this certificate, and no client
-    /// certificate asked for — Prometheus and SGLang's segment poll come
-    /// without one; the admin endpoints still need the admin token.
-    pub fn http_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+    /// The rustls configurations a server presents: gRPC (this certificate,
+    /// and a client certificate the CA signed required; ALPN h2) and the
+    /// admin HTTP port (this certificate, no client certificate asked for —
+    /// Prometheus and SGLang's segment poll come without one; the admin
+    /// endpoints still need the admin token; ALPN http/1.1).
+    fn serving_configs(&self) -> Result<ServingConfigs, TlsError> {
         use tokio_rustls::rustls;
         use tokio_rustls::rustls::pki_types::pem::PemObject;
         use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -155,15 +152,38 @@ impl TlsFiles {
             .map_err(|e| bad(&format!("{}: {e}", self.cert.display())))?;
         let key = PrivateKeyDer::from_pem_slice(&self.key_pem)
             .map_err(|e| bad(&format!("{}: {e}", self.key.display())))?;
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(&self.ca_pem) {
+            let ca = ca.map_err(|e| bad(&format!("{}: {e}", self.ca.display())))?;
+            roots
+                .add(ca)
+                .map_err(|e| bad(&format!("{}: {e}", self.ca.display())))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| bad(&e))?;
+        let mut grpc = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(&e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| bad(&e))?;
+        grpc.alpn_protocols = vec![b"h2".to_vec()];
+        let mut http = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| bad(&e))?
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .map_err(|e| bad(&e))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+        http.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(ServingConfigs {
+            grpc: Arc::new(grpc),
+            http: Arc::new(http),
+        })
     }
 
     /// A client that trusts only servers the CA signed and presents this
@@ -172,6 +192,65 @@ impl TlsFiles {
         ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
             .identity(self.identity())
+    }
+}
+
+#[derive(Clone)]
+struct ServingConfigs {
+    grpc: Arc<tokio_rustls::rustls::ServerConfig>,
+    http: Arc<tokio_rustls::rustls::ServerConfig>,
+}
+
+/// What a server presents and whom it accepts, re-read from its three files
+/// by [`reload`](Self::reload) (on SIGHUP): new connections get the new
+/// certificate and are checked against the new CA; established ones keep
+/// the session they negotiated.
+pub struct ServingTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    current: RwLock<ServingConfigs>,
+}
+
+impl std::fmt::Debug for ServingTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingTls")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("ca", &self.ca)
+            .finish()
+    }
+}
+
+impl ServingTls {
+    pub fn new(files: &TlsFiles) -> Result<Self, TlsError> {
+        Ok(Self {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            ca: files.ca.clone(),
+            current: RwLock::new(files.serving_configs()?),
+        })
+    }
+
+    /// Reads the three files again. On any error (a missing, oversized or
+    /// malformed file, a key that does not match its certificate) the
+    /// configuration in use stays and the error says why.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let configs = TlsFiles::read(&self.cert, &self.key, &self.ca)?.serving_configs()?;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = configs;
+        Ok(())
+    }
+
+    /// For the next gRPC connection: mutual TLS.
+    pub fn grpc_acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        tokio_rustls::TlsAcceptor::from(current.grpc.clone())
+    }
+
+    /// For the next admin HTTP connection: server certificate only.
+    pub fn http_acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        tokio_rustls::TlsAcceptor::from(current.http.clone())
     }
 }
 

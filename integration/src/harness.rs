@@ -819,7 +819,8 @@ impl LocalCluster {
         self.process(id)?.kill()
     }
 
-    /// SIGHUP every master and store: they re-read their token files.
+    /// SIGHUP every master and store: they re-read their token files (and
+    /// the TLS files they serve with).
     pub fn hangup_all(&mut self) -> anyhow::Result<()> {
         for m in &self.masters {
             m.process.hangup()?;

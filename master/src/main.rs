@@ -50,6 +50,17 @@ fn main() -> anyhow::Result<()> {
                     tracing::warn!(error = %e, "SIGHUP: tokens not reloaded; the old ones stay")
                 }
             }
+            if let Some(tls) = &node.serving_tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!(
+                        "SIGHUP: TLS certificate, key and CA reloaded for new connections"
+                    ),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "SIGHUP: TLS files not reloaded; the ones in use stay"
+                    ),
+                }
+            }
         });
         tokio::select! {
             r = master.wait() => {

@@ -154,8 +154,10 @@ pub struct MasterNode {
     pub verifier: Arc<crescent_auth::Verifier>,
     /// The cluster token this master presents to its peers.
     pub peer_token: crescent_auth::BearerToken,
-    /// Mutual TLS (`--tls-*`): served by gRPC and presented to the peers.
+    /// Mutual TLS (`--tls-*`): presented to the peers (read at start).
     pub tls: Option<crescent_auth::tls::TlsFiles>,
+    /// What the gRPC and HTTP ports serve with `--tls-*` (re-read on SIGHUP).
+    pub serving_tls: Option<Arc<crescent_auth::tls::ServingTls>>,
 }
 
 pub fn now_ms() -> u64 {
@@ -200,6 +202,10 @@ impl MasterNode {
         }
         let peer_token = config.peer_token()?;
         let tls = config.tls()?;
+        let serving_tls = match &tls {
+            Some(files) => Some(Arc::new(crescent_auth::tls::ServingTls::new(files)?)),
+            None => None,
+        };
         let network = GrpcNetworkFactory::new(
             id,
             peer_token.clone(),
@@ -241,6 +247,7 @@ impl MasterNode {
             verifier,
             peer_token,
             tls,
+            serving_tls,
         });
         tokio::spawn(read_barrier_loop(raft.clone(), rx));
 

@@ -47,11 +47,7 @@ pub async fn serve(
         node.config.max_connections,
         conn_limit::GRPC_IDLE_TIMEOUT,
     );
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = &node.tls {
-        builder = builder.tls_config(tls.server_config())?;
-    }
-    builder
+    let router = tonic::transport::Server::builder()
         // Dead or vanished peers are noticed and their connections dropped;
         // no request runs unbounded; one connection cannot queue unbounded
         // work (issue 11: nothing bounded the gRPC server).
@@ -65,9 +61,27 @@ pub async fn serve(
         .layer(crate::auth_layer::AuthLayer::new(node.verifier.clone()))
         .add_service(master)
         .add_service(cluster)
-        .add_service(raft)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
+        .add_service(raft);
+    match &node.serving_tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+        Some(tls) => {
+            // Our own handshakes rather than tonic's TLS, whose certificate
+            // is fixed at start: these take the current one (SIGHUP).
+            let tls = tls.clone();
+            let (incoming, _accepting) = conn_limit::tls_incoming(
+                incoming,
+                Arc::new(move || tls.grpc_acceptor()),
+                crescent_auth::tls::HANDSHAKE_TIMEOUT,
+            );
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+    }
     Ok(())
 }
 
@@ -102,10 +116,10 @@ impl RunningMaster {
             conn_limit::MAX_HTTP_CONNECTIONS,
             conn_limit::HTTP_IDLE_TIMEOUT,
         );
-        let https = match &node.tls {
-            Some(tls) => Some(tls.http_acceptor()?),
-            None => None,
-        };
+        let https = node
+            .serving_tls
+            .clone()
+            .map(|tls| -> conn_limit::TlsSource { Arc::new(move || tls.http_acceptor()) });
         let scheme = if https.is_some() { "https" } else { "http" };
         let http = tokio::spawn(conn_limit::serve_http(
             http_listener,

@@ -37,6 +37,10 @@ pub const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// its connection for ever.
 pub const HTTP_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where a server takes the TLS acceptor for each new connection, so that
+/// reloaded certificates (SIGHUP) reach every connection opened after it.
+pub type TlsSource = Arc<dyn Fn() -> tokio_rustls::TlsAcceptor + Send + Sync>;
+
 /// Serves `router` on `listener` over HTTP/1.1 with hyper directly:
 /// `axum::serve` gives hyper no timer, and without one hyper enforces no
 /// header read timeout. With `tls`, HTTPS: the handshake must also finish
@@ -45,12 +49,12 @@ pub async fn serve_http(
     mut listener: CappedListener,
     router: axum::Router,
     header_timeout: Duration,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<TlsSource>,
 ) {
     loop {
         let (io, _peer) = axum::serve::Listener::accept(&mut listener).await;
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let tls = tls.clone();
+        let tls = tls.as_ref().map(|source| source());
         tokio::spawn(async move {
             let builder = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -82,6 +86,65 @@ pub async fn serve_http(
                 tracing::debug!(error = %e, "admin HTTP connection ended");
             }
         });
+    }
+}
+
+/// The TLS connections of `incoming`, for tonic's `serve_with_incoming`
+/// (instead of tonic's own TLS, whose configuration is fixed at start): each
+/// accepted connection is handshaken in its own task with the acceptor
+/// `tls` gives at that moment, so one slow handshake delays no other and a
+/// reload reaches the next connection. A handshake that fails or takes more
+/// than `handshake_timeout` closes its connection (and frees its slot).
+/// Accepting stops, and the listener closes, when the returned guard drops.
+pub fn tls_incoming(
+    mut incoming: CappedListener,
+    tls: TlsSource,
+    handshake_timeout: Duration,
+) -> (TlsIncoming, AbortOnDrop) {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let task = tokio::spawn(async move {
+        use futures::StreamExt;
+        while let Some(conn) = incoming.next().await {
+            // Accept errors are logged (and backed off) by the listener.
+            let Ok(conn) = conn else { continue };
+            let acceptor = tls();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(conn)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(stream).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
+                    Err(_) => tracing::debug!("gRPC TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    (TlsIncoming { rx }, AbortOnDrop(task))
+}
+
+/// A TLS connection accepted by [`tls_incoming`].
+pub type TlsConn = tokio_rustls::server::TlsStream<Capped<TcpStream>>;
+
+/// The stream [`tls_incoming`] returns.
+pub struct TlsIncoming {
+    rx: tokio::sync::mpsc::Receiver<TlsConn>,
+}
+
+impl futures::Stream for TlsIncoming {
+    type Item = io::Result<TlsConn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|conn| conn.map(Ok))
+    }
+}
+
+/// Aborts its task when dropped.
+pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -102,11 +102,31 @@ fn main() -> anyhow::Result<()> {
                 .with_token(token.clone())
                 .with_tls(tls.as_ref()),
         );
-        // SIGHUP re-reads the token file (the token's clones share it).
-        crescent_runtime::on_hangup(move || match token.reload() {
-            Ok(true) => tracing::info!("SIGHUP: token file reloaded"),
-            Ok(false) => tracing::info!("SIGHUP: no token file to reload"),
-            Err(e) => tracing::warn!(error = %e, "SIGHUP: token not reloaded; the old one stays"),
+        // What the metrics port serves with --tls-* (re-read on SIGHUP).
+        let serving_tls = match &tls {
+            Some(files) => Some(Arc::new(crescent_auth::tls::ServingTls::new(files)?)),
+            None => None,
+        };
+        // SIGHUP re-reads the token file (the token's clones share it) and
+        // the TLS files the metrics port serves.
+        let reload_tls = serving_tls.clone();
+        crescent_runtime::on_hangup(move || {
+            match token.reload() {
+                Ok(true) => tracing::info!("SIGHUP: token file reloaded"),
+                Ok(false) => tracing::info!("SIGHUP: no token file to reload"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "SIGHUP: token not reloaded; the old one stays")
+                }
+            }
+            if let Some(tls) = &reload_tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS files reloaded for the metrics port"),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "SIGHUP: TLS files not reloaded; the ones in use stay"
+                    ),
+                }
+            }
         });
         let cfg = AgentConfig {
             name: args.segment_name.clone(),
@@ -141,10 +161,9 @@ fn main() -> anyhow::Result<()> {
                 conn_limit::MAX_HTTP_CONNECTIONS,
                 conn_limit::HTTP_IDLE_TIMEOUT,
             );
-            let https = match &tls {
-                Some(tls) => Some(tls.http_acceptor()?),
-                None => None,
-            };
+            let https = serving_tls
+                .clone()
+                .map(|tls| -> conn_limit::TlsSource { Arc::new(move || tls.http_acceptor()) });
             tokio::spawn(conn_limit::serve_http(
                 listener,
                 router,
