@@ -63,6 +63,9 @@ pub struct ClientConfig {
     pub tls_cert: Option<std::path::PathBuf>,
     pub tls_key: Option<std::path::PathBuf>,
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Read an `etcd://` master address over TLS with the same files
+    /// (`CRESCENT_ETCD_TLS`, JSON `etcd_tls`).
+    pub etcd_tls: bool,
 }
 
 impl Default for ClientConfig {
@@ -84,6 +87,7 @@ impl Default for ClientConfig {
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
+            etcd_tls: false,
         }
     }
 }
@@ -110,6 +114,7 @@ struct JsonConfig {
     tls_cert: Option<String>,
     tls_key: Option<String>,
     tls_ca: Option<String>,
+    etcd_tls: Option<bool>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -198,6 +203,9 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_TLS_CA") {
             c.tls_ca = Some(v.into());
         }
+        if let Some(v) = get("CRESCENT_ETCD_TLS") {
+            c.etcd_tls = matches!(v.as_str(), "1" | "true" | "yes");
+        }
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");
         }
@@ -249,7 +257,24 @@ impl ClientConfig {
         if let Some(v) = j.tls_ca {
             self.tls_ca = Some(v.into());
         }
+        if let Some(v) = j.etcd_tls {
+            self.etcd_tls = v;
+        }
         Ok(())
+    }
+
+    /// The TLS files for etcd (`etcd_tls`), which needs the TLS files.
+    pub fn etcd_tls(&self) -> Result<Option<crescent_auth::tls::TlsFiles>, ConfigError> {
+        if !self.etcd_tls {
+            return Ok(None);
+        }
+        self.tls()?.map(Some).ok_or_else(|| {
+            ConfigError(
+                "etcd_tls (CRESCENT_ETCD_TLS) needs tls_cert, tls_key and tls_ca \
+                 (CRESCENT_TLS_CERT, _KEY, _CA)"
+                    .into(),
+            )
+        })
     }
 
     /// The TLS files, read and checked (`None`: plain HTTP/2).
@@ -313,6 +338,16 @@ mod tests {
         assert!(
             ClientConfig::from_lookup(lookup(&[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")])).is_err()
         );
+        // etcd over TLS needs the TLS files, and says so.
+        let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "1")])).unwrap();
+        assert!(c.etcd_tls);
+        let err = c.etcd_tls().unwrap_err().to_string();
+        assert!(
+            err.contains("etcd_tls") && err.contains("tls_cert"),
+            "{err}"
+        );
+        let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "0")])).unwrap();
+        assert!(c.etcd_tls().unwrap().is_none());
     }
 
     #[test]

@@ -55,10 +55,16 @@ fn leader_addr(value: &str) -> Option<String> {
     v.get("addr")?.as_str().map(str::to_string)
 }
 
-async fn connect(spec: &EtcdSpec) -> Result<Client, MasterRpcError> {
-    let opts = etcd_client::ConnectOptions::new()
+/// TLS towards etcd: the client configuration of this process's TLS files.
+pub type EtcdTls = Option<tonic::transport::ClientTlsConfig>;
+
+async fn connect(spec: &EtcdSpec, tls: &EtcdTls) -> Result<Client, MasterRpcError> {
+    let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(3));
+    if let Some(tls) = tls {
+        opts = opts.with_tls(tls.clone());
+    }
     Client::connect(&spec.endpoints, Some(opts))
         .await
         .map_err(|e| MasterRpcError::Unavailable(format!("etcd {}: {e}", spec.endpoints.join(","))))
@@ -102,8 +108,12 @@ async fn refresh(
 }
 
 /// Fills `targets` from etcd and keeps them current in the background.
-pub async fn start(spec: EtcdSpec, targets: Arc<Targets>) -> Result<(), MasterRpcError> {
-    let mut client = connect(&spec).await?;
+pub async fn start(
+    spec: EtcdSpec,
+    tls: EtcdTls,
+    targets: Arc<Targets>,
+) -> Result<(), MasterRpcError> {
+    let mut client = connect(&spec, &tls).await?;
     let n = refresh(&mut client, &spec, &targets).await?;
     if n == 0 {
         tracing::warn!(
@@ -111,11 +121,11 @@ pub async fn start(spec: EtcdSpec, targets: Arc<Targets>) -> Result<(), MasterRp
             "etcd lists no masters yet; will keep watching"
         );
     }
-    tokio::spawn(watch_loop(spec, targets, client));
+    tokio::spawn(watch_loop(spec, tls, targets, client));
     Ok(())
 }
 
-async fn watch_loop(spec: EtcdSpec, targets: Arc<Targets>, mut client: Client) {
+async fn watch_loop(spec: EtcdSpec, tls: EtcdTls, targets: Arc<Targets>, mut client: Client) {
     let prefix = format!("/crescent/{}/", spec.cluster);
     loop {
         match client
@@ -136,7 +146,7 @@ async fn watch_loop(spec: EtcdSpec, targets: Arc<Targets>, mut client: Client) {
         // Lost the watch (etcd restart or partition): keep the last known
         // masters and retry.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Ok(c) = connect(&spec).await {
+        if let Ok(c) = connect(&spec, &tls).await {
             client = c;
             let _ = refresh(&mut client, &spec, &targets).await;
         }

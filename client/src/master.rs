@@ -232,10 +232,20 @@ impl MasterClient {
     /// `masters`: `host:port`, a comma list, or `etcd://h1:2379,h2:2379[/cluster]`
     /// (the masters are then discovered in etcd and followed as they change).
     pub async fn connect(masters: &str) -> Result<Self, MasterRpcError> {
+        Self::connect_with_etcd_tls(masters, None).await
+    }
+
+    /// [`connect`](Self::connect), reading etcd over TLS with `etcd_tls`
+    /// (this process's certificate, trusting its CA) when given.
+    pub async fn connect_with_etcd_tls(
+        masters: &str,
+        etcd_tls: Option<&crescent_auth::tls::TlsFiles>,
+    ) -> Result<Self, MasterRpcError> {
         match crate::discovery::EtcdSpec::parse(masters) {
             Some(spec) => {
                 let targets = std::sync::Arc::new(Targets::default());
-                crate::discovery::start(spec?, targets.clone()).await?;
+                let tls = etcd_tls.map(|t| t.client_config());
+                crate::discovery::start(spec?, tls, targets.clone()).await?;
                 Ok(Self::with_targets(targets))
             }
             None => Self::new(masters),

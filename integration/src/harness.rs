@@ -255,6 +255,10 @@ impl MasterProcess {
 pub struct LocalEtcd {
     /// The first member's client endpoint (`host:port`).
     pub endpoint: String,
+    /// With TLS ([`start_tls`](Self::start_tls)): the certificates
+    /// `crescentctl certs init` wrote, which etcd serves with and checks
+    /// its clients against.
+    pub certs: Option<PathBuf>,
     members: Vec<EtcdMember>,
     _dir: tempfile::TempDir,
 }
@@ -272,6 +276,17 @@ impl LocalEtcd {
 
     /// `n` members forming one cluster.
     pub fn start_cluster(n: usize) -> anyhow::Result<Self> {
+        Self::start_members(n, false)
+    }
+
+    /// One member that serves its clients over TLS and accepts only clients
+    /// with a certificate of its CA (`--client-cert-auth`); the certificates
+    /// are written under its directory ([`certs`](Self::certs)).
+    pub fn start_tls() -> anyhow::Result<Self> {
+        Self::start_members(1, true)
+    }
+
+    fn start_members(n: usize, tls: bool) -> anyhow::Result<Self> {
         anyhow::ensure!(n >= 1, "an etcd cluster needs at least one member");
         let bin = which("etcd")
             .ok_or_else(|| anyhow::anyhow!("etcd not installed (apt-get install etcd-server)"))?;
@@ -287,18 +302,26 @@ impl LocalEtcd {
             .enumerate()
             .map(|(i, (_, peer))| format!("etcd-{i}=http://127.0.0.1:{peer}"))
             .collect();
+        let certs = if tls {
+            let certs = dir.path().join("certs");
+            write_certs(&certs)?;
+            Some(certs)
+        } else {
+            None
+        };
+        let scheme = if tls { "https" } else { "http" };
         let mut members = Vec::new();
         for (i, (client, peer)) in ports.iter().enumerate() {
             let name = format!("etcd-{i}");
-            let args = vec![
+            let mut args = vec![
                 "--name".to_string(),
                 name.clone(),
                 "--data-dir".into(),
                 dir.path().join(&name).display().to_string(),
                 "--listen-client-urls".into(),
-                format!("http://127.0.0.1:{client}"),
+                format!("{scheme}://127.0.0.1:{client}"),
                 "--advertise-client-urls".into(),
-                format!("http://127.0.0.1:{client}"),
+                format!("{scheme}://127.0.0.1:{client}"),
                 "--listen-peer-urls".into(),
                 format!("http://127.0.0.1:{peer}"),
                 "--initial-advertise-peer-urls".into(),
@@ -308,6 +331,18 @@ impl LocalEtcd {
                 "--initial-cluster-token".into(),
                 "crescent-local".into(),
             ];
+            if let Some(certs) = &certs {
+                use crescent_auth::tls::{CA_CERT_FILE, NODE_CERT_FILE, NODE_KEY_FILE};
+                args.extend([
+                    "--cert-file".to_string(),
+                    certs.join(NODE_CERT_FILE).display().to_string(),
+                    "--key-file".into(),
+                    certs.join(NODE_KEY_FILE).display().to_string(),
+                    "--trusted-ca-file".into(),
+                    certs.join(CA_CERT_FILE).display().to_string(),
+                    "--client-cert-auth".into(),
+                ]);
+            }
             members.push(EtcdMember {
                 client: format!("127.0.0.1:{client}"),
                 process: ManagedChild::new(
@@ -319,6 +354,7 @@ impl LocalEtcd {
         }
         let mut etcd = Self {
             endpoint: members[0].client.clone(),
+            certs,
             members,
             _dir: dir,
         };
@@ -585,6 +621,42 @@ impl LocalCluster {
         Ok(c)
     }
 
+    /// `n` masters through an etcd that speaks TLS ([`LocalEtcd::start_tls`]):
+    /// tokens, mutual TLS with certificates of the etcd's CA, `--etcd-tls`.
+    pub fn start_with_tls_etcd(
+        n: usize,
+        etcd: &LocalEtcd,
+        cluster: &str,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
+        let certs = etcd
+            .certs
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("this etcd does not speak TLS"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-cluster-")
+            .tempdir()?;
+        let root = dir.path().to_path_buf();
+        // The cluster's certificates are the etcd's (`write_certs` keeps a
+        // complete set it finds).
+        std::fs::create_dir_all(root.join("certs"))?;
+        for entry in std::fs::read_dir(certs)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), root.join("certs").join(entry.file_name()))?;
+        }
+        let mut args = vec![
+            "--etcd".to_string(),
+            etcd.endpoints(),
+            "--cluster".into(),
+            cluster.to_string(),
+            "--etcd-tls".into(),
+        ];
+        args.extend(extra.iter().cloned());
+        let mut c = Self::start_mode(&root, n, &args, false, Security::TokensAndTls)?;
+        c._dir = Some(dir);
+        Ok(c)
+    }
+
     /// Like [`start`](Self::start) in a directory that is kept afterwards.
     pub fn start_in(root: &Path, n: usize, extra: &[String]) -> anyhow::Result<Self> {
         Self::start_mode(root, n, extra, true, Security::Insecure)
@@ -681,6 +753,17 @@ impl LocalCluster {
     /// Starts a `crescent-store` against this cluster's masters; returns its index
     /// in `stores`. `extra` is appended to its flags (e.g. `--shm`).
     pub fn start_store(&mut self, segment_size: &str, extra: &[String]) -> anyhow::Result<usize> {
+        self.start_store_at(&self.masters_arg(), segment_size, extra)
+    }
+
+    /// [`start_store`](Self::start_store) with `--master masters` (an
+    /// `etcd://` address, say).
+    pub fn start_store_at(
+        &mut self,
+        masters: &str,
+        segment_size: &str,
+        extra: &[String],
+    ) -> anyhow::Result<usize> {
         let binary = find_binary("crescent-store")?;
         let port = free_port()?;
         let http_port = free_port()?;
@@ -688,7 +771,7 @@ impl LocalCluster {
         let log_path = self.root.join(format!("store-{idx}.log"));
         let mut args = vec![
             "--master".to_string(),
-            self.masters_arg(),
+            masters.to_string(),
             "--listen".into(),
             format!("127.0.0.1:{port}"),
             "--segment-size".into(),

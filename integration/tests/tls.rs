@@ -4,7 +4,8 @@
 //! client without a certificate, a client whose certificate another CA
 //! signed and a client that trusts another CA are all turned away at the
 //! handshake, and the cluster is unchanged afterwards. The admin HTTP port
-//! serves HTTPS. A certificate rotation to a new CA by SIGHUP, with the
+//! serves HTTPS. etcd over TLS for masters, stores, engines and crescentctl.
+//! A certificate rotation to a new CA by SIGHUP, with the
 //! cluster serving throughout.
 //!
 //! Needs `cargo build --bins` first (`make test` does it).
@@ -13,7 +14,9 @@ use std::time::Duration;
 
 use crescent_auth::tls::{TlsFiles, CA_CERT_FILE};
 use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
-use crescent_integration::{find_binary, tls_flags, write_certs, LocalCluster, Security};
+use crescent_integration::{
+    find_binary, tls_flags, write_certs, LocalCluster, LocalEtcd, Security,
+};
 use crescent_proto::{pb, ErrorCode};
 
 fn value(i: usize) -> Vec<u8> {
@@ -27,6 +30,31 @@ fn impatient(client: MasterClient) -> MasterClient {
     let mut client = client;
     client.policy.deadline = Duration::from_secs(5);
     client
+}
+
+/// `crescentctl --master MASTER... get KEY` with the client certificate
+/// under `certs`: its stdout, after asserting it succeeded.
+fn ctl_get(
+    master: &[&str],
+    key: &str,
+    token: &std::path::Path,
+    certs: &std::path::Path,
+) -> Vec<u8> {
+    let out = std::process::Command::new(find_binary("crescentctl").unwrap())
+        .arg("--master")
+        .args(master)
+        .args(["get", key])
+        .arg("--token-file")
+        .arg(token)
+        .args(tls_flags(certs, false))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 async fn refused_by_tls(client: &MasterClient, who: &str) {
@@ -138,19 +166,10 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
     // 5. crescentctl: with the client certificate it is served; without
     //    TLS flags it is not.
     let ctl = find_binary("crescentctl").unwrap();
-    let out = std::process::Command::new(&ctl)
-        .args(["--master", &cluster.masters_arg(), "get", "tls-3"])
-        .arg("--token-file")
-        .arg(&token)
-        .args(tls_flags(&certs, false))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_eq!(
+        ctl_get(&[&cluster.masters_arg()], "tls-3", &token, &certs),
+        value(3)
     );
-    assert_eq!(out.stdout, value(3));
     let out = std::process::Command::new(&ctl)
         .args(["--master", &cluster.masters_arg(), "leader"])
         .arg("--token-file")
@@ -325,6 +344,79 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     for (key, i) in [("before", 1), ("step-1", 2), ("step-2", 3)] {
         assert_eq!(writer.get(key).await.unwrap(), value(i), "{key}");
     }
+}
+
+/// etcd serving TLS with client certificates: masters register and elect
+/// through it (`--etcd-tls`), a store and an engine find the masters with
+/// `etcd://` over TLS, and crescentctl too. An etcd client without a
+/// certificate reads nothing; an engine that forgets `etcd_tls` is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_stores_and_engines_use_etcd_over_tls() {
+    let etcd = LocalEtcd::start_tls().unwrap();
+    let mut cluster = LocalCluster::start_with_tls_etcd(3, &etcd, "tls-etcd", &[]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let url = etcd.url("tls-etcd");
+    let certs = cluster.certs.clone().unwrap();
+    cluster
+        .start_store_at(&url, "64mb", &["--etcd-tls".to_string()])
+        .unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(20))
+        .await
+        .unwrap();
+
+    let client_tls = TlsFiles::client_in(&certs).unwrap();
+    let config = ClientConfig {
+        master: url.clone(),
+        token_file: cluster.client_token_file(),
+        tls_cert: Some(client_tls.cert.clone()),
+        tls_key: Some(client_tls.key.clone()),
+        tls_ca: Some(client_tls.ca.clone()),
+        etcd_tls: true,
+        degrade_after: Duration::ZERO,
+        ..ClientConfig::default()
+    };
+    let engine = Client::connect(config.clone()).await.unwrap();
+    engine
+        .put("etcd-tls", &value(7), &ReplicateConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(engine.get("etcd-tls").await.unwrap(), value(7));
+
+    let token = cluster.client_token_file().unwrap();
+    assert_eq!(
+        ctl_get(&[&url, "--etcd-tls"], "etcd-tls", &token, &certs),
+        value(7)
+    );
+
+    // Without a certificate, etcd gives nothing away.
+    let plain = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut kv = etcd_client::Client::connect([etcd.endpoint.as_str()], None).await?;
+        kv.get(
+            "/crescent/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+    })
+    .await;
+    assert!(
+        !matches!(plain, Ok(Ok(_))),
+        "etcd answered a client without TLS"
+    );
+    // An engine that forgets etcd_tls fails to connect, saying etcd.
+    let forgot = Client::connect(ClientConfig {
+        etcd_tls: false,
+        ..config
+    })
+    .await;
+    let err = forgot
+        .err()
+        .expect("etcd in clear text must fail")
+        .to_string();
+    assert!(err.contains("etcd"), "{err}");
 }
 
 /// Half a TLS set-up is a start-up error that names the missing flag, and

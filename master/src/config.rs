@@ -66,6 +66,11 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_ETCD", default_value = "")]
     pub etcd: String,
 
+    /// Speak TLS to etcd, presenting --tls-cert and trusting --tls-ca (etcd
+    /// started with --client-cert-auth and certificates of the same CA).
+    #[arg(long, env = "CRESCENT_ETCD_TLS")]
+    pub etcd_tls: bool,
+
     /// Cluster name: the etcd key prefix /crescent/<cluster>/.
     #[arg(long, env = "CRESCENT_CLUSTER", default_value = "crescent")]
     pub cluster: String,
@@ -377,6 +382,20 @@ impl MasterConfig {
             self.tls_key.as_deref(),
             self.tls_ca.as_deref(),
         )?)
+    }
+
+    /// TLS towards etcd (`--etcd-tls`): the `--tls-*` files, which it needs.
+    pub fn etcd_tls(&self) -> anyhow::Result<Option<crescent_auth::tls::TlsFiles>> {
+        if !self.etcd_tls {
+            return Ok(None);
+        }
+        match self.tls()? {
+            Some(files) => Ok(Some(files)),
+            None => anyhow::bail!(
+                "--etcd-tls needs --tls-cert, --tls-key and --tls-ca (the certificate \
+                 presented to etcd and the CA that signed etcd's)"
+            ),
+        }
     }
 
     /// The token this master presents to its peers (Raft, TimeoutNow).

@@ -64,14 +64,18 @@ pub struct EtcdMembership {
 impl EtcdMembership {
     pub async fn connect(
         endpoints: &[String],
+        tls: Option<&crescent_auth::tls::TlsFiles>,
         cluster: &str,
         node_id: NodeId,
         addr: &str,
         tag: Option<String>,
     ) -> anyhow::Result<Arc<Self>> {
-        let opts = etcd_client::ConnectOptions::new()
+        let mut opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(3));
+        if let Some(tls) = tls {
+            opts = opts.with_tls(tls.client_config());
+        }
         let client = Client::connect(endpoints, Some(opts)).await.map_err(|e| {
             anyhow::anyhow!("cannot connect to etcd at {}: {e}", endpoints.join(","))
         })?;

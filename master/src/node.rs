@@ -220,6 +220,7 @@ impl MasterNode {
             endpoints => Some(
                 crate::etcd::EtcdMembership::connect(
                     &endpoints,
+                    config.etcd_tls()?.as_ref(),
                     &config.cluster,
                     id,
                     &addr,

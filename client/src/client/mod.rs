@@ -126,7 +126,10 @@ impl Client {
         let token = crescent_auth::BearerToken::from_optional_file(config.token_file.as_deref())
             .map_err(|e| Error::Config(e.to_string()))?;
         let tls = config.tls().map_err(|e| Error::Config(e.to_string()))?;
-        let mut master = MasterClient::connect(&config.master)
+        let etcd_tls = config
+            .etcd_tls()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let mut master = MasterClient::connect_with_etcd_tls(&config.master, etcd_tls.as_ref())
             .await
             .map_err(|e| match e {
                 MasterRpcError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),

@@ -42,7 +42,8 @@ class MooncakeDistributedStore:
     # setup() also reads, as Mooncake does, MOONCAKE_*/CRESCENT_* variables
     # and MOONCAKE_CONFIG_PATH; Crescent's credentials come from there too:
     # CRESCENT_TOKEN_FILE, and for masters that require mutual TLS
-    # CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA.
+    # CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA (and
+    # CRESCENT_ETCD_TLS=1 to read an etcd:// address over TLS with them).
     def setup(
         self,
         local_hostname: Union[str, dict[str, Any], None] = None,

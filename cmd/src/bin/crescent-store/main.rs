@@ -67,6 +67,9 @@ struct Args {
     /// The CA certificate (PEM) that signed the masters' certificates.
     #[arg(long, env = "CRESCENT_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// Read an etcd:// --master over TLS with the --tls-* files.
+    #[arg(long, env = "CRESCENT_ETCD_TLS")]
+    etcd_tls: bool,
     /// How far past its expiry a data-plane grant is still honoured: room for
     /// this host's clock running ahead of the masters'.
     #[arg(long, env = "CRESCENT_GRANT_CLOCK_SKEW", default_value = "2s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
@@ -96,8 +99,13 @@ fn main() -> anyhow::Result<()> {
             args.tls_key.as_deref(),
             args.tls_ca.as_deref(),
         )?;
+        anyhow::ensure!(
+            !args.etcd_tls || tls.is_some(),
+            "--etcd-tls needs --tls-cert, --tls-key and --tls-ca"
+        );
+        let etcd_tls = if args.etcd_tls { tls.as_ref() } else { None };
         let master = Arc::new(
-            MasterClient::connect(&args.master)
+            MasterClient::connect_with_etcd_tls(&args.master, etcd_tls)
                 .await?
                 .with_token(token.clone())
                 .with_tls(tls.as_ref()),

@@ -46,6 +46,10 @@ struct Cli {
     #[arg(long, global = true, env = "CRESCENT_TLS_CA")]
     tls_ca: Option<std::path::PathBuf>,
 
+    /// Read an etcd:// --master over TLS with the --tls-* files.
+    #[arg(long, global = true, env = "CRESCENT_ETCD_TLS")]
+    etcd_tls: bool,
+
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -215,8 +219,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli.tls_key.clone(),
             cli.tls_ca.clone(),
         ],
+        etcd_tls: cli.etcd_tls,
     };
-    let client = MasterClient::connect(&cli.master)
+    anyhow::ensure!(
+        !cli.etcd_tls || tls.is_some(),
+        "--etcd-tls needs --tls-cert, --tls-key and --tls-ca"
+    );
+    let etcd_tls = if cli.etcd_tls { tls.as_ref() } else { None };
+    let client = MasterClient::connect_with_etcd_tls(&cli.master, etcd_tls)
         .await?
         .with_token(token)
         .with_tls(tls.as_ref());
@@ -265,6 +275,7 @@ pub struct Target {
     pub token_file: Option<std::path::PathBuf>,
     /// --tls-cert, --tls-key, --tls-ca.
     pub tls: [Option<std::path::PathBuf>; 3],
+    pub etcd_tls: bool,
 }
 
 /// The benchmarks are their own program (they start local clusters with the
