@@ -41,9 +41,14 @@ STORE_PORT=$((BASE + 10))
 MASTER_LIST="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
 
 if command -v etcd >/dev/null 2>&1; then
-  echo "demo: starting etcd on 127.0.0.1:$ETCD_PORT"
+  # etcd over TLS too: it serves the node certificate and answers only
+  # clients with a certificate of the demo CA; masters, the store and
+  # crescentctl speak TLS to it (CRESCENT_ETCD_TLS).
+  echo "demo: starting etcd on 127.0.0.1:$ETCD_PORT (TLS, client certificates required)"
   etcd --name demo --data-dir "$DIR/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-client-urls "https://127.0.0.1:$ETCD_PORT" --advertise-client-urls "https://127.0.0.1:$ETCD_PORT" \
+    --cert-file "$DIR/certs/node.pem" --key-file "$DIR/certs/node.key" \
+    --trusted-ca-file "$DIR/certs/ca.pem" --client-cert-auth \
     --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
     --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
     --initial-cluster "demo=http://127.0.0.1:$((ETCD_PORT + 1))" >"$DIR/etcd.log" 2>&1 &
@@ -54,6 +59,7 @@ if command -v etcd >/dev/null 2>&1; then
   done
   MEMBERSHIP=(--etcd "127.0.0.1:$ETCD_PORT" --cluster demo)
   MASTERS="etcd://127.0.0.1:$ETCD_PORT/demo"
+  export CRESCENT_ETCD_TLS=1
 else
   echo "demo: etcd not installed; masters use static --peers"
   MEMBERSHIP=(--peers "1=127.0.0.1:$BASE,2=127.0.0.1:$((BASE + 1)),3=127.0.0.1:$((BASE + 2))")
@@ -125,11 +131,11 @@ echo
 echo "demo: without a token, the cluster refuses:"
 env -u CRESCENT_TOKEN_FILE -u CRESCENT_ADMIN_TOKEN_FILE "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
 echo "demo: without a client certificate (clear text), the cluster refuses:"
-env -u CRESCENT_TLS_CERT -u CRESCENT_TLS_KEY -u CRESCENT_TLS_CA "$BIN/crescentctl" --master "$MASTERS" get demo-object --out /dev/null 2>&1 | tail -1 || true
+env -u CRESCENT_TLS_CERT -u CRESCENT_TLS_KEY -u CRESCENT_TLS_CA -u CRESCENT_ETCD_TLS "$BIN/crescentctl" --master "$MASTER_LIST" get demo-object --out /dev/null 2>&1 | tail -1 || true
 echo
 echo "demo: cluster running (masters: $MASTERS). Try (with the demo's tokens and certificates):"
 echo "  export CRESCENT_TOKEN_FILE=$CRESCENT_TOKEN_FILE CRESCENT_ADMIN_TOKEN_FILE=$CRESCENT_ADMIN_TOKEN_FILE"
-echo "  export CRESCENT_TLS_CERT=$CRESCENT_TLS_CERT CRESCENT_TLS_KEY=$CRESCENT_TLS_KEY CRESCENT_TLS_CA=$CRESCENT_TLS_CA"
+echo "  export CRESCENT_TLS_CERT=$CRESCENT_TLS_CERT CRESCENT_TLS_KEY=$CRESCENT_TLS_KEY CRESCENT_TLS_CA=$CRESCENT_TLS_CA${CRESCENT_ETCD_TLS:+ CRESCENT_ETCD_TLS=1}"
 echo "  $BIN/crescentctl --master $MASTERS status"
 echo "  $BIN/crescentctl --master $MASTERS put hello world && $BIN/crescentctl --master $MASTERS get hello"
 echo "Press Ctrl-C to stop."

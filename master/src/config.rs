@@ -68,7 +68,7 @@ pub struct MasterConfig {
 
     /// Speak TLS to etcd, presenting --tls-cert and trusting --tls-ca (etcd
     /// started with --client-cert-auth and certificates of the same CA).
-    #[arg(long, env = "CRESCENT_ETCD_TLS")]
+    #[arg(long, env = "CRESCENT_ETCD_TLS", value_parser = clap::builder::BoolishValueParser::new())]
     pub etcd_tls: bool,
 
     /// Cluster name: the etcd key prefix /crescent/<cluster>/.

@@ -68,7 +68,7 @@ struct Args {
     #[arg(long, env = "CRESCENT_TLS_CA")]
     tls_ca: Option<PathBuf>,
     /// Read an etcd:// --master over TLS with the --tls-* files.
-    #[arg(long, env = "CRESCENT_ETCD_TLS")]
+    #[arg(long, env = "CRESCENT_ETCD_TLS", value_parser = clap::builder::BoolishValueParser::new())]
     etcd_tls: bool,
     /// How far past its expiry a data-plane grant is still honoured: room for
     /// this host's clock running ahead of the masters'.

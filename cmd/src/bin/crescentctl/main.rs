@@ -47,7 +47,7 @@ struct Cli {
     tls_ca: Option<std::path::PathBuf>,
 
     /// Read an etcd:// --master over TLS with the --tls-* files.
-    #[arg(long, global = true, env = "CRESCENT_ETCD_TLS")]
+    #[arg(long, global = true, env = "CRESCENT_ETCD_TLS", value_parser = clap::builder::BoolishValueParser::new())]
     etcd_tls: bool,
 
     /// Print JSON instead of a table.
