@@ -16,6 +16,7 @@
 //! touch the same bytes concurrently; a misbehaving peer can only corrupt
 //! object bytes, which readers detect with the object's checksum.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -269,22 +270,44 @@ fn sweep_dead_shm_files(dir: &Path) -> usize {
     };
     let mut removed = 0;
     for entry in entries.take(SWEEP_LIMIT).flatten() {
-        let is_ours = entry.file_name().to_string_lossy().starts_with(SHM_PREFIX);
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Also half-created files of a store that died before its rename
+        // (locked, like the others, while their creator lives).
+        let is_ours = name.starts_with(SHM_PREFIX)
+            || (name.starts_with(&format!(".{SHM_PREFIX}")) && name.ends_with(".new"));
         let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
         if !is_ours || !is_file {
             continue;
         }
-        let Ok(file) = std::fs::File::open(entry.path()) else {
+        // Non-blocking and no symlinks: a FIFO or link swapped in after the
+        // type check cannot stall or redirect a store's start.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(entry.path());
+        let Ok(file) = opened else {
             continue;
         };
-        // Held by a live store: WouldBlock. Free: its owner died. The lock
-        // is ours until `file` is closed, so no store can adopt it meanwhile
-        // (stores never reopen an existing name: theirs carry their pid).
-        if file.try_lock().is_ok() && std::fs::remove_file(entry.path()).is_ok() {
+        // Held by a live store: WouldBlock. Free: its owner died. Unlink
+        // only if the name still is the file we locked: a store could have
+        // renamed a fresh, locked file onto the same name meanwhile.
+        if file.try_lock().is_ok()
+            && same_file(&file, &entry.path())
+            && std::fs::remove_file(entry.path()).is_ok()
+        {
             removed += 1;
         }
     }
     removed
+}
+
+/// Whether `path` names the regular file `file` has open (device and inode).
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.is_file() && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 fn check_size(size: u64) -> Result<(), SegmentError> {
@@ -420,14 +443,27 @@ mod tests {
     fn files_of_dead_stores_are_swept_and_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
         let page = page_size();
-        // A dead store's file: nobody holds its lock.
+        // A dead store's file: nobody holds its lock; and one it died
+        // creating.
         let dead = dir.path().join("crescent-127_0_0_1_1-dead-1");
         std::fs::write(&dead, b"stale").unwrap();
+        let half = dir.path().join(".crescent-127_0_0_1_1-dead-1.new");
+        std::fs::write(&half, b"").unwrap();
+        // A symlink named like a segment file is never followed or removed
+        // through: its target survives.
+        let target = dir.path().join("precious");
+        std::fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("crescent-link-1")).unwrap();
         // Not a segment file: never touched.
         let other = dir.path().join("someone-else");
         std::fs::write(&other, b"keep").unwrap();
         let live = Segment::shared(dir.path(), "live", page).unwrap();
         assert!(!dead.exists(), "a dead store's file is removed");
+        assert!(
+            !half.exists(),
+            "a half-created file of a dead store is removed"
+        );
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
         assert!(other.exists());
         // A second store in the same directory keeps the live one's file.
         let second = Segment::shared(dir.path(), "second", page).unwrap();
