@@ -204,7 +204,17 @@ impl ClientConfig {
             c.tls_ca = Some(v.into());
         }
         if let Some(v) = get("CRESCENT_ETCD_TLS") {
-            c.etcd_tls = matches!(v.as_str(), "1" | "true" | "yes");
+            // As the binaries' flag reads it (clap's boolish values), so one
+            // environment means the same to an engine and to a store.
+            c.etcd_tls = match v.to_ascii_lowercase().as_str() {
+                "1" | "y" | "yes" | "t" | "true" | "on" => true,
+                "0" | "n" | "no" | "f" | "false" | "off" | "" => false,
+                other => {
+                    return Err(ConfigError(format!(
+                        "CRESCENT_ETCD_TLS={other:?}: expected true or false"
+                    )))
+                }
+            };
         }
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");
@@ -348,6 +358,9 @@ mod tests {
         );
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "0")])).unwrap();
         assert!(c.etcd_tls().unwrap().is_none());
+        let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "On")])).unwrap();
+        assert!(c.etcd_tls);
+        assert!(ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "maybe")])).is_err());
     }
 
     #[test]

@@ -95,7 +95,8 @@ pub async fn serve_http(
 /// `tls` gives at that moment, so one slow handshake delays no other and a
 /// reload reaches the next connection. A handshake that fails or takes more
 /// than `handshake_timeout` closes its connection (and frees its slot).
-/// Accepting stops, and the listener closes, when the returned guard drops.
+/// Accepting stops, and the listener closes, when the server drops the
+/// stream (at the start of its shutdown) or the returned guard drops.
 pub fn tls_incoming(
     mut incoming: CappedListener,
     tls: TlsSource,
@@ -104,7 +105,15 @@ pub fn tls_incoming(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let task = tokio::spawn(async move {
         use futures::StreamExt;
-        while let Some(conn) = incoming.next().await {
+        loop {
+            // The server drops the stream when it starts shutting down:
+            // stop accepting then (closing the listener), not only when the
+            // graceful drain of its connections is over.
+            let conn = tokio::select! {
+                conn = incoming.next() => conn,
+                _ = tx.closed() => break,
+            };
+            let Some(conn) = conn else { break };
             // Accept errors are logged (and backed off) by the listener.
             let Ok(conn) = conn else { continue };
             let acceptor = tls();

@@ -110,7 +110,7 @@ pub async fn measure(
 ) -> anyhow::Result<Floor> {
     let dir_owned = dir.to_path_buf();
     let fsync = tokio::task::spawn_blocking(move || fsync_4k_p50(&dir_owned, 200)).await??;
-    let client = MasterClient::connect(masters)
+    let client = crate::connect_masters(masters, tls)
         .await?
         .with_token(token.clone())
         .with_tls(tls);

@@ -66,6 +66,22 @@ pub fn env_token() -> anyhow::Result<crescent_auth::BearerToken> {
     )?)
 }
 
+/// A master client for given masters: an `etcd://` address is read over
+/// TLS with `tls` when CRESCENT_ETCD_TLS says so (as the client library
+/// reads it).
+pub async fn connect_masters(
+    masters: &str,
+    tls: Option<&crescent_auth::tls::TlsFiles>,
+) -> anyhow::Result<crescent_client::MasterClient> {
+    let etcd_tls = crescent_client::ClientConfig::from_env()?.etcd_tls;
+    anyhow::ensure!(
+        !etcd_tls || tls.is_some(),
+        "CRESCENT_ETCD_TLS needs CRESCENT_TLS_CERT, CRESCENT_TLS_KEY and CRESCENT_TLS_CA"
+    );
+    let etcd_tls = if etcd_tls { tls } else { None };
+    Ok(crescent_client::MasterClient::connect_with_etcd_tls(masters, etcd_tls).await?)
+}
+
 /// Mutual TLS towards given masters from CRESCENT_TLS_CERT, _KEY and _CA.
 pub fn env_tls() -> anyhow::Result<Option<crescent_auth::tls::TlsFiles>> {
     let var = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);

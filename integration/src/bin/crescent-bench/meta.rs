@@ -128,7 +128,7 @@ async fn bench_cluster(
     args: &MetaArgs,
 ) -> anyhow::Result<Vec<Row>> {
     let client = Arc::new(
-        MasterClient::connect(masters)
+        crate::connect_masters(masters, tls)
             .await?
             .with_token(token.clone())
             .with_tls(tls),
