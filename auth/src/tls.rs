@@ -53,6 +53,22 @@ pub enum TlsError {
     },
     #[error("TLS set-up refused the certificate or key: {0}")]
     Rejected(String),
+    #[error(
+        "etcd over TLS (--etcd-tls, CRESCENT_ETCD_TLS, JSON etcd_tls) needs the TLS files: \
+         --tls-cert, --tls-key and --tls-ca (CRESCENT_TLS_CERT, _KEY, _CA; JSON tls_cert, \
+         tls_key, tls_ca)"
+    )]
+    EtcdWithoutFiles,
+}
+
+/// The files a process reaches etcd with: its TLS files when `etcd_tls`
+/// asks for TLS to etcd (which needs them), else none (clear text).
+pub fn for_etcd(etcd_tls: bool, tls: Option<&TlsFiles>) -> Result<Option<&TlsFiles>, TlsError> {
+    match (etcd_tls, tls) {
+        (false, _) => Ok(None),
+        (true, Some(files)) => Ok(Some(files)),
+        (true, None) => Err(TlsError::EtcdWithoutFiles),
+    }
 }
 
 /// A process's TLS material, read once at start.

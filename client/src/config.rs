@@ -273,20 +273,6 @@ impl ClientConfig {
         Ok(())
     }
 
-    /// The TLS files for etcd (`etcd_tls`), which needs the TLS files.
-    pub fn etcd_tls(&self) -> Result<Option<crescent_auth::tls::TlsFiles>, ConfigError> {
-        if !self.etcd_tls {
-            return Ok(None);
-        }
-        self.tls()?.map(Some).ok_or_else(|| {
-            ConfigError(
-                "etcd_tls (CRESCENT_ETCD_TLS) needs tls_cert, tls_key and tls_ca \
-                 (CRESCENT_TLS_CERT, _KEY, _CA)"
-                    .into(),
-            )
-        })
-    }
-
     /// The TLS files, read and checked (`None`: plain HTTP/2).
     pub fn tls(&self) -> Result<Option<crescent_auth::tls::TlsFiles>, ConfigError> {
         crescent_auth::tls::TlsFiles::from_flags(
@@ -349,15 +335,19 @@ mod tests {
             ClientConfig::from_lookup(lookup(&[("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")])).is_err()
         );
         // etcd over TLS needs the TLS files, and says so.
+        let etcd_files = |c: &ClientConfig| {
+            let tls = c.tls().unwrap();
+            crescent_auth::tls::for_etcd(c.etcd_tls, tls.as_ref()).map(|f| f.is_some())
+        };
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "1")])).unwrap();
         assert!(c.etcd_tls);
-        let err = c.etcd_tls().unwrap_err().to_string();
+        let err = etcd_files(&c).unwrap_err().to_string();
         assert!(
             err.contains("etcd_tls") && err.contains("tls_cert"),
             "{err}"
         );
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "0")])).unwrap();
-        assert!(c.etcd_tls().unwrap().is_none());
+        assert!(!etcd_files(&c).unwrap());
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "On")])).unwrap();
         assert!(c.etcd_tls);
         assert!(ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "maybe")])).is_err());

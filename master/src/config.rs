@@ -384,20 +384,6 @@ impl MasterConfig {
         )?)
     }
 
-    /// TLS towards etcd (`--etcd-tls`): the `--tls-*` files, which it needs.
-    pub fn etcd_tls(&self) -> anyhow::Result<Option<crescent_auth::tls::TlsFiles>> {
-        if !self.etcd_tls {
-            return Ok(None);
-        }
-        match self.tls()? {
-            Some(files) => Ok(Some(files)),
-            None => anyhow::bail!(
-                "--etcd-tls needs --tls-cert, --tls-key and --tls-ca (the certificate \
-                 presented to etcd and the CA that signed etcd's)"
-            ),
-        }
-    }
-
     /// The token this master presents to its peers (Raft, TimeoutNow).
     pub fn peer_token(&self) -> anyhow::Result<crescent_auth::BearerToken> {
         Ok(crescent_auth::BearerToken::from_optional_file(

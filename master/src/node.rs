@@ -220,7 +220,7 @@ impl MasterNode {
             endpoints => Some(
                 crate::etcd::EtcdMembership::connect(
                     &endpoints,
-                    config.etcd_tls()?.as_ref(),
+                    crescent_auth::tls::for_etcd(config.etcd_tls, tls.as_ref())?,
                     &config.cluster,
                     id,
                     &addr,

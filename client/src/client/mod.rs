@@ -126,10 +126,9 @@ impl Client {
         let token = crescent_auth::BearerToken::from_optional_file(config.token_file.as_deref())
             .map_err(|e| Error::Config(e.to_string()))?;
         let tls = config.tls().map_err(|e| Error::Config(e.to_string()))?;
-        let etcd_tls = config
-            .etcd_tls()
+        let etcd_tls = crescent_auth::tls::for_etcd(config.etcd_tls, tls.as_ref())
             .map_err(|e| Error::Config(e.to_string()))?;
-        let mut master = MasterClient::connect_with_etcd_tls(&config.master, etcd_tls.as_ref())
+        let mut master = MasterClient::connect_with_etcd_tls(&config.master, etcd_tls)
             .await
             .map_err(|e| match e {
                 MasterRpcError::BadAddress(a) => Error::Config(format!("bad master address {a:?}")),

@@ -99,11 +99,7 @@ fn main() -> anyhow::Result<()> {
             args.tls_key.as_deref(),
             args.tls_ca.as_deref(),
         )?;
-        anyhow::ensure!(
-            !args.etcd_tls || tls.is_some(),
-            "--etcd-tls needs --tls-cert, --tls-key and --tls-ca"
-        );
-        let etcd_tls = if args.etcd_tls { tls.as_ref() } else { None };
+        let etcd_tls = crescent_auth::tls::for_etcd(args.etcd_tls, tls.as_ref())?;
         let master = Arc::new(
             MasterClient::connect_with_etcd_tls(&args.master, etcd_tls)
                 .await?

@@ -221,11 +221,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         ],
         etcd_tls: cli.etcd_tls,
     };
-    anyhow::ensure!(
-        !cli.etcd_tls || tls.is_some(),
-        "--etcd-tls needs --tls-cert, --tls-key and --tls-ca"
-    );
-    let etcd_tls = if cli.etcd_tls { tls.as_ref() } else { None };
+    let etcd_tls = crescent_auth::tls::for_etcd(cli.etcd_tls, tls.as_ref())?;
     let client = MasterClient::connect_with_etcd_tls(&cli.master, etcd_tls)
         .await?
         .with_token(token)

@@ -74,11 +74,7 @@ pub async fn connect_masters(
     tls: Option<&crescent_auth::tls::TlsFiles>,
 ) -> anyhow::Result<crescent_client::MasterClient> {
     let etcd_tls = crescent_client::ClientConfig::from_env()?.etcd_tls;
-    anyhow::ensure!(
-        !etcd_tls || tls.is_some(),
-        "CRESCENT_ETCD_TLS needs CRESCENT_TLS_CERT, CRESCENT_TLS_KEY and CRESCENT_TLS_CA"
-    );
-    let etcd_tls = if etcd_tls { tls } else { None };
+    let etcd_tls = crescent_auth::tls::for_etcd(etcd_tls, tls)?;
     Ok(crescent_client::MasterClient::connect_with_etcd_tls(masters, etcd_tls).await?)
 }
 
