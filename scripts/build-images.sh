@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make images: builds the image crescent:<version> (and :latest) locally,
 # without any registry: a root filesystem of our binaries, the shared
-# libraries they link, Debian's etcd and a /bin/sh (dash), loaded with
+# libraries they link, Debian's etcd, a /bin/sh (dash) and sleep, loaded with
 # `docker import`. One image serves etcd, masters, stores, crescentctl and
 # the chaos workers.
 #
@@ -50,9 +50,11 @@ done
 install -m 755 "$ETCD" "$ROOT/usr/local/bin/etcd"
 if command -v etcdctl >/dev/null 2>&1; then install -m 755 "$(command -v etcdctl)" "$ROOT/usr/local/bin/etcdctl"; fi
 install -m 755 /bin/dash "$ROOT/bin/sh"
+# The container harness's start wrapper waits with it (integration/src/containers.rs).
+install -m 755 "$(command -v sleep)" "$ROOT/bin/sleep"
 
 # Every shared library (and the loader) the binaries need, at the same paths.
-for f in "$ROOT"/usr/local/bin/* "$ROOT/bin/sh"; do
+for f in "$ROOT"/usr/local/bin/* "$ROOT/bin/sh" "$ROOT/bin/sleep"; do
   ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
 done | sort -u | while read -r lib; do
   cp -L --parents "$lib" "$ROOT"

@@ -2,15 +2,13 @@
 //! them: local processes (kill, pause, restart) or containers on a private
 //! Docker network (the same, plus partitions by disconnecting a container).
 //!
-//! Containers are driven with the `docker` CLI, which negotiates the API
-//! version with the engine. (The `testcontainers` crate was the plan, but its
-//! Docker client, bollard 0.20, speaks API 1.52 only, and the engine on these
-//! machines, 20.10, refuses anything above 1.41.)
+//! Containers are driven through the harness's [`ContainerNet`]
+//! (testcontainers for their lifecycle, bollard for the network and signals).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crescent_integration::containers::{self, Bind, ContainerNet};
 use crescent_integration::{find_binary, LocalCluster, LocalEtcd, ManagedChild, Security};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -313,50 +311,26 @@ impl Deployment for ProcessDeployment {
 
 // ------------------------------------------------------------- containers
 
-/// Runs `docker` with `args`; stdout on success.
-pub fn docker(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new("docker").args(args).output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "docker {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+/// Runs `fut` from the synchronous [`Deployment`] methods, which the run
+/// calls on a worker of its multi-threaded runtime.
+fn block<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(fut))
 }
 
 /// Why container mode cannot run here, or None when it can.
-pub fn container_mode_blocker(image: &str) -> Option<String> {
-    match Command::new("docker")
-        .args(["version", "--format", "{{.Server.Version}}"])
-        .output()
-    {
-        Err(e) => return Some(format!("no docker CLI ({e})")),
-        Ok(o) if !o.status.success() => {
-            return Some(format!(
-                "no Docker engine answers ({})",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ))
-        }
-        Ok(_) => {}
-    }
-    if docker(&["image", "inspect", image]).is_err() {
-        return Some(format!("image {image} not built (run `make images`)"));
-    }
-    None
+pub async fn container_mode_blocker(image: &str) -> Option<String> {
+    containers::blocker(image).await
 }
 
 /// etcd (3), masters (3), stores (2) and workers each in a container on a
-/// private network with fixed addresses, so a restarted or reconnected
-/// container keeps its address and Raft peers stay valid. Token mode: the
-/// tokens live in a host directory mounted read-only at [`TOKENS_MOUNT`].
+/// private network with fixed addresses ([`ContainerNet`]), so a restarted
+/// or reconnected container keeps its address and Raft peers stay valid.
+/// Token mode: the tokens live in a host directory mounted read-only at
+/// [`TOKENS_MOUNT`].
 pub struct ContainerDeployment {
     tokens: tempfile::TempDir,
     prefix: String,
-    network: String,
-    subnet_base: String,
-    image: String,
-    containers: Vec<String>,
+    net: ContainerNet,
     workers: Vec<String>,
 }
 
@@ -365,54 +339,38 @@ const MASTER_IDS: [u64; 3] = [1, 2, 3];
 /// Where the containers see the token directory.
 const TOKENS_MOUNT: &str = "/crescent-tokens";
 
+fn tokens_bind(dir: &Path) -> Bind<'_> {
+    Bind {
+        host: dir,
+        container: TOKENS_MOUNT,
+        read_only: true,
+    }
+}
+
+/// What etcd logs once it serves clients (it needs its quorum for that).
+const ETCD_READY: &str = "ready to serve client requests";
+
 impl ContainerDeployment {
     pub fn start(image: &str, master_flags: &[String]) -> anyhow::Result<Self> {
         let prefix = format!("crescent-chaos-{}", std::process::id());
-        // A /24 that does not collide with an existing network.
-        let mut chosen = None;
-        for third in (40..250u32).step_by(7) {
-            let base = format!("10.201.{third}");
-            let subnet = format!("{base}.0/24");
-            if docker(&[
-                "network",
-                "create",
-                "--subnet",
-                &subnet,
-                "--label",
-                "crescent-chaos=1",
-                &prefix,
-            ])
-            .is_ok()
-            {
-                chosen = Some(base);
-                break;
-            }
-        }
-        let subnet_base =
-            chosen.ok_or_else(|| anyhow::anyhow!("cannot create a private docker network"))?;
+        let net = block(ContainerNet::create(&prefix, image))?;
         let tokens = tempfile::Builder::new()
             .prefix("crescent-chaos-tokens-")
             .tempdir()?;
         crescent_auth::write_token_files(tokens.path(), false)?;
         let mut d = Self {
             tokens,
-            network: prefix.clone(),
             prefix,
-            subnet_base,
-            image: image.to_string(),
-            containers: Vec::new(),
+            net,
             workers: Vec::new(),
         };
-        if let Err(e) = d.launch(master_flags) {
+        if let Err(e) = block(d.launch(master_flags)) {
             d.teardown();
             return Err(e);
         }
         Ok(d)
     }
 
-    fn ip(&self, host: u32) -> String {
-        format!("{}.{host}", self.subnet_base)
-    }
     fn etcd_name(&self, i: usize) -> String {
         format!("{}-etcd-{i}", self.prefix)
     }
@@ -422,47 +380,25 @@ impl ContainerDeployment {
     fn store_name(&self, i: usize) -> String {
         format!("{}-store-{i}", self.prefix)
     }
-    fn tokens_mount(&self) -> String {
-        format!("{}:{TOKENS_MOUNT}:ro", self.tokens.path().display())
+    /// The token directory, mounted read-only (a copy of the path, so the
+    /// bind does not borrow `self` while a container is started).
+    fn tokens_dir(&self) -> PathBuf {
+        self.tokens.path().to_path_buf()
     }
     fn masters_arg(&self) -> String {
         MASTER_IDS
             .iter()
-            .map(|id| format!("{}:50051", self.ip(20 + *id as u32)))
+            .map(|id| format!("{}:50051", self.net.ip(20 + *id as u32)))
             .collect::<Vec<_>>()
             .join(",")
     }
 
-    fn run(&mut self, name: &str, ip: &str, extra: &[&str], cmd: &[String]) -> anyhow::Result<()> {
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            "-d".into(),
-            "--name".into(),
-            name.into(),
-            "--hostname".into(),
-            name.into(),
-            "--network".into(),
-            self.network.clone(),
-            "--ip".into(),
-            ip.into(),
-            "--label".into(),
-            format!("crescent-chaos={}", self.prefix),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.push(self.image.clone());
-        args.extend(cmd.iter().cloned());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        docker(&refs)?;
-        self.containers.push(name.to_string());
-        Ok(())
-    }
-
-    fn launch(&mut self, master_flags: &[String]) -> anyhow::Result<()> {
+    async fn launch(&mut self, master_flags: &[String]) -> anyhow::Result<()> {
         let initial: Vec<String> = (0..3)
-            .map(|i| format!("etcd-{i}=http://{}:2380", self.ip(10 + i)))
+            .map(|i| format!("etcd-{i}=http://{}:2380", self.net.ip(10 + i)))
             .collect();
         for i in 0..3usize {
-            let ip = self.ip(10 + i as u32);
+            let ip = self.net.ip(10 + i as u32);
             let cmd: Vec<String> = [
                 "etcd",
                 "--name",
@@ -486,13 +422,19 @@ impl ContainerDeployment {
             .map(|s| s.to_string())
             .collect();
             let name = self.etcd_name(i);
-            self.run(&name, &ip, &[], &cmd)?;
+            self.net.run(&name, 10 + i as u32, &[], &cmd).await?;
+        }
+        for i in 0..3usize {
+            let name = self.etcd_name(i);
+            self.net
+                .wait_for_log(&name, ETCD_READY, Duration::from_secs(60))
+                .await?;
         }
         let etcd_endpoints: Vec<String> = (0..3)
-            .map(|i| format!("{}:2379", self.ip(10 + i)))
+            .map(|i| format!("{}:2379", self.net.ip(10 + i)))
             .collect();
         for id in MASTER_IDS {
-            let ip = self.ip(20 + id as u32);
+            let ip = self.net.ip(20 + id as u32);
             let mut cmd: Vec<String> = vec![
                 "crescent-master".into(),
                 "--node-id".into(),
@@ -515,11 +457,12 @@ impl ContainerDeployment {
             ))));
             cmd.extend(master_flags.iter().cloned());
             let name = self.master_name(id);
-            let mount = self.tokens_mount();
-            self.run(&name, &ip, &["-v", &mount], &cmd)?;
+            let tokens = self.tokens_dir();
+            let binds = [tokens_bind(&tokens)];
+            self.net.run(&name, 20 + id as u32, &binds, &cmd).await?;
         }
         for i in 0..2usize {
-            let ip = self.ip(30 + i as u32);
+            let ip = self.net.ip(30 + i as u32);
             let cmd: Vec<String> = vec![
                 "crescent-store".into(),
                 "--master".into(),
@@ -536,10 +479,43 @@ impl ContainerDeployment {
                 format!("{TOKENS_MOUNT}/{}", crescent_auth::CLIENT_TOKEN_FILE),
             ];
             let name = self.store_name(i);
-            let mount = self.tokens_mount();
-            self.run(&name, &ip, &["-v", &mount], &cmd)?;
+            let tokens = self.tokens_dir();
+            let binds = [tokens_bind(&tokens)];
+            self.net.run(&name, 30 + i as u32, &binds, &cmd).await?;
         }
         Ok(())
+    }
+
+    async fn stop_workers_async(
+        &mut self,
+        plan: &WorkerPlan,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<WorkerExit>> {
+        let mut early = Vec::new();
+        for w in &self.workers {
+            early.push(!self.net.is_running(w).await?);
+        }
+        std::fs::write(stop_file(plan), b"stop")?;
+        let deadline = Instant::now() + timeout;
+        let mut exits = Vec::new();
+        for (i, w) in self.workers.iter().enumerate() {
+            let mut killed = false;
+            while self.net.is_running(w).await? {
+                if Instant::now() > deadline {
+                    let _ = self.net.signal(w, "SIGKILL").await;
+                    killed = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let code = match self.net.exit_code(w).await {
+                Ok(Some(c)) if !killed => i32::try_from(c).ok(),
+                _ => None,
+            };
+            let log = self.net.logs(w).await.unwrap_or_default();
+            exits.push(WorkerExit::new(i, code, early[i], &log));
+        }
+        Ok(exits)
     }
 }
 
@@ -554,67 +530,50 @@ impl Deployment for ContainerDeployment {
         MASTER_IDS.to_vec()
     }
     fn master_addr(&self, id: u64) -> String {
-        format!("{}:50051", self.ip(20 + id as u32))
+        format!("{}:50051", self.net.ip(20 + id as u32))
     }
     fn master_http(&self, id: u64) -> String {
-        format!("{}:9003", self.ip(20 + id as u32))
+        format!("{}:9003", self.net.ip(20 + id as u32))
     }
     fn client_token_file(&self) -> Option<PathBuf> {
         Some(self.tokens.path().join(crescent_auth::CLIENT_TOKEN_FILE))
     }
     fn kill_master(&mut self, id: u64) -> anyhow::Result<()> {
-        docker(&["kill", &self.master_name(id)]).map(drop)
+        block(self.net.signal(&self.master_name(id), "SIGKILL"))
     }
     fn start_master(&mut self, id: u64) -> anyhow::Result<()> {
-        docker(&["start", &self.master_name(id)]).map(drop)
+        block(self.net.restart(&self.master_name(id)))
     }
     fn pause_master(&mut self, id: u64) -> anyhow::Result<()> {
-        docker(&["kill", "--signal", "SIGSTOP", &self.master_name(id)]).map(drop)
+        block(self.net.signal(&self.master_name(id), "SIGSTOP"))
     }
     fn resume_master(&mut self, id: u64) -> anyhow::Result<()> {
-        docker(&["kill", "--signal", "SIGCONT", &self.master_name(id)]).map(drop)
+        block(self.net.signal(&self.master_name(id), "SIGCONT"))
     }
     fn isolate_master(&mut self, id: u64) -> anyhow::Result<()> {
-        docker(&[
-            "network",
-            "disconnect",
-            &self.network,
-            &self.master_name(id),
-        ])
-        .map(drop)
+        block(self.net.disconnect(&self.master_name(id)))
     }
     fn heal_master(&mut self, id: u64) -> anyhow::Result<()> {
-        let ip = self.ip(20 + id as u32);
-        docker(&[
-            "network",
-            "connect",
-            "--ip",
-            &ip,
-            &self.network,
-            &self.master_name(id),
-        ])
-        .map(drop)
+        block(self.net.reconnect(&self.master_name(id)))
     }
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()> {
-        docker(&["kill", &self.store_name(idx)]).map(drop)
+        block(self.net.signal(&self.store_name(idx), "SIGKILL"))
     }
     fn start_store(&mut self, idx: usize) -> anyhow::Result<()> {
-        docker(&["start", &self.store_name(idx)]).map(drop)
+        block(self.net.restart(&self.store_name(idx)))
     }
     fn etcd_members(&self) -> usize {
         3
     }
     fn kill_etcd(&mut self, i: usize) -> anyhow::Result<()> {
-        docker(&["kill", &self.etcd_name(i)]).map(drop)
+        block(self.net.signal(&self.etcd_name(i), "SIGKILL"))
     }
     fn start_etcd(&mut self, i: usize) -> anyhow::Result<()> {
-        docker(&["start", &self.etcd_name(i)]).map(drop)
+        block(self.net.restart(&self.etcd_name(i)))
     }
     fn start_workers(&mut self, plan: &WorkerPlan) -> anyhow::Result<()> {
-        let mount = format!("{}:/chaos", plan.dir.display());
         for i in 0..plan.workers {
             let name = format!("{}-worker-{i}", self.prefix);
-            let ip = self.ip(40 + i);
             let mut cmd = vec!["crescent-chaos".to_string()];
             let token = Path::new(TOKENS_MOUNT).join(crescent_auth::CLIENT_TOKEN_FILE);
             cmd.extend(worker_args(
@@ -624,8 +583,16 @@ impl Deployment for ContainerDeployment {
                 "/chaos",
                 Some(&token),
             ));
-            let tokens = self.tokens_mount();
-            self.run(&name, &ip, &["-v", &mount, "-v", &tokens], &cmd)?;
+            let tokens = self.tokens_dir();
+            let binds = [
+                Bind {
+                    host: &plan.dir,
+                    container: "/chaos",
+                    read_only: false,
+                },
+                tokens_bind(&tokens),
+            ];
+            block(self.net.run(&name, 40 + i, &binds, &cmd))?;
             self.workers.push(name);
         }
         Ok(())
@@ -635,62 +602,25 @@ impl Deployment for ContainerDeployment {
         plan: &WorkerPlan,
         timeout: Duration,
     ) -> anyhow::Result<Vec<WorkerExit>> {
-        let running = |w: &str| docker(&["inspect", "-f", "{{.State.Running}}", w]);
-        let early: Vec<bool> = self
-            .workers
-            .iter()
-            .map(|w| running(w).is_ok_and(|r| r != "true"))
-            .collect();
-        std::fs::write(stop_file(plan), b"stop")?;
-        let deadline = Instant::now() + timeout;
-        let mut exits = Vec::new();
-        for (i, w) in self.workers.iter().enumerate() {
-            let mut killed = false;
-            while running(w)? == "true" {
-                if Instant::now() > deadline {
-                    let _ = docker(&["kill", w]);
-                    killed = true;
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", w])
-                .ok()
-                .and_then(|c| c.parse::<i32>().ok())
-                .filter(|_| !killed);
-            let log = Command::new("docker")
-                .args(["logs", "--tail", &LOG_TAIL_LINES.to_string(), w])
-                .output()
-                .map(|o| {
-                    let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
-                    text.push_str(&String::from_utf8_lossy(&o.stderr));
-                    text
-                })
-                .unwrap_or_default();
-            exits.push(WorkerExit::new(i, code, early[i], &log));
-        }
-        Ok(exits)
+        block(self.stop_workers_async(plan, timeout))
     }
     fn collect_logs(&self, dir: &Path) {
-        for c in &self.containers {
-            if let Ok(out) = Command::new("docker").args(["logs", c]).output() {
-                let mut text = out.stdout;
-                text.extend_from_slice(&out.stderr);
+        for c in self.net.names() {
+            if let Ok(text) = block(self.net.logs(&c)) {
                 let _ = std::fs::write(dir.join(format!("{c}.log")), text);
             }
         }
     }
     fn teardown(&mut self) {
-        for c in &self.containers {
-            let _ = docker(&["rm", "-f", "-v", c]);
-        }
-        self.containers.clear();
-        let _ = docker(&["network", "rm", &self.network]);
+        block(self.net.remove());
     }
 }
 
 impl Drop for ContainerDeployment {
     fn drop(&mut self) {
-        self.teardown();
+        // Removing needs the runtime; a run always tears down inside it.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.teardown();
+        }
     }
 }

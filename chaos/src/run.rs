@@ -127,7 +127,7 @@ fn chrono_like_utc(secs: u64) -> String {
 pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     cfg.out = fresh_run_dir(&cfg.out, cfg.schedule, cfg.seed)?;
     println!("chaos: output = {}", cfg.out.display());
-    let (mode, reason) = choose_mode(&cfg);
+    let (mode, reason) = choose_mode(&cfg).await;
     println!("chaos: mode = {mode:?} ({reason})");
     println!(
         "chaos: seed = {} (reproduce with --seed {}), schedule = {:?}",
@@ -209,7 +209,7 @@ async fn check_in_thread(
         .map_err(|_| anyhow::anyhow!("the checker panicked"))
 }
 
-fn choose_mode(cfg: &RunConfig) -> (Mode, String) {
+async fn choose_mode(cfg: &RunConfig) -> (Mode, String) {
     match cfg.mode {
         ModeChoice::Processes => (
             Mode::Processes,
@@ -219,7 +219,7 @@ fn choose_mode(cfg: &RunConfig) -> (Mode, String) {
             Mode::Containers,
             format!("asked for containers, image {}", cfg.image),
         ),
-        ModeChoice::Auto => match container_mode_blocker(&cfg.image) {
+        ModeChoice::Auto => match container_mode_blocker(&cfg.image).await {
             None => (
                 Mode::Containers,
                 format!("a Docker engine answered and image {} exists", cfg.image),

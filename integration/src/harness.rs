@@ -14,6 +14,12 @@ use crescent_client::MasterClient;
 
 /// Finds one of our binaries: `$CRESCENT_<NAME>_BIN`, next to the running
 /// executable (or its parent, for test binaries in `target/*/deps`), else PATH.
+///
+/// Tests of the package that builds a binary use cargo's
+/// `CARGO_BIN_EXE_<name>` instead (the chaos tests do, and hand it on as
+/// `CRESCENT_CHAOS_BIN`); cargo offers that only within one package (artifact
+/// dependencies are unstable), so the masters, stores and `crescentctl` that
+/// these tests start are found here, after `cargo build --bins`.
 pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
     let env = format!(
         "CRESCENT_{}_BIN",

@@ -9,6 +9,7 @@
 
 use std::process::Command;
 
+pub mod containers;
 pub mod harness;
 
 pub use harness::{

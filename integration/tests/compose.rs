@@ -5,7 +5,8 @@
 //! refused, read `/metrics` over HTTPS, kill the leader's container, see a
 //! new leader, tear it down.
 //!
-//! Needs a Docker engine, docker-compose and the image `make images` builds
+//! docker-compose is the lifecycle here on purpose: the file is tested as a
+//! user runs it. Needs a Docker engine, docker-compose and the image `make images` builds
 //! (`$CRESCENT_IMAGE`, default crescent:latest). Without an engine it fails
 //! under CI (`skip_or_fail`) and is otherwise skipped with a line `make test`
 //! lists at the end; with an engine but no image it fails.
@@ -50,11 +51,12 @@ impl Drop for Compose {
     }
 }
 
-fn engine_answers() -> bool {
-    Command::new("docker")
-        .args(["version"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+/// The engine (through bollard) and the `docker-compose` tool a user runs
+/// the compose file with. (testcontainers' compose support drives the
+/// `docker compose` plugin, which these machines do not have, and this test
+/// is about the file as users run it.)
+async fn engine_answers() -> bool {
+    crescent_integration::containers::engine_answers().await
         && Command::new("docker-compose")
             .arg("version")
             .output()
@@ -106,7 +108,7 @@ fn wait_leader(masters: &str, creds: &[String], not: Option<u64>, within: Durati
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_cluster_survives_leader_kill() {
-    if !engine_answers() {
+    if !engine_answers().await {
         skip_or_fail(
             "compose_cluster_survives_leader_kill",
             "no Docker engine or docker-compose answers here",
@@ -114,14 +116,9 @@ async fn compose_cluster_survives_leader_kill() {
         return;
     }
     let image = std::env::var("CRESCENT_IMAGE").unwrap_or_else(|_| "crescent:latest".into());
-    let inspect = Command::new("docker")
-        .args(["image", "inspect", &image])
-        .output()
-        .unwrap();
-    assert!(
-        inspect.status.success(),
-        "image {image} missing: run `make images` (or set CRESCENT_IMAGE)"
-    );
+    if let Some(why) = crescent_integration::containers::blocker(&image).await {
+        panic!("{why} (or set CRESCENT_IMAGE)");
+    }
     let ports: Vec<u16> = (0..7).map(|_| free_port().unwrap()).collect();
     let names = [
         "CRESCENT_MASTER1_PORT",
