@@ -3,8 +3,10 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crescent_auth::capability::SegmentKey;
 use crescent_auth::{AuthedChannel, BearerToken};
@@ -128,22 +130,24 @@ pub fn new_client_id() -> String {
 
 /// Where the masters are: seeds and the believed leader. Shared with the etcd
 /// watcher, which keeps them current when the address was `etcd://...`.
+/// Read on every request and written only when the cluster changes, so both
+/// are swapped whole (`arc-swap`) rather than locked.
 #[derive(Default)]
 pub struct Targets {
-    seeds: std::sync::RwLock<Vec<String>>,
-    leader: Mutex<Option<String>>,
+    seeds: ArcSwap<Vec<String>>,
+    leader: ArcSwapOption<String>,
 }
 
 impl Targets {
     pub fn set_seeds(&self, seeds: Vec<String>) {
         if !seeds.is_empty() {
-            *self.seeds.write().expect("lock poisoned") = seeds;
+            self.seeds.store(Arc::new(seeds));
         }
     }
 
     pub fn set_leader_hint(&self, addr: Option<String>) {
-        if addr.is_some() {
-            *self.leader.lock().expect("lock poisoned") = addr;
+        if let Some(addr) = addr {
+            self.leader.store(Some(Arc::new(addr)));
         }
     }
 }
@@ -202,7 +206,9 @@ fn tls_mismatch(status: &tonic::Status) -> Option<String> {
 pub struct MasterClient {
     targets: std::sync::Arc<Targets>,
     next_seed: AtomicUsize,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// One lazily connected channel per master address: looked up on every
+    /// call, added to once per address (copy-on-write).
+    channels: ArcSwap<HashMap<String, Channel>>,
     /// Presented on every call (none for `--insecure` clusters).
     token: BearerToken,
     /// Mutual TLS towards the masters (`--tls-*`); plain HTTP/2 without.
@@ -260,12 +266,12 @@ impl MasterClient {
 
     fn with_targets(targets: std::sync::Arc<Targets>) -> Self {
         // Start from a random seed so many clients spread their first contact.
-        let n = targets.seeds.read().expect("lock poisoned").len();
+        let n = targets.seeds.load().len();
         let start = rand::rng().random_range(0..n.max(1));
         Self {
             targets,
             next_seed: AtomicUsize::new(start),
-            channels: Mutex::new(HashMap::new()),
+            channels: ArcSwap::default(),
             token: BearerToken::none(),
             tls: None,
             client_id: new_client_id(),
@@ -286,7 +292,7 @@ impl MasterClient {
     /// before are dropped, so no call goes out in clear text after this).
     pub fn with_tls(mut self, tls: Option<&crescent_auth::tls::TlsFiles>) -> Self {
         self.tls = tls.map(|t| t.client_config());
-        self.channels.get_mut().expect("lock poisoned").clear();
+        self.channels.store(Arc::default());
         self
     }
 
@@ -296,12 +302,12 @@ impl MasterClient {
 
     /// Known master addresses.
     pub fn seeds(&self) -> Vec<String> {
-        self.targets.seeds.read().expect("lock poisoned").clone()
+        self.targets.seeds.load().to_vec()
     }
 
     /// The leader address this client currently believes in.
     pub fn cached_leader(&self) -> Option<String> {
-        self.targets.leader.lock().expect("lock poisoned").clone()
+        self.targets.leader.load().as_deref().cloned()
     }
 
     /// A fresh header for one logical write; reuse it across retries of that write.
@@ -314,8 +320,7 @@ impl MasterClient {
 
     /// The channel to `addr`, with this client's token on every call.
     pub fn channel(&self, addr: &str) -> Result<AuthedChannel, MasterRpcError> {
-        let mut channels = self.channels.lock().expect("lock poisoned");
-        if let Some(c) = channels.get(addr) {
+        if let Some(c) = self.channels.load().get(addr) {
             return Ok(self.token.wrap(c.clone()));
         }
         let ch = crescent_auth::tls::endpoint(addr, self.tls.as_ref())
@@ -323,15 +328,25 @@ impl MasterClient {
             .connect_timeout(Duration::from_millis(300))
             .tcp_nodelay(true)
             .connect_lazy();
-        channels.insert(addr.to_string(), ch.clone());
-        Ok(self.token.wrap(ch))
+        // Two callers may race to add the same address: the first one's
+        // channel stays, so every caller ends up sharing one.
+        let mut chosen = ch.clone();
+        self.channels.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            chosen = next
+                .entry(addr.to_string())
+                .or_insert_with(|| ch.clone())
+                .clone();
+            next
+        });
+        Ok(self.token.wrap(chosen))
     }
 
     fn pick_target(&self) -> Option<String> {
         if let Some(l) = self.cached_leader() {
             return Some(l);
         }
-        let seeds = self.targets.seeds.read().expect("lock poisoned");
+        let seeds = self.targets.seeds.load();
         if seeds.is_empty() {
             return None;
         }
@@ -340,14 +355,16 @@ impl MasterClient {
     }
 
     fn set_leader(&self, addr: String) {
-        *self.targets.leader.lock().expect("lock poisoned") = Some(addr);
+        self.targets.leader.store(Some(Arc::new(addr)));
     }
 
+    /// Forgets the leader only if it is still `addr`: a newer leader learnt
+    /// meanwhile (by another task or the etcd watcher) stays.
     fn forget_leader(&self, addr: &str) {
-        let mut l = self.targets.leader.lock().expect("lock poisoned");
-        if l.as_deref() == Some(addr) {
-            *l = None;
-        }
+        self.targets.leader.rcu(|current| match current {
+            Some(l) if l.as_str() == addr => None,
+            other => other.clone(),
+        });
     }
 
     /// Calls the leader with `f`, following redirects and retrying transport
