@@ -3,16 +3,16 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crescent_proto::pb::{self, cluster_service_server::ClusterService};
 use crescent_proto::ErrorCode;
-use crescent_raft::{BasicNode, NodeId};
+use crescent_raft::NodeId;
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ChangeMembers, ServerState};
+use openraft::ServerState;
 use tonic::{Request, Response, Status};
 
-use crate::node::MasterNode;
+use crate::node::{MasterNode, MembershipError};
 
 type Rpc<T> = Result<Response<T>, Status>;
 
@@ -42,7 +42,7 @@ impl ClusterApi {
                     .as_ref()
                     .and_then(|r| r.get(id).copied().flatten())
                     .map(|l| l.index);
-                let (matched_index, lag) = if *id == self.node.id {
+                let (matched_index, lag) = if *id == self.node.id() {
                     (last, 0)
                 } else {
                     match matched {
@@ -50,12 +50,11 @@ impl ClusterApi {
                         None => (0, if m.replication.is_some() { last } else { 0 }),
                     }
                 };
-                let last_contact_ms = if *id == self.node.id {
+                let last_contact_ms = if *id == self.node.id() {
                     0
                 } else if m.state == ServerState::Leader {
                     self.node
-                        .contacts
-                        .since(*id)
+                        .last_contact(*id)
                         .map(|d| d.as_millis() as i64)
                         .unwrap_or(-1)
                 } else {
@@ -84,7 +83,7 @@ fn role(state: ServerState) -> pb::Role {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> pb::Status {
+fn write_error(e: MembershipError) -> pb::Status {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
             pb::Status::not_leader(f.leader_id, f.leader_node.map(|n| n.addr))
@@ -139,16 +138,16 @@ impl ClusterService for ClusterApi {
     async fn get_status(&self, _r: Request<pb::GetStatusRequest>) -> Rpc<pb::GetStatusResponse> {
         let m = self.node.metrics();
         let (keys, segments) = {
-            let sm = self.node.shared.sm.read().expect("state lock poisoned");
+            let state = self.node.state();
             (
-                sm.state.objects.len() as u64,
-                sm.state.live_segment_count() as u64,
+                state.objects.len() as u64,
+                state.live_segment_count() as u64,
             )
         };
         Ok(Response::new(pb::GetStatusResponse {
             status: Some(pb::Status::ok()),
-            id: self.node.id,
-            addr: self.node.addr.clone(),
+            id: self.node.id(),
+            addr: self.node.addr().to_string(),
             role: role(m.state) as i32,
             term: m.current_term,
             leader_id: m.current_leader.unwrap_or(0),
@@ -158,7 +157,7 @@ impl ClusterService for ClusterApi {
             committed: m
                 .replication
                 .as_ref()
-                .map(|r| committed_index(r, &self.node.voters(), self.node.id, m.last_log_index))
+                .map(|r| committed_index(r, &self.node.voters(), self.node.id(), m.last_log_index))
                 .unwrap_or_else(|| m.last_applied.map(|l| l.index).unwrap_or(0)),
             applied: m.last_applied.map(|l| l.index).unwrap_or(0),
             snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
@@ -193,28 +192,12 @@ impl ClusterService for ClusterApi {
             }
         }
         tracing::info!(id = r.id, addr = r.addr, "adding member as learner");
-        if let Err(e) = self
-            .node
-            .raft
-            .add_learner(
-                r.id,
-                BasicNode {
-                    addr: r.addr.clone(),
-                },
-                true,
-            )
-            .await
-        {
+        if let Err(e) = self.node.add_learner(r.id, r.addr.clone()).await {
             return status_only(write_error(e));
         }
         if !r.learner_only {
             tracing::info!(id = r.id, "promoting learner to voter");
-            if let Err(e) = self
-                .node
-                .raft
-                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([r.id])), false)
-                .await
-            {
+            if let Err(e) = self.node.promote_to_voter(r.id).await {
                 return status_only(write_error(e));
             }
         }
@@ -234,19 +217,20 @@ impl ClusterService for ClusterApi {
             ));
         }
         let voters = self.node.voters();
-        let change = if voters.contains(&id) {
-            if voters.len() == 1 {
-                return status_only(pb::Status::error(
-                    ErrorCode::InvalidParams,
-                    "cannot remove the last voter",
-                ));
-            }
-            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
-        } else {
-            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
-        };
+        let is_voter = voters.contains(&id);
+        if is_voter && voters.len() == 1 {
+            return status_only(pb::Status::error(
+                ErrorCode::InvalidParams,
+                "cannot remove the last voter",
+            ));
+        }
         tracing::info!(id, "removing member");
-        match self.node.raft.change_membership(change, false).await {
+        let removed = if is_voter {
+            self.node.remove_voter(id).await
+        } else {
+            self.node.remove_learner(id).await
+        };
+        match removed {
             Ok(_) => {
                 tracing::info!(id, "member removed");
                 status_only(pb::Status::ok())
@@ -266,7 +250,7 @@ impl ClusterService for ClusterApi {
                 new_leader_id,
             }))
         };
-        if to == self.node.id && self.node.is_leader() {
+        if to == self.node.id() && self.node.is_leader() {
             return reply(pb::Status::ok(), to);
         }
         if !self.node.is_leader() {
@@ -281,7 +265,7 @@ impl ClusterService for ClusterApi {
                 0,
             );
         }
-        match transfer(&self.node, to).await {
+        match self.node.transfer_leader(to).await {
             Ok(new_leader) => reply(pb::Status::ok(), new_leader),
             Err(msg) => reply(pb::Status::error(ErrorCode::Unavailable, msg), 0),
         }
@@ -290,19 +274,13 @@ impl ClusterService for ClusterApi {
     async fn timeout_now(&self, r: Request<pb::TimeoutNowRequest>) -> Rpc<pb::StatusResponse> {
         let r = r.into_inner();
         let wait = Duration::from_millis(r.campaign_after_ms.min(10_000));
-        let raft = self.node.raft.clone();
         tracing::info!(
             from = r.from,
             term = r.term,
             ?wait,
             "asked to take over leadership"
         );
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            if let Err(e) = raft.trigger().elect().await {
-                tracing::warn!(error = %e, "could not start the election");
-            }
-        });
+        self.node.campaign_after(wait);
         status_only(pb::Status::ok())
     }
 }
@@ -335,102 +313,4 @@ pub(crate) fn committed_index(
     }
     matched.sort_unstable();
     matched[(matched.len() - 1) / 2]
-}
-
-/// Waits until the leader knows `to` holds its whole log.
-async fn wait_caught_up(node: &MasterNode, to: NodeId, within: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + within;
-    loop {
-        let m = node.metrics();
-        let last = m.last_log_index.unwrap_or(0);
-        let matched = m
-            .replication
-            .as_ref()
-            .and_then(|r| r.get(&to).copied().flatten())
-            .map(|l| l.index)
-            .unwrap_or(0);
-        if matched >= last {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "node {to} did not catch up (matched {matched} of {last})"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Hands leadership to `to`. openraft 0.9 has no built-in transfer, so: stop
-/// accepting writes (so the log stops growing), wait until `to` has the whole
-/// log, stop heartbeating so the followers' leader lease runs out, then have
-/// `to` campaign just after the lease expires, before anyone else's election
-/// timer fires. Writes are refused, naming `to`, for the whole handover and
-/// taken again if it fails; every step is bounded in time, so a target that
-/// freezes mid-way cannot keep this leader from taking writes.
-async fn transfer(node: &MasterNode, to: NodeId) -> Result<NodeId, String> {
-    let addr = node.node_addr(to).ok_or("target has no address")?;
-    // Before the catch-up wait: under a steady write load the target would
-    // otherwise chase a growing log and never be caught up.
-    *node.transferring_to.lock().expect("lock poisoned") = Some((to, Instant::now()));
-    node.forgo_lease_this_term();
-    let caught_up = wait_caught_up(node, to, Duration::from_secs(3)).await;
-    if let Err(e) = caught_up {
-        *node.transferring_to.lock().expect("lock poisoned") = None;
-        tracing::warn!(error = %e, "leadership transfer failed");
-        return Err(e);
-    }
-    let lease = node.config.election_timeout_max;
-    node.raft.runtime_config().heartbeat(false);
-    node.raft.runtime_config().elect(false);
-    let term = node.metrics().current_term;
-    let result = async {
-        // A frozen target accepts the TCP connection and then answers
-        // nothing; without deadlines writes stayed refused until it woke.
-        let tls = node.tls.as_ref().map(|t| t.client_config());
-        let endpoint = crescent_auth::tls::endpoint(&addr, tls.as_ref())
-            .map_err(|e| e.to_string())?
-            .connect_timeout(Duration::from_millis(500))
-            .timeout(Duration::from_secs(1));
-        let channel = tokio::time::timeout(Duration::from_secs(1), endpoint.connect())
-            .await
-            .map_err(|_| format!("cannot reach node {to}: connect timed out"))?
-            .map_err(|e| format!("cannot reach node {to}: {e}"))?;
-        let mut client =
-            pb::cluster_service_client::ClusterServiceClient::new(node.peer_token.wrap(channel));
-        client
-            .timeout_now(pb::TimeoutNowRequest {
-                from: node.id,
-                term,
-                campaign_after_ms: (lease + Duration::from_millis(30)).as_millis() as u64,
-            })
-            .await
-            .map_err(|e| format!("node {to} refused: {e}"))?;
-        let deadline = Instant::now() + lease * 4 + Duration::from_secs(2);
-        let mut rx = node.raft.metrics();
-        loop {
-            let leader = {
-                let m = rx.borrow();
-                (m.current_leader, m.current_term)
-            };
-            if let (Some(l), t) = leader {
-                if l != node.id && t > term {
-                    return Ok(l);
-                }
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
-                return Err("no new leader emerged in time; leadership stays here".to_string());
-            }
-        }
-    }
-    .await;
-    node.raft.runtime_config().heartbeat(true);
-    node.raft.runtime_config().elect(true);
-    *node.transferring_to.lock().expect("lock poisoned") = None;
-    match &result {
-        Ok(l) => tracing::info!(from = node.id, to = l, "leadership transferred"),
-        Err(e) => tracing::warn!(error = %e, "leadership transfer failed"),
-    }
-    result
 }

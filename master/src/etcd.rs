@@ -19,9 +19,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_raft::{BasicNode, NodeId};
+use crescent_raft::NodeId;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
-use openraft::ChangeMembers;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
@@ -215,8 +214,8 @@ pub async fn leader_loop(node: Arc<MasterNode>, etcd: Arc<EtcdMembership>, term:
             continue;
         }
         let record = LeaderRecord {
-            id: node.id,
-            addr: node.addr.clone(),
+            id: node.id(),
+            addr: node.addr().to_string(),
             term,
         };
         if let Err(e) = etcd.publish_leader(&record).await {
@@ -229,20 +228,15 @@ pub async fn leader_loop(node: Arc<MasterNode>, etcd: Arc<EtcdMembership>, term:
                 continue;
             }
         };
-        let (members, voters): (BTreeSet<NodeId>, BTreeSet<NodeId>) = {
-            let m = node.raft.metrics();
-            let m = m.borrow();
-            let mem = m.membership_config.membership();
-            (
-                mem.nodes().map(|(id, _)| *id).collect(),
-                mem.voter_ids().collect(),
-            )
-        };
+        let (members, voters): (BTreeSet<NodeId>, BTreeSet<NodeId>) = node.members_and_voters();
         for (id, addr, tag) in registered {
             if voters.contains(&id) {
                 continue;
             }
-            if !node.verifier.member_tag_ok(&etcd.cluster, id, &addr, &tag) {
+            if !node
+                .verifier()
+                .member_tag_ok(&etcd.cluster, id, &addr, &tag)
+            {
                 tracing::warn!(
                     id,
                     addr,
@@ -257,21 +251,13 @@ pub async fn leader_loop(node: Arc<MasterNode>, etcd: Arc<EtcdMembership>, term:
                     addr,
                     "new master registered in etcd; adding it as a learner"
                 );
-                if let Err(e) = node
-                    .raft
-                    .add_learner(id, BasicNode { addr: addr.clone() }, true)
-                    .await
-                {
+                if let Err(e) = node.add_learner(id, addr.clone()).await {
                     tracing::warn!(id, error = %e, "add learner failed; will retry");
                     continue;
                 }
             }
             tracing::info!(id, "promoting learner to voter");
-            match node
-                .raft
-                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
-                .await
-            {
+            match node.promote_to_voter(id).await {
                 Ok(_) => tracing::info!(id, "membership changed: master is now a voter"),
                 Err(e) => tracing::warn!(id, error = %e, "promotion failed; will retry"),
             }

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -65,7 +64,7 @@ async fn require_admin(
         .get(axum::http::header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     match node
-        .verifier
+        .verifier()
         .check(authorization, crescent_auth::Role::Admin)
     {
         Ok(()) => next.run(request).await,
@@ -92,17 +91,16 @@ fn role_name(s: ServerState) -> &'static str {
 async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
     let m = node.metrics();
     let mut out = String::with_capacity(4096);
-    let mm = &node.counters;
+    let mm = node.counters();
     sample(
         &mut out,
         "master_auth_denied_total",
         "counter",
         "Requests refused for lack of a valid token or role (gRPC and admin HTTP).",
-        node.verifier.denied_total(),
+        node.verifier().denied_total(),
     );
     {
-        let sm = node.shared.sm.read().expect("state lock poisoned");
-        let st = &sm.state;
+        let st = node.state();
         sample(
             &mut out,
             "master_key_count",
@@ -164,14 +162,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             );
         }
     }
-    let active = {
-        let mem = node.leader_mem.lock().expect("lock poisoned");
-        let now = Instant::now();
-        mem.heartbeats
-            .values()
-            .filter(|t| now.duration_since(**t) <= node.config.client_ttl)
-            .count()
-    };
+    let active = node.active_clients();
     sample(
         &mut out,
         "master_active_clients",
@@ -312,7 +303,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "raft_commit_index",
             "gauge",
             "Highest index stored on a majority (leader view).",
-            crate::cluster::committed_index(repl, &node.voters(), node.id, m.last_log_index),
+            crate::cluster::committed_index(repl, &node.voters(), node.id(), m.last_log_index),
         );
     }
     mm.proposal_latency.render(
@@ -336,13 +327,13 @@ fn health_json(node: &MasterNode) -> (bool, serde_json::Value) {
     let quorum = match m.state {
         ServerState::Leader => m
             .millis_since_quorum_ack
-            .is_some_and(|ms| ms <= 2 * node.config.election_timeout_max.as_millis() as u64),
+            .is_some_and(|ms| ms <= 2 * node.config().election_timeout_max.as_millis() as u64),
         _ => leader.is_some(),
     };
     let serving = leader.is_some() && m.state != ServerState::Shutdown;
     (
         serving && quorum,
-        json!({"status": if serving && quorum { "serving" } else { "no_quorum" }, "id": node.id,
+        json!({"status": if serving && quorum { "serving" } else { "no_quorum" }, "id": node.id(),
                "role": role_name(m.state), "term": m.current_term, "leader_id": leader,
                "leader_addr": node.leader_hint().1, "quorum": quorum, "voters": voters.len(),
                "degraded": false}),
@@ -380,8 +371,8 @@ struct KeyQuery {
 }
 
 async fn query_key(State(node): State<Arc<MasterNode>>, Query(q): Query<KeyQuery>) -> Response {
-    let sm = node.shared.sm.read().expect("state lock poisoned");
-    let Some(obj) = sm.state.objects.get(&q.key) else {
+    let state = node.state();
+    let Some(obj) = state.objects.get(&q.key) else {
         return (
             StatusCode::NOT_FOUND,
             Json(json!({"error": "OBJECT_NOT_FOUND", "key": q.key})),
@@ -392,25 +383,24 @@ async fn query_key(State(node): State<Arc<MasterNode>>, Query(q): Query<KeyQuery
         .replicas
         .iter()
         .map(|r| {
-            let seg = sm.state.segments.get(&r.segment_id);
+            let seg = state.segments.get(&r.segment_id);
             json!({"segment_id": r.segment_id, "segment": seg.map(|s| s.spec.name.clone()),
                    "endpoint": seg.map(|s| s.spec.endpoint.clone()), "offset": r.offset, "length": r.len})
         })
         .collect();
     Json(json!({"key": q.key, "size": obj.size, "complete": obj.is_complete(), "checksum": obj.checksum,
                 "hard_pin": obj.hard_pin, "soft_pin_until_ms": obj.soft_pin_until_ms, "created_ms": obj.created_ms,
-                "writer": obj.writer, "replicas": replicas, "as_applied_on_node": node.id}))
+                "writer": obj.writer, "replicas": replicas, "as_applied_on_node": node.id()}))
     .into_response()
 }
 
 async fn segments(State(node): State<Arc<MasterNode>>) -> Response {
-    let sm = node.shared.sm.read().expect("state lock poisoned");
-    let list: Vec<_> = sm
-        .state
+    let state = node.state();
+    let list: Vec<_> = state
         .segments
         .values()
         .map(|s| {
-            let a = sm.state.allocator(s.id);
+            let a = state.allocator(s.id);
             json!({"id": s.id, "name": s.spec.name, "owner": s.owner, "endpoint": s.spec.endpoint,
                    "hostname": s.spec.hostname, "shm": !s.spec.shm_path.is_empty(), "capacity": s.spec.capacity,
                    "allocated": a.map(|a| a.allocated()).unwrap_or(0),
@@ -423,9 +413,9 @@ async fn segments(State(node): State<Arc<MasterNode>>) -> Response {
 /// Mooncake's `/get_all_segments`: names of the mounted (live) segments,
 /// one per line.
 async fn mooncake_all_segments(State(node): State<Arc<MasterNode>>) -> Response {
-    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let state = node.state();
     let mut body = String::new();
-    for s in sm.state.segments.values().filter(|s| s.is_live()) {
+    for s in state.segments.values().filter(|s| s.is_live()) {
         body.push_str(&s.spec.name);
         body.push('\n');
     }
@@ -434,11 +424,10 @@ async fn mooncake_all_segments(State(node): State<Arc<MasterNode>>) -> Response 
 
 /// Mooncake's `/get_all_keys`: every complete object's key, one per line.
 async fn mooncake_all_keys(State(node): State<Arc<MasterNode>>) -> Response {
-    let sm = node.shared.sm.read().expect("state lock poisoned");
+    let state = node.state();
     let mut body = String::new();
     let mut truncated = false;
-    for (listed, (k, _)) in sm
-        .state
+    for (listed, (k, _)) in state
         .objects
         .iter()
         .filter(|(_, o)| o.is_complete())
@@ -473,9 +462,8 @@ async fn mooncake_query_segment(
     State(node): State<Arc<MasterNode>>,
     Query(q): Query<SegmentQuery>,
 ) -> Response {
-    let sm = node.shared.sm.read().expect("state lock poisoned");
-    let Some(s) = sm
-        .state
+    let state = node.state();
+    let Some(s) = state
         .segments
         .values()
         .find(|s| s.is_live() && s.spec.name == q.segment)
@@ -487,7 +475,7 @@ async fn mooncake_query_segment(
         )
             .into_response();
     };
-    let used = sm.state.allocator(s.id).map(|a| a.allocated()).unwrap_or(0);
+    let used = state.allocator(s.id).map(|a| a.allocated()).unwrap_or(0);
     (
         [("content-type", MOONCAKE_TEXT)],
         format!(
@@ -510,8 +498,8 @@ struct KeysQuery {
 
 async fn keys(State(node): State<Arc<MasterNode>>, Query(q): Query<KeysQuery>) -> Response {
     let limit = q.limit.unwrap_or(1000).clamp(1, MAX_KEYS_PAGE);
-    let sm = node.shared.sm.read().expect("state lock poisoned");
-    let objects: &BTreeMap<String, _> = &sm.state.objects;
+    let state = node.state();
+    let objects: &BTreeMap<String, _> = &state.objects;
     let start = q.after.clone().unwrap_or_else(|| q.prefix.clone());
     let mut page: Vec<&String> = objects
         .range(start..)
@@ -540,7 +528,12 @@ async fn remove_all(
     headers: HeaderMap,
     Query(q): Query<RemoveAllQuery>,
 ) -> Response {
-    if let Some(token) = node.config.admin_token.as_deref().filter(|t| !t.is_empty()) {
+    if let Some(token) = node
+        .config()
+        .admin_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+    {
         let given = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())

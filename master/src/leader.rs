@@ -6,13 +6,11 @@
 //! granted, so it waits one lease TTL before evicting and treats every known
 //! client as alive for one client TTL before expiring any.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crescent_raft::eviction::{select_victims, should_evict, AccessInfo};
 use crescent_raft::state::Op;
-use crescent_raft::{sizing, Response};
+use crescent_raft::Response;
 use openraft::ServerState;
 use tokio::task::JoinSet;
 
@@ -20,7 +18,7 @@ use crate::node::{now_ms, MasterNode};
 
 /// Watches Raft metrics and runs the leader tasks for as long as this node leads.
 pub async fn run_leadership_watch(node: Arc<MasterNode>) {
-    let mut rx = node.raft.metrics();
+    let mut rx = node.metrics_watch();
     let mut running: Option<(u64, JoinSet<()>)> = None;
     let mut last_leader: Option<u64> = None;
     loop {
@@ -29,13 +27,13 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
             (m.state, m.current_term, m.current_leader)
         };
         if leader != last_leader {
-            node.counters
+            node.counters()
                 .leader_changes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::info!(node_id = node.id, term, leader = ?leader, "leader changed");
+            tracing::info!(node_id = node.id(), term, leader = ?leader, "leader changed");
             last_leader = leader;
         }
-        let leading = state == ServerState::Leader && leader == Some(node.id);
+        let leading = state == ServerState::Leader && leader == Some(node.id());
         match (&running, leading) {
             (Some((t, _)), true) if *t == term => {}
             (_, true) => {
@@ -43,7 +41,7 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                     set.abort_all();
                 }
                 tracing::info!(
-                    node_id = node.id,
+                    node_id = node.id(),
                     term,
                     "became leader; starting leader tasks"
                 );
@@ -53,14 +51,14 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 set.spawn(liveness_loop(node.clone()));
                 set.spawn(reclaim_loop(node.clone()));
                 set.spawn(lease_sweep_loop(node.clone()));
-                if let Some(etcd) = &node.etcd {
+                if let Some(etcd) = node.etcd() {
                     set.spawn(crate::etcd::leader_loop(node.clone(), etcd.clone(), term));
                 }
                 running = Some((term, set));
             }
             (Some(_), false) => {
                 tracing::info!(
-                    node_id = node.id,
+                    node_id = node.id(),
                     term,
                     "no longer leader; stopping leader tasks"
                 );
@@ -79,49 +77,16 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
     }
 }
 
-fn leading_for(node: &MasterNode) -> Duration {
-    node.leader_mem
-        .lock()
-        .expect("lock poisoned")
-        .since
-        .elapsed()
-}
-
 async fn eviction_loop(node: Arc<MasterNode>) {
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let term = node.current_term();
-        let (victims, failures) = {
-            let sm = node.shared.sm.read().expect("state lock poisoned");
-            let state = &sm.state;
-            let mut mem = node.leader_mem.lock().expect("lock poisoned");
-            // Leases granted by the previous leader may still be in force.
-            if node.honours_predecessor_leases(&mem, term) {
-                continue;
-            }
-            let failure_seen = state.alloc_failures > mem.seen_alloc_failures;
-            if !should_evict(state, node.config.eviction_high_watermark, failure_seen) {
-                continue;
-            }
-            let now = Instant::now();
-            let now_ms = now_ms();
-            let mut victims =
-                select_victims(state, now_ms, node.config.eviction_ratio, |k| AccessInfo {
-                    leased: mem.is_leased(k, now) || mem.is_doomed(k),
-                    last_access_ms: mem.last_access_ms.get(k).copied(),
-                });
-            // One log entry per round: the rest is chosen again next round.
-            victims = sizing::chunk_keys(victims, sizing::ENTRY_KEY_BUDGET)
-                .into_iter()
-                .next()
-                .unwrap_or_default();
-            mem.doom(&victims);
-            (victims, state.alloc_failures)
+        let Some((victims, failures)) = node.claim_eviction_victims() else {
+            continue;
         };
         let usage_before = usage(&node);
-        node.counters
+        node.counters()
             .eviction_rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let result = if victims.is_empty() {
@@ -133,22 +98,11 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                 Op::Evict {
                     keys: victims.clone(),
                 },
-                move |node, _| {
-                    {
-                        let mut mem = node.leader_mem.lock().expect("lock poisoned");
-                        for v in &chosen {
-                            mem.last_access_ms.remove(v);
-                        }
-                    }
-                    node.undoom(&chosen);
-                },
+                move |node, _| node.settle_eviction(&chosen),
             )
             .await
         };
-        node.leader_mem
-            .lock()
-            .expect("lock poisoned")
-            .seen_alloc_failures = failures;
+        node.saw_alloc_failures(failures);
         match result {
             Ok(Response::Count(n)) => {
                 if n > 0 || !victims.is_empty() {
@@ -175,63 +129,28 @@ async fn eviction_loop(node: Arc<MasterNode>) {
 }
 
 fn usage(node: &MasterNode) -> f64 {
-    node.shared
-        .sm
-        .read()
-        .expect("state lock poisoned")
-        .state
-        .usage_ratio()
+    node.state().usage_ratio()
 }
 
 async fn liveness_loop(node: Arc<MasterNode>) {
-    let ttl = node.config.client_ttl;
+    let ttl = node.config().client_ttl;
     let period = (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let mut tick = tokio::time::interval(period);
     loop {
         tick.tick().await;
-        let since = leading_for(&node);
-        if since < ttl {
+        if node.leading_for() < ttl {
             continue;
         }
-        let owners: BTreeSet<String> = {
-            let sm = node.shared.sm.read().expect("state lock poisoned");
-            sm.state
-                .segments
-                .values()
-                .filter(|s| s.is_live())
-                .map(|s| s.owner.clone())
-                .collect()
-        };
-        let dead: Vec<String> = {
-            let mut mem = node.leader_mem.lock().expect("lock poisoned");
-            let now = Instant::now();
-            // Forget clients silent for two TTLs: their segments are expired
-            // by then (or they own none), so the entry no longer decides anything.
-            mem.heartbeats
-                .retain(|_, last| now.duration_since(*last) <= 2 * ttl);
-            owners
-                .into_iter()
-                .filter(|o| {
-                    let last = mem.heartbeats.get(o).copied().unwrap_or(mem.since);
-                    now.duration_since(last) > ttl
-                })
-                .collect()
-        };
-        let gone = node
-            .shared
-            .sm
-            .read()
-            .expect("state lock poisoned")
-            .state
-            .expired_segments(
-                crate::node::now_ms(),
-                node.config.expired_segment_grace.as_millis() as u64,
-            );
+        let dead = node.silent_owners(ttl);
+        let gone = node.state().expired_segments(
+            crate::node::now_ms(),
+            node.config().expired_segment_grace.as_millis() as u64,
+        );
         for segment_id in gone {
             match node.propose(None, Op::UnmountSegment { segment_id }).await {
                 Ok(_) => tracing::info!(
                     segment_id,
-                    grace = ?node.config.expired_segment_grace,
+                    grace = ?node.config().expired_segment_grace,
                     "expired segment not re-mounted within its grace; removed"
                 ),
                 Err(e) => {
@@ -267,13 +186,7 @@ async fn reclaim_loop(node: Arc<MasterNode>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let due = node
-            .shared
-            .sm
-            .read()
-            .expect("state lock poisoned")
-            .state
-            .has_reclaimable(now_ms());
+        let due = node.state().has_reclaimable(now_ms());
         if due {
             match node.propose(None, Op::ReclaimStalePuts).await {
                 Ok(Response::Count(n)) => tracing::info!(reclaimed = n, "reclaimed abandoned puts"),
@@ -288,8 +201,6 @@ async fn lease_sweep_loop(node: Arc<MasterNode>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        let now = Instant::now();
-        let mut mem = node.leader_mem.lock().expect("lock poisoned");
-        mem.leases.retain(|_, exp| *exp > now);
+        node.expire_leases();
     }
 }

@@ -5,6 +5,11 @@
 //! (leadership and membership), and the leader-only memory and background
 //! work (read leases, heartbeats, eviction, liveness, reclaim).
 //!
+//! The gRPC and HTTP layers (`service`, `cluster`, `http`) only validate and
+//! convert, then call `node::MasterNode`, whose fields are private: the
+//! lease, heartbeat and doom bookkeeping and the leadership transfer are its
+//! methods (or `node::LeaderMemory`'s), so no handler takes its locks.
+//!
 //! It must not decide metadata outside Raft: every change goes through a
 //! committed log entry. It never touches object bytes (the data plane is the
 //! stores' and clients'), and it keeps no wall-clock time or randomness out of

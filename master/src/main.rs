@@ -36,32 +36,7 @@ fn main() -> anyhow::Result<()> {
         // SIGHUP re-reads the token files (a rotation lists the new token
         // first and the old one second; see the README's Security section).
         let node = master.node.clone();
-        crescent_runtime::on_hangup(move || {
-            // The peer token only once the verifier took the files: a broken
-            // file must leave both as they were.
-            let reloaded = node
-                .verifier
-                .reload()
-                .and_then(|r| node.peer_token.reload().map(|_| r));
-            match reloaded {
-                Ok(true) => tracing::info!("SIGHUP: token files reloaded"),
-                Ok(false) => tracing::info!("SIGHUP: --insecure, no tokens to reload"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "SIGHUP: tokens not reloaded; the old ones stay")
-                }
-            }
-            if let Some(tls) = &node.serving_tls {
-                match tls.reload() {
-                    Ok(()) => tracing::info!(
-                        "SIGHUP: TLS certificate, key and CA reloaded for new connections"
-                    ),
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "SIGHUP: TLS files not reloaded; the ones in use stay"
-                    ),
-                }
-            }
-        });
+        crescent_runtime::on_hangup(move || node.reload_credentials());
         tokio::select! {
             r = master.wait() => {
                 r?;

@@ -1,20 +1,29 @@
 //! One master: its Raft node, the shared metadata state, and the leader's
 //! memory (read leases, heartbeats, access times) that is never replicated.
+//!
+//! Its fields are private: the gRPC and HTTP handlers and the leader loops
+//! ask it for what they need, so the lock order (state before leader memory)
+//! and the pairing of doom marks with their release live in one place.
+
+mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crescent_raft::eviction::{select_victims, should_evict, AccessInfo};
 use crescent_raft::lease::{lease_holds, LeaseClock};
-use crescent_raft::network::{ContactBook, GrpcNetworkFactory};
+use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
 use crescent_raft::sizing;
-use crescent_raft::state::{Command, Op, Origin};
-use crescent_raft::store::SharedState;
+use crescent_raft::state::{Command, MetaError, MetaState, ObjectView, Op, Origin};
+use crescent_raft::store::{SharedState, SmData};
 use crescent_raft::{BasicNode, NodeId, Raft, Response};
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ServerState, SnapshotPolicy};
-use tokio::sync::{mpsc, oneshot};
+use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
+use tokio::sync::futures::Notified;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{MasterConfig, ReadMode};
 
@@ -62,18 +71,18 @@ pub enum NodeError {
 }
 
 /// What the leader remembers that is not in the log. A new leader starts empty
-/// and compensates by waiting (see `LeaderMemory::grace`).
+/// and compensates by waiting (see `LeaderMemory::in_takeover_grace`).
 pub struct LeaderMemory {
-    pub since: Instant,
-    pub term: u64,
-    pub heartbeats: HashMap<String, Instant>,
-    pub leases: HashMap<String, Instant>,
-    pub last_access_ms: HashMap<String, u64>,
+    since: Instant,
+    term: u64,
+    heartbeats: HashMap<String, Instant>,
+    leases: HashMap<String, Instant>,
+    last_access_ms: HashMap<String, u64>,
     /// Keys about to be removed or evicted, with how many removals or
     /// evictions in flight claim each: reads treat them as gone so no new
     /// lease is granted on them meanwhile.
     doomed: HashMap<String, u32>,
-    pub seen_alloc_failures: u64,
+    seen_alloc_failures: u64,
 }
 
 impl LeaderMemory {
@@ -125,39 +134,167 @@ impl LeaderMemory {
     pub fn in_takeover_grace(&self, current_term: u64, lease_ttl: Duration) -> bool {
         self.term != current_term || self.since.elapsed() < lease_ttl
     }
+
+    /// How long ago this memory was reset (leadership gained).
+    pub fn leading_for(&self) -> Duration {
+        self.since.elapsed()
+    }
+
+    /// Read leases on `keys` until `until`, and their last access at
+    /// `access_ms` (Unix ms, what eviction orders by).
+    pub fn grant_leases<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a str>,
+        until: Instant,
+        access_ms: u64,
+    ) {
+        for k in keys {
+            self.leases.insert(k.to_string(), until);
+            self.last_access_ms.insert(k.to_string(), access_ms);
+        }
+    }
+
+    /// Forgets leases that ran out by `now` (an expired lease decides
+    /// nothing, but would stay in memory until the next election).
+    pub fn expire_leases(&mut self, now: Instant) {
+        self.leases.retain(|_, exp| *exp > now);
+    }
+
+    /// Splits the `keys` of a removal into those it must refuse, because a
+    /// reader may hold a lease on them (this leader leased them, another
+    /// removal or an eviction claims them, or `in_grace`: a predecessor's
+    /// leases are unknown), and those that go; `force` refuses none. The
+    /// keys that go are doomed until the removal is settled, and the caller
+    /// must [`undoom`](Self::undoom) exactly them then.
+    pub fn claim_for_removal(
+        &mut self,
+        keys: &[String],
+        force: bool,
+        in_grace: bool,
+        now: Instant,
+    ) -> (BTreeSet<String>, Vec<String>) {
+        let mut leased = BTreeSet::new();
+        let mut going = Vec::new();
+        for k in keys {
+            if !force && (in_grace || self.is_leased(k, now) || self.is_doomed(k)) {
+                leased.insert(k.clone());
+            } else {
+                going.push(k.clone());
+            }
+        }
+        self.doom(&going);
+        (leased, going)
+    }
+
+    /// What eviction may know of `key`: a key leased or doomed is not a
+    /// candidate.
+    pub fn access_info(&self, key: &str, now: Instant) -> AccessInfo {
+        AccessInfo {
+            leased: self.is_leased(key, now) || self.is_doomed(key),
+            last_access_ms: self.last_access_ms.get(key).copied(),
+        }
+    }
+
+    /// Forgets the access times of `keys` (evicted, or no longer there).
+    pub fn forget_access(&mut self, keys: &[String]) {
+        for k in keys {
+            self.last_access_ms.remove(k);
+        }
+    }
+
+    /// True when the state counts more failed allocations (`total`) than
+    /// the last eviction round saw: a put found no space since.
+    pub fn alloc_failures_unseen(&self, total: u64) -> bool {
+        total > self.seen_alloc_failures
+    }
+
+    /// Records the failed allocations an eviction round answered.
+    pub fn saw_alloc_failures(&mut self, total: u64) {
+        self.seen_alloc_failures = total;
+    }
+
+    /// Records that `client` was alive at `now`.
+    pub fn record_heartbeat(&mut self, client: &str, now: Instant) {
+        self.heartbeats.insert(client.to_string(), now);
+    }
+
+    /// Clients heard from within `ttl` before `now`.
+    pub fn active_clients(&self, ttl: Duration, now: Instant) -> usize {
+        self.heartbeats
+            .values()
+            .filter(|t| now.duration_since(**t) <= ttl)
+            .count()
+    }
+
+    /// Of `owners`, those not heard from within `ttl` before `now`; one
+    /// never heard from counts from when this memory was reset, so a new
+    /// leader gives every owner one TTL. Forgets clients silent for two TTLs
+    /// first: their segments are expired by then (or they own none), so the
+    /// entry no longer decides anything.
+    pub fn silent_owners(
+        &mut self,
+        owners: impl IntoIterator<Item = String>,
+        ttl: Duration,
+        now: Instant,
+    ) -> Vec<String> {
+        self.heartbeats
+            .retain(|_, last| now.duration_since(*last) <= 2 * ttl);
+        owners
+            .into_iter()
+            .filter(|o| {
+                let last = self.heartbeats.get(o).copied().unwrap_or(self.since);
+                now.duration_since(last) > ttl
+            })
+            .collect()
+    }
 }
 
+/// A read lock on the applied metadata state. Never hold it across an
+/// await; take it before the leader-memory lock when both are needed.
+pub struct StateRead<'a>(RwLockReadGuard<'a, SmData>);
+
+impl std::ops::Deref for StateRead<'_> {
+    type Target = MetaState;
+
+    fn deref(&self) -> &MetaState {
+        &self.0.state
+    }
+}
+
+/// Why a membership change was refused (openraft's own error).
+pub type MembershipError = RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>;
+
 pub struct MasterNode {
-    pub id: NodeId,
-    pub addr: String,
-    pub raft: Raft,
-    pub shared: Arc<SharedState>,
-    pub config: MasterConfig,
-    pub contacts: Arc<ContactBook>,
+    id: NodeId,
+    addr: String,
+    raft: Raft,
+    shared: Arc<SharedState>,
+    config: MasterConfig,
+    contacts: Arc<ContactBook>,
     /// Send times of AppendEntries the followers accepted: the read lease.
     lease_clock: Arc<LeaseClock>,
     /// The term in which a leadership transfer was last attempted here: no
     /// lease reads in it (the transfer lets a successor campaign; see
     /// `docs/lease-reads.md`).
     transfer_term: AtomicU64,
-    pub leader_mem: Mutex<LeaderMemory>,
+    leader_mem: Mutex<LeaderMemory>,
     /// Woken whenever doomed keys are taken back (or leader memory reset):
     /// lookups of a doomed key wait on it.
     doom_settled: tokio::sync::Notify,
     read_barrier: mpsc::UnboundedSender<oneshot::Sender<Result<(), NodeError>>>,
     /// Set while handing leadership over: writes are refused, naming the successor.
-    pub transferring_to: Mutex<Option<(NodeId, Instant)>>,
+    transferring_to: Mutex<Option<(NodeId, Instant)>>,
     /// etcd membership, when started with --etcd.
-    pub etcd: Option<Arc<crate::etcd::EtcdMembership>>,
-    pub counters: MasterMetrics,
+    etcd: Option<Arc<crate::etcd::EtcdMembership>>,
+    counters: MasterMetrics,
     /// Who may call what (token mode, or everything with `--insecure`).
-    pub verifier: Arc<crescent_auth::Verifier>,
+    verifier: Arc<crescent_auth::Verifier>,
     /// The cluster token this master presents to its peers.
-    pub peer_token: crescent_auth::BearerToken,
+    peer_token: crescent_auth::BearerToken,
     /// Mutual TLS (`--tls-*`): presented to the peers (read at start).
-    pub tls: Option<crescent_auth::tls::TlsFiles>,
+    tls: Option<crescent_auth::tls::TlsFiles>,
     /// What the gRPC and HTTP ports serve with `--tls-*` (re-read on SIGHUP).
-    pub serving_tls: Option<Arc<crescent_auth::tls::ServingTls>>,
+    serving_tls: Option<Arc<crescent_auth::tls::ServingTls>>,
 }
 
 pub fn now_ms() -> u64 {
@@ -287,6 +424,87 @@ impl MasterNode {
             }
         }
         Ok(node)
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The address peers and clients reach this master at.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
+    pub fn counters(&self) -> &MasterMetrics {
+        &self.counters
+    }
+
+    /// Who may call what: the gRPC gate and the admin HTTP routes ask it.
+    pub fn verifier(&self) -> &Arc<crescent_auth::Verifier> {
+        &self.verifier
+    }
+
+    /// What the gRPC and HTTP ports serve with `--tls-*`.
+    pub fn serving_tls(&self) -> Option<&Arc<crescent_auth::tls::ServingTls>> {
+        self.serving_tls.as_ref()
+    }
+
+    /// etcd membership, when started with --etcd.
+    pub fn etcd(&self) -> Option<&Arc<crate::etcd::EtcdMembership>> {
+        self.etcd.as_ref()
+    }
+
+    /// The applied metadata state, read-locked (see [`StateRead`]).
+    pub fn state(&self) -> StateRead<'_> {
+        StateRead(self.shared.sm.read().expect("state lock poisoned"))
+    }
+
+    /// The RaftService that serves this node's peers.
+    pub fn raft_service(&self) -> RaftGrpcServer {
+        RaftGrpcServer::new(self.raft.clone(), self.config.election_timeout_max)
+    }
+
+    /// Stops the Raft node; its storage is closed when this returns.
+    pub async fn shutdown(&self) -> Result<(), tokio::task::JoinError> {
+        self.raft.shutdown().await
+    }
+
+    /// Raft metrics as they change (the leader loops follow leadership with it).
+    pub fn metrics_watch(&self) -> watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>> {
+        self.raft.metrics()
+    }
+
+    /// SIGHUP: re-reads the token files and the TLS files served, each
+    /// keeping what it had when its files are broken.
+    pub fn reload_credentials(&self) {
+        // The peer token only once the verifier took the files: a broken
+        // file must leave both as they were.
+        let reloaded = self
+            .verifier
+            .reload()
+            .and_then(|r| self.peer_token.reload().map(|_| r));
+        match reloaded {
+            Ok(true) => tracing::info!("SIGHUP: token files reloaded"),
+            Ok(false) => tracing::info!("SIGHUP: --insecure, no tokens to reload"),
+            Err(e) => {
+                tracing::warn!(error = %e, "SIGHUP: tokens not reloaded; the old ones stay")
+            }
+        }
+        if let Some(tls) = &self.serving_tls {
+            match tls.reload() {
+                Ok(()) => tracing::info!(
+                    "SIGHUP: TLS certificate, key and CA reloaded for new connections"
+                ),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "SIGHUP: TLS files not reloaded; the ones in use stay"
+                ),
+            }
+        }
     }
 
     pub fn metrics(&self) -> openraft::RaftMetrics<NodeId, BasicNode> {
@@ -555,7 +773,7 @@ impl MasterNode {
 
     /// Called when this node starts handing leadership over: lease reads
     /// stop for the rest of the current term.
-    pub fn forgo_lease_this_term(&self) {
+    fn forgo_lease_this_term(&self) {
         self.transfer_term
             .store(self.current_term(), std::sync::atomic::Ordering::SeqCst);
     }
@@ -569,28 +787,229 @@ impl MasterNode {
     /// [`current_term`](Self::current_term) before locking) may still owe
     /// its predecessor's leases; see [`LeaderMemory::in_takeover_grace`].
     /// Decide lease verdicts under the same lock.
-    pub fn honours_predecessor_leases(&self, mem: &LeaderMemory, term: u64) -> bool {
+    fn honours_predecessor_leases(&self, mem: &LeaderMemory, term: u64) -> bool {
         !self.config.unsafe_forget_leases && mem.in_takeover_grace(term, self.config.lease_ttl)
     }
 
-    /// [`honours_predecessor_leases`](Self::honours_predecessor_leases) on
-    /// its own, for callers that decide nothing under the lock (tests).
+    /// Whether this leader may still owe its predecessor's leases (see
+    /// [`LeaderMemory::in_takeover_grace`]), for callers that decide nothing
+    /// under the leader-memory lock (tests).
     pub fn may_hold_predecessor_leases(&self) -> bool {
         let term = self.current_term();
         let mem = self.leader_mem.lock().expect("lock poisoned");
         self.honours_predecessor_leases(&mem, term)
     }
 
-    /// Grants read leases and records access, under the caller's lock on
-    /// leader memory (taken together with the lookup that found the keys).
-    pub fn grant_leases<'a>(&self, mem: &mut LeaderMemory, keys: impl Iterator<Item = &'a str>) {
-        let now = Instant::now();
-        let exp = now + self.config.lease_ttl;
-        let ms = now_ms();
-        for k in keys {
-            mem.leases.insert(k.to_string(), exp);
-            mem.last_access_ms.insert(k.to_string(), ms);
+    /// Reads leader memory, for callers that decide nothing under its lock
+    /// (tests, reports).
+    pub fn with_leader_memory<T>(&self, read: impl FnOnce(&LeaderMemory) -> T) -> T {
+        read(&self.leader_mem.lock().expect("lock poisoned"))
+    }
+
+    /// Looks `keys` up and leases those found, `answer` turning each lookup
+    /// into the reply; or None, with `settled` enabled under the same lock,
+    /// when a key is doomed (its removal or eviction is in flight; wait for
+    /// `settled` and ask again). The leases are granted before the lock is
+    /// let go: a removal that takes it next must see them (see
+    /// [`propose_remove`](Self::propose_remove)).
+    pub fn lookup_leasing<T>(
+        &self,
+        keys: &[String],
+        settled: Pin<&mut Notified<'_>>,
+        mut answer: impl FnMut(&MetaState, Result<ObjectView, MetaError>) -> T,
+    ) -> Option<Vec<T>> {
+        let mut found = Vec::new();
+        let sm = self.shared.sm.read().expect("state lock poisoned");
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        if keys.iter().any(|k| mem.is_doomed(k)) {
+            settled.enable();
+            return None;
         }
+        let answers = keys
+            .iter()
+            .map(|k| {
+                let looked = sm.state.lookup(k);
+                if looked.is_ok() {
+                    found.push(k.as_str());
+                }
+                answer(&sm.state, looked)
+            })
+            .collect();
+        let now = Instant::now();
+        mem.grant_leases(found, now + self.config.lease_ttl, now_ms());
+        Some(answers)
+    }
+
+    /// Records that `client` is alive (a heartbeat, or a fresh mount).
+    pub fn record_heartbeat(&self, client: &str) {
+        self.leader_mem
+            .lock()
+            .expect("lock poisoned")
+            .record_heartbeat(client, Instant::now());
+    }
+
+    /// A client's heartbeat, naming the segments it serves: whether it must
+    /// re-mount (one of them is gone, expired, or another client's). Only
+    /// owners' liveness is recorded (their segments expire without it);
+    /// recording every made-up client id grew leader memory without bound
+    /// (issue 11: 100 k ids, never pruned).
+    pub fn client_heartbeat(
+        &self,
+        client_id: &str,
+        segment_ids: &[u64],
+    ) -> Result<bool, NodeError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let (need_remount, owns_a_segment) = {
+            let state = self.state();
+            let need_remount = segment_ids.iter().any(|id| {
+                state
+                    .segments
+                    .get(id)
+                    .is_none_or(|s| s.owner != client_id || !s.is_live())
+            });
+            let owns = state.segments.values().any(|s| s.owner == client_id);
+            (need_remount, owns)
+        };
+        if owns_a_segment {
+            self.record_heartbeat(client_id);
+        }
+        Ok(need_remount)
+    }
+
+    /// Clients heard from within `--client-ttl`.
+    pub fn active_clients(&self) -> usize {
+        let mem = self.leader_mem.lock().expect("lock poisoned");
+        mem.active_clients(self.config.client_ttl, Instant::now())
+    }
+
+    /// Owners of live segments not heard from within `ttl` (see
+    /// [`LeaderMemory::silent_owners`]).
+    pub fn silent_owners(&self, ttl: Duration) -> Vec<String> {
+        let owners: BTreeSet<String> = {
+            let state = self.state();
+            state
+                .segments
+                .values()
+                .filter(|s| s.is_live())
+                .map(|s| s.owner.clone())
+                .collect()
+        };
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        mem.silent_owners(owners, ttl, Instant::now())
+    }
+
+    /// How long this node has led (since its leader memory was reset).
+    pub fn leading_for(&self) -> Duration {
+        self.leader_mem.lock().expect("lock poisoned").leading_for()
+    }
+
+    /// Forgets the read leases that ran out.
+    pub fn expire_leases(&self) {
+        let now = Instant::now();
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        mem.expire_leases(now);
+    }
+
+    /// Removes `keys` (at least one). Without `force`, keys that may be under
+    /// a read lease are refused: those this leader leased, those another
+    /// remove or an eviction is about to take, and every key during the
+    /// first lease TTL of a new leader (its predecessor's leases are unknown
+    /// to it). The verdict is proposed with the keys, never answered before
+    /// proposing: a retry of this request must get the answer of its first
+    /// attempt, which only the replicated dedup table knows (the first
+    /// attempt may still be in flight here, or have been proposed by a
+    /// previous leader).
+    ///
+    /// Keys that will go are marked doomed until the entry's fate is known
+    /// (even if this call is cancelled or times out first): lookups of them
+    /// wait until then, so none leases an object whose space is about to be
+    /// freed, nor answers "not found" for a removal that does not happen (a
+    /// retry that dedup answers, or a refusal). The state machine keeps a
+    /// removed object's space unallocated for a lease TTL, for readers
+    /// leased before.
+    pub async fn propose_remove(
+        self: &Arc<Self>,
+        origin: Option<Origin>,
+        keys: Vec<String>,
+        force: bool,
+    ) -> Result<Response, NodeError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let (leased, doomed_here) = {
+            let term = self.current_term();
+            let mut mem = self.leader_mem.lock().expect("lock poisoned");
+            let in_grace = self.honours_predecessor_leases(&mem, term);
+            mem.claim_for_removal(&keys, force, in_grace, Instant::now())
+        };
+        let hold_ms = if self.config.unsafe_forget_leases {
+            0
+        } else {
+            self.config.lease_ttl.as_millis() as u64
+        };
+        let op = Op::Remove {
+            keys,
+            force,
+            leased,
+            hold_ms,
+        };
+        self.propose_settled(origin, op, move |node, _| node.undoom(&doomed_here))
+            .await
+    }
+
+    /// The keys one eviction round takes, doomed until
+    /// [`settle_eviction`](Self::settle_eviction), with the state's count of
+    /// failed allocations; None when no round is due: the pool is below its
+    /// watermark with no failed put since the last round, or a predecessor's
+    /// leases may still be in force.
+    pub fn claim_eviction_victims(&self) -> Option<(Vec<String>, u64)> {
+        let term = self.current_term();
+        let sm = self.shared.sm.read().expect("state lock poisoned");
+        let state = &sm.state;
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        // Leases granted by the previous leader may still be in force.
+        if self.honours_predecessor_leases(&mem, term) {
+            return None;
+        }
+        let failure_seen = mem.alloc_failures_unseen(state.alloc_failures);
+        if !should_evict(state, self.config.eviction_high_watermark, failure_seen) {
+            return None;
+        }
+        let now = Instant::now();
+        let now_ms = now_ms();
+        let mut victims = select_victims(state, now_ms, self.config.eviction_ratio, |k| {
+            mem.access_info(k, now)
+        });
+        // One log entry per round: the rest is chosen again next round.
+        victims = sizing::chunk_keys(victims, sizing::ENTRY_KEY_BUDGET)
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        mem.doom(&victims);
+        Some((victims, state.alloc_failures))
+    }
+
+    /// Settles an eviction of `chosen` (by
+    /// [`claim_eviction_victims`](Self::claim_eviction_victims)) once its
+    /// entry's fate is known: forgets their access times and takes back
+    /// their doom marks.
+    pub fn settle_eviction(&self, chosen: &[String]) {
+        self.leader_mem
+            .lock()
+            .expect("lock poisoned")
+            .forget_access(chosen);
+        self.undoom(chosen);
+    }
+
+    /// Records the failed allocations an eviction round answered (`total`,
+    /// from [`claim_eviction_victims`](Self::claim_eviction_victims)).
+    pub fn saw_alloc_failures(&self, total: u64) {
+        self.leader_mem
+            .lock()
+            .expect("lock poisoned")
+            .saw_alloc_failures(total);
     }
 
     /// Resets leader memory when this node gains leadership in a new term.
@@ -606,6 +1025,13 @@ impl MasterNode {
         self.doom_settled.notify_waiters();
     }
 
+    /// Marks `keys` doomed as a removal in flight does; each mark is taken
+    /// back by one [`undoom`](Self::undoom). Tests hold a removal's place
+    /// with it.
+    pub fn doom(&self, keys: &[String]) {
+        self.leader_mem.lock().expect("lock poisoned").doom(keys);
+    }
+
     /// Takes back one doom mark on each of `keys` and wakes the lookups
     /// waiting for them.
     pub fn undoom(&self, keys: &[String]) {
@@ -613,11 +1039,72 @@ impl MasterNode {
         self.doom_settled.notify_waiters();
     }
 
-    /// A wake-up for the next [`undoom`](Self::undoom). Create it while
-    /// holding the leader-memory lock under which a doomed key was seen, and
-    /// `enable` it before letting go, so no wake-up is missed.
-    pub fn doom_settled(&self) -> tokio::sync::futures::Notified<'_> {
+    /// A wake-up for the next [`undoom`](Self::undoom). Create it before
+    /// [`lookup_leasing`](Self::lookup_leasing), which enables it under the
+    /// leader-memory lock where it saw a doomed key, so no wake-up is missed.
+    pub fn doom_settled(&self) -> Notified<'_> {
         self.doom_settled.notified()
+    }
+
+    /// Members (learners too) and voters, from one view of the membership.
+    pub fn members_and_voters(&self) -> (BTreeSet<NodeId>, BTreeSet<NodeId>) {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let mem = m.membership_config.membership();
+        (
+            mem.nodes().map(|(id, _)| *id).collect(),
+            mem.voter_ids().collect(),
+        )
+    }
+
+    /// How long ago this node last heard from peer `id`, if ever.
+    pub fn last_contact(&self, id: NodeId) -> Option<Duration> {
+        self.contacts.since(id)
+    }
+
+    /// Adds `id` at `addr` as a learner and waits until it has caught up.
+    pub async fn add_learner(&self, id: NodeId, addr: String) -> Result<(), MembershipError> {
+        self.raft
+            .add_learner(id, BasicNode { addr }, true)
+            .await
+            .map(|_| ())
+    }
+
+    /// Makes learner `id` a voter.
+    pub async fn promote_to_voter(&self, id: NodeId) -> Result<(), MembershipError> {
+        self.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
+            .await
+    }
+
+    /// Removes voter `id` from the voters and the members.
+    pub async fn remove_voter(&self, id: NodeId) -> Result<(), MembershipError> {
+        self.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])))
+            .await
+    }
+
+    /// Removes `id`, a learner, from the members.
+    pub async fn remove_learner(&self, id: NodeId) -> Result<(), MembershipError> {
+        self.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])))
+            .await
+    }
+
+    async fn change_membership(
+        &self,
+        change: ChangeMembers<NodeId, BasicNode>,
+    ) -> Result<(), MembershipError> {
+        self.raft.change_membership(change, false).await.map(|_| ())
+    }
+
+    /// Starts an election after `wait` (a leader handing over asked for
+    /// it), without waiting for it.
+    pub fn campaign_after(&self, wait: Duration) {
+        let raft = self.raft.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "could not start the election");
+            }
+        });
     }
 
     /// Voter ids of the current membership.
@@ -702,5 +1189,105 @@ mod leader_memory_tests {
             "another term's memory"
         );
         assert!(!mem.in_takeover_grace(5, Duration::ZERO));
+    }
+
+    fn keys(ks: &[&str]) -> Vec<String> {
+        ks.iter().map(|k| k.to_string()).collect()
+    }
+
+    #[test]
+    fn leases_run_out_and_the_sweep_forgets_only_expired_ones() {
+        let mut mem = LeaderMemory::new(1, 0);
+        let now = Instant::now();
+        mem.grant_leases(["short"], now + Duration::from_secs(1), 42);
+        mem.grant_leases(["long"], now + Duration::from_secs(60), 43);
+        assert!(mem.is_leased("short", now));
+        assert!(!mem.is_leased("short", now + Duration::from_secs(2)));
+        assert_eq!(mem.access_info("short", now).last_access_ms, Some(42));
+        mem.expire_leases(now + Duration::from_secs(2));
+        assert_eq!(mem.leases.len(), 1);
+        assert!(mem.is_leased("long", now + Duration::from_secs(2)));
+        // The access time outlives the lease: eviction still orders by it.
+        assert_eq!(mem.access_info("short", now).last_access_ms, Some(42));
+    }
+
+    #[test]
+    fn a_removal_refuses_keys_that_may_be_leased_and_dooms_the_rest() {
+        let mut mem = LeaderMemory::new(1, 0);
+        let now = Instant::now();
+        mem.grant_leases(["leased"], now + Duration::from_secs(60), 1);
+        mem.doom(&keys(&["doomed"]));
+        let (refused, going) =
+            mem.claim_for_removal(&keys(&["leased", "doomed", "free"]), false, false, now);
+        assert_eq!(
+            refused,
+            keys(&["leased", "doomed"])
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+        );
+        assert_eq!(going, keys(&["free"]));
+        assert!(mem.is_doomed("free"));
+        // The refusal added no mark: one undoom settles the earlier claim.
+        mem.undoom(&keys(&["doomed"]));
+        assert!(!mem.is_doomed("doomed"));
+
+        let (refused, going) = mem.claim_for_removal(&keys(&["other"]), false, true, now);
+        assert!(refused.contains("other") && going.is_empty(), "in grace");
+        assert!(!mem.is_doomed("other"));
+
+        let (refused, going) = mem.claim_for_removal(&keys(&["leased", "other"]), true, true, now);
+        assert!(refused.is_empty(), "force refuses nothing");
+        assert_eq!(going, keys(&["leased", "other"]));
+        assert!(mem.is_doomed("leased") && mem.is_doomed("other"));
+    }
+
+    #[test]
+    fn eviction_passes_over_leased_and_doomed_keys_and_forgets_access() {
+        let mut mem = LeaderMemory::new(1, 0);
+        let now = Instant::now();
+        mem.grant_leases(["leased"], now + Duration::from_secs(60), 7);
+        mem.grant_leases(["read-once"], now, 8);
+        mem.doom(&keys(&["doomed"]));
+        assert!(mem.access_info("leased", now).leased);
+        assert!(mem.access_info("doomed", now).leased);
+        let free = mem.access_info("read-once", now);
+        assert!(!free.leased);
+        assert_eq!(free.last_access_ms, Some(8));
+        mem.forget_access(&keys(&["read-once"]));
+        assert_eq!(mem.access_info("read-once", now).last_access_ms, None);
+    }
+
+    #[test]
+    fn alloc_failures_count_once_per_round() {
+        let mut mem = LeaderMemory::new(1, 3);
+        assert!(!mem.alloc_failures_unseen(3));
+        assert!(mem.alloc_failures_unseen(4));
+        mem.saw_alloc_failures(4);
+        assert!(!mem.alloc_failures_unseen(4));
+    }
+
+    #[test]
+    fn heartbeats_decide_who_is_active_and_who_is_silent() {
+        let mut mem = LeaderMemory::new(1, 0);
+        let ttl = Duration::from_secs(10);
+        let t0 = mem.since;
+        assert!(
+            mem.silent_owners(keys(&["never"]), ttl, t0 + Duration::from_secs(1))
+                .is_empty(),
+            "a new leader gives every owner one TTL"
+        );
+        mem.record_heartbeat("a", t0);
+        mem.record_heartbeat("b", t0 + Duration::from_secs(5));
+        let now = t0 + Duration::from_secs(12);
+        assert_eq!(mem.active_clients(ttl, now), 1);
+        assert_eq!(
+            mem.silent_owners(keys(&["a", "b", "never"]), ttl, now),
+            keys(&["a", "never"])
+        );
+        // Two TTLs after its last heartbeat a client is forgotten.
+        let later = t0 + Duration::from_secs(25);
+        mem.silent_owners(Vec::new(), ttl, later);
+        assert!(!mem.heartbeats.contains_key("a"));
+        assert!(mem.heartbeats.contains_key("b"));
     }
 }

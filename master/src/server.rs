@@ -7,7 +7,7 @@ use std::time::Duration;
 use crescent_proto::pb::cluster_service_server::ClusterServiceServer;
 use crescent_proto::pb::master_service_server::MasterServiceServer;
 use crescent_proto::pb::raft_service_server::RaftServiceServer;
-use crescent_raft::network::{RaftGrpcServer, MAX_RAFT_MESSAGE_BYTES};
+use crescent_raft::network::MAX_RAFT_MESSAGE_BYTES;
 use tokio::net::TcpListener;
 
 use crate::cluster::ClusterApi;
@@ -34,17 +34,14 @@ pub async fn serve(
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
     let cluster = ClusterServiceServer::new(ClusterApi::new(node.clone()));
-    let raft = RaftServiceServer::new(RaftGrpcServer::new(
-        node.raft.clone(),
-        node.config.election_timeout_max,
-    ))
-    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+    let raft = RaftServiceServer::new(node.raft_service())
+        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
     // At most --max-connections connections, silent ones closed (issue 11:
     // idle connections exhausted the leader's file descriptors).
     let incoming = CappedListener::new(
         listener,
-        node.config.max_connections,
+        node.config().max_connections,
         conn_limit::GRPC_IDLE_TIMEOUT,
     );
     let router = tonic::transport::Server::builder()
@@ -58,11 +55,11 @@ pub async fn serve(
         .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
         // Before any service: each method's role (issue 13: without it an
         // outsider could wipe keys, forge Raft traffic and take over).
-        .layer(crate::auth_layer::AuthLayer::new(node.verifier.clone()))
+        .layer(crate::auth_layer::AuthLayer::new(node.verifier().clone()))
         .add_service(master)
         .add_service(cluster)
         .add_service(raft);
-    match &node.serving_tls {
+    match node.serving_tls() {
         None => {
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
@@ -117,8 +114,8 @@ impl RunningMaster {
             conn_limit::HTTP_IDLE_TIMEOUT,
         );
         let https = node
-            .serving_tls
-            .clone()
+            .serving_tls()
+            .cloned()
             .map(|tls| -> conn_limit::TlsSource { Arc::new(move || tls.http_acceptor()) });
         let scheme = if https.is_some() { "https" } else { "http" };
         let http = tokio::spawn(conn_limit::serve_http(
@@ -149,7 +146,7 @@ impl RunningMaster {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        let _ = self.node.raft.shutdown().await;
+        let _ = self.node.shutdown().await;
         self.watch.abort();
         self.http.abort();
         let _ = (&mut self.server).await;

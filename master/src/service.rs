@@ -1,8 +1,9 @@
 //! `MasterService`: validates requests, turns writes into Raft commands, and
-//! serves linearizable reads with read leases from the leader.
+//! serves linearizable reads from the leader. What a read leases, a removal
+//! refuses and a heartbeat records is the node's to decide
+//! ([`MasterNode`]): a handler converts and makes one call.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use crescent_auth::capability::{Access, Capability, SegmentKey, SEGMENT_KEY_LEN};
 use crescent_proto::pb::{self, master_service_server::MasterService};
@@ -143,7 +144,7 @@ impl MasterApi {
     /// RemoveAll for the admin HTTP endpoint; returns the number removed.
     pub async fn remove_all_admin(&self, force: bool) -> Result<u64, pb::Status> {
         let header = pb::RequestHeader {
-            client_id: format!("admin-http-{}", self.node.id),
+            client_id: format!("admin-http-{}", self.node.id()),
             request_seq: crate::node::now_ms() * 1000 + (rand::random::<u16>() % 1000) as u64,
         };
         let keys = self.matching_keys(|_| true).await?;
@@ -154,13 +155,13 @@ impl MasterApi {
         if key.is_empty() {
             return Err(invalid(ErrorCode::InvalidKey, "key is empty"));
         }
-        if key.len() > self.node.config.max_key_len {
+        if key.len() > self.node.config().max_key_len {
             return Err(invalid(
                 ErrorCode::InvalidKey,
                 format!(
                     "key of {} bytes exceeds the limit of {} bytes",
                     key.len(),
-                    self.node.config.max_key_len
+                    self.node.config().max_key_len
                 ),
             ));
         }
@@ -210,15 +211,14 @@ impl MasterApi {
             // A follower answers NOT_LEADER when it proposes; its view may lag.
             return Ok(());
         }
-        let sm = self.node.shared.sm.read().expect("state lock poisoned");
-        let state = &sm.state;
+        let state = self.node.state();
         if state.segment_by_name(name).is_some() {
             return Ok(());
         }
-        let cfg = &self.node.config;
+        let cfg = self.node.config();
         let refused = || {
             self.node
-                .counters
+                .counters()
                 .quota_rejections_segments
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         };
@@ -264,8 +264,7 @@ impl MasterApi {
             // A follower answers NOT_LEADER when it proposes; its view may lag.
             return Ok(());
         }
-        let sm = self.node.shared.sm.read().expect("state lock poisoned");
-        let state = &sm.state;
+        let state = self.node.state();
         let applied = state
             .dedup
             .get(&origin.client_id)
@@ -274,7 +273,7 @@ impl MasterApi {
             return Ok(());
         }
         let held = state.writer_usage(&origin.client_id);
-        let cfg = &self.node.config;
+        let cfg = self.node.config();
         // Only keys the state does not hold yet: a put of an existing key
         // adds nothing (and answers "already exists", which a client counts
         // as success), so it must not be refused at the limit.
@@ -286,7 +285,7 @@ impl MasterApi {
             n += 1;
             key_bytes += key.len() as u64;
         }
-        let m = &self.node.counters;
+        let m = self.node.counters();
         let quotas = [
             (
                 held.objects,
@@ -373,7 +372,7 @@ impl MasterApi {
     }
 
     fn policy(&self) -> PutPolicy {
-        let c = &self.node.config;
+        let c = self.node.config();
         PutPolicy {
             discard_after_ms: c.put_start_discard_timeout.as_millis() as u64,
             release_after_ms: c.put_start_release_timeout.as_millis() as u64,
@@ -392,7 +391,7 @@ impl MasterApi {
             return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
         }
         self.node
-            .counters
+            .counters()
             .put_start_requests
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
@@ -415,15 +414,11 @@ impl MasterApi {
                 // A write grant lasts as long as the put may: past the
                 // discard timeout another put may take the key over.
                 let terms =
-                    GrantTerms::new(Access::Write, self.node.config.put_start_discard_timeout);
-                let sm = self.node.shared.sm.read().expect("state lock poisoned");
+                    GrantTerms::new(Access::Write, self.node.config().put_start_discard_timeout);
+                let state = self.node.state();
                 Ok(v.into_iter()
                     .map(|r| {
-                        r.map(|reps| {
-                            reps.iter()
-                                .map(|x| replica_pb(&sm.state, x, terms))
-                                .collect()
-                        })
+                        r.map(|reps| reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
                     })
                     .collect())
             }
@@ -466,13 +461,13 @@ impl MasterApi {
         items: Vec<(String, u32, PutId)>,
     ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
         self.node
-            .counters
+            .counters()
             .put_end_requests
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
         let n = items.len();
         let op = Op::PutEndNamed { items };
-        if self.node.config.unsafe_ack_before_commit {
+        if self.node.config().unsafe_ack_before_commit {
             return self.put_end_unsafely(header, n, op);
         }
         self.item_op(header, n, op).await
@@ -518,7 +513,7 @@ impl MasterApi {
         force: bool,
     ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
         self.node
-            .counters
+            .counters()
             .remove_requests
             .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(keys.iter().map(String::as_str))?;
@@ -528,22 +523,8 @@ impl MasterApi {
         self.remove_keys(header, keys, force).await
     }
 
-    /// Removes keys. Without force, keys that may be under a read lease are
-    /// refused: those this leader leased, those another remove or an eviction
-    /// is about to take, and every key during the first lease TTL of a new
-    /// leader (its predecessor's leases are unknown to it). The verdict is
-    /// proposed with the keys, never answered before proposing: a retry of
-    /// this request must get the answer of its first attempt, which only the
-    /// replicated dedup table knows (the first attempt may still be in
-    /// flight here, or have been proposed by a previous leader).
-    ///
-    /// Keys that will go are marked doomed until the entry's fate is known
-    /// (even if this call is cancelled or times out first): lookups of them
-    /// wait until then, so none leases an object whose space is about to be
-    /// freed, nor answers "not found" for a removal that does not happen (a
-    /// retry that dedup answers, or a refusal). The state machine keeps a
-    /// removed object's space unallocated for a lease TTL, for readers
-    /// leased before.
+    /// Removes keys; which ones a removal refuses, and why, is
+    /// [`MasterNode::propose_remove`]'s.
     async fn remove_keys(
         &self,
         header: Option<pb::RequestHeader>,
@@ -589,42 +570,8 @@ impl MasterApi {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        if !self.node.is_leader() {
-            return Err(node_status(&self.node.not_leader()));
-        }
-        let mut leased = std::collections::BTreeSet::new();
-        let mut doomed_here = Vec::new();
-        {
-            let term = self.node.current_term();
-            let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
-            let in_grace = self.node.honours_predecessor_leases(&mem, term);
-            let now = Instant::now();
-            for k in &keys {
-                if !force && (in_grace || mem.is_leased(k, now) || mem.is_doomed(k)) {
-                    leased.insert(k.clone());
-                } else {
-                    doomed_here.push(k.clone());
-                }
-            }
-            mem.doom(&doomed_here);
-        }
         let n = keys.len();
-        let hold_ms = if self.node.config.unsafe_forget_leases {
-            0
-        } else {
-            self.node.config.lease_ttl.as_millis() as u64
-        };
-        let op = Op::Remove {
-            keys,
-            force,
-            leased,
-            hold_ms,
-        };
-        let outcome = self
-            .node
-            .propose_settled(origin, op, move |node, _| node.undoom(&doomed_here))
-            .await;
-        match outcome {
+        match self.node.propose_remove(origin, keys, force).await {
             Ok(Response::Items(v)) if v.len() == n => Ok(v),
             Ok(Response::Rejected(e)) => Err(meta_status(&e)),
             Ok(other) => Err(unexpected(&other)),
@@ -639,7 +586,7 @@ impl MasterApi {
         keys: &[String],
     ) -> Result<Vec<pb::GetReplicaListResponse>, pb::Status> {
         self.node
-            .counters
+            .counters()
             .get_replica_list_requests
             .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.lookup(keys).await
@@ -652,8 +599,8 @@ impl MasterApi {
             .linearizable_read()
             .await
             .map_err(|e| node_status(&e))?;
-        let lease_ms = self.node.config.lease_ttl.as_millis() as u64;
-        let deadline = tokio::time::Instant::now() + self.node.config.write_timeout;
+        let lease_ms = self.node.config().lease_ttl.as_millis() as u64;
+        let deadline = tokio::time::Instant::now() + self.node.config().write_timeout;
         loop {
             // A doomed key's removal or eviction is in flight: wait for its
             // fate rather than guess it (answering "not found" for a removal
@@ -680,48 +627,32 @@ impl MasterApi {
         lease_ms: u64,
         settled: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
     ) -> Option<Vec<pb::GetReplicaListResponse>> {
-        let mut found = Vec::new();
         // A read grant lasts as long as the read lease that keeps the bytes.
         let terms = GrantTerms::new(Access::Read, std::time::Duration::from_millis(lease_ms));
-        let sm = self.node.shared.sm.read().expect("state lock poisoned");
-        let mut mem = self.node.leader_mem.lock().expect("lock poisoned");
-        if keys.iter().any(|k| mem.is_doomed(k)) {
-            settled.enable();
-            return None;
-        }
-        let answers: Vec<pb::GetReplicaListResponse> = keys
-            .iter()
-            .map(|k| match sm.state.lookup(k) {
-                Ok(view) => {
-                    found.push(k.as_str());
-                    pb::GetReplicaListResponse {
-                        status: Some(pb::Status::ok()),
-                        replicas: view
-                            .replicas
-                            .iter()
-                            .map(|r| replica_pb(&sm.state, r, terms))
-                            .collect(),
-                        size: view.size,
-                        checksum: view.checksum,
-                        lease_ttl_ms: lease_ms,
-                    }
-                }
+        self.node
+            .lookup_leasing(keys, settled, |state, looked| match looked {
+                Ok(view) => pb::GetReplicaListResponse {
+                    status: Some(pb::Status::ok()),
+                    replicas: view
+                        .replicas
+                        .iter()
+                        .map(|r| replica_pb(state, r, terms))
+                        .collect(),
+                    size: view.size,
+                    checksum: view.checksum,
+                    lease_ttl_ms: lease_ms,
+                },
                 Err(e) => pb::GetReplicaListResponse {
                     status: Some(meta_status(&e)),
                     ..Default::default()
                 },
             })
-            .collect();
-        // Granted before the lock is let go: a remove that takes it next
-        // must see these leases (see `remove_keys`).
-        self.node.grant_leases(&mut mem, found.into_iter());
-        Some(answers)
     }
 
     /// Exist of `keys`: the core of Exist and BatchExist.
     async fn exists(&self, keys: &[String]) -> Result<Vec<pb::ExistResponse>, pb::Status> {
         self.node
-            .counters
+            .counters()
             .exist_requests
             .fetch_add(keys.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let looked = self.lookup(keys).await?;
@@ -754,14 +685,8 @@ impl MasterApi {
             .linearizable_read()
             .await
             .map_err(|e| node_status(&e))?;
-        let sm = self.node.shared.sm.read().expect("state lock poisoned");
-        Ok(sm
-            .state
-            .objects
-            .keys()
-            .filter(|k| pred(k))
-            .cloned()
-            .collect())
+        let state = self.node.state();
+        Ok(state.objects.keys().filter(|k| pred(k)).cloned().collect())
     }
 }
 
@@ -1071,7 +996,7 @@ impl MasterService for MasterApi {
     ) -> Rpc<pb::MountSegmentResponse> {
         let r = request.into_inner();
         self.node
-            .counters
+            .counters()
             .mount_requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let fail = |s| {
@@ -1129,12 +1054,7 @@ impl MasterService for MasterApi {
         match self.node.propose(Some(origin), op).await {
             Ok(Response::Mounted(Ok(id))) => {
                 // A fresh mount counts as a heartbeat.
-                self.node
-                    .leader_mem
-                    .lock()
-                    .expect("lock poisoned")
-                    .heartbeats
-                    .insert(owner.clone(), Instant::now());
+                self.node.record_heartbeat(&owner);
                 tracing::info!(
                     segment_id = id,
                     name = seg.name,
@@ -1164,8 +1084,8 @@ impl MasterService for MasterApi {
             Err(s) => return fail(s),
         };
         let allowed = {
-            let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            sm.state.segments.get(&r.segment_id).map(|s| {
+            let state = self.node.state();
+            state.segments.get(&r.segment_id).map(|s| {
                 // Its owner, proving it with the key it mounted with (a
                 // segment from an older log entry has none to prove).
                 s.owner == origin.client_id
@@ -1214,7 +1134,7 @@ impl MasterService for MasterApi {
     ) -> Rpc<pb::HeartbeatResponse> {
         let r = request.into_inner();
         self.node
-            .counters
+            .counters()
             .heartbeat_requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if r.client_id.is_empty() || r.client_id.len() > MAX_CLIENT_ID_LEN {
@@ -1226,34 +1146,15 @@ impl MasterService for MasterApi {
                 result: 0,
             });
         }
-        if !self.node.is_leader() {
-            return ok(pb::HeartbeatResponse {
-                status: Some(node_status(&self.node.not_leader())),
-                result: 0,
-            });
-        }
-        let (need_remount, owns_a_segment) = {
-            let sm = self.node.shared.sm.read().expect("state lock poisoned");
-            let need_remount = r.segment_ids.iter().any(|id| {
-                sm.state
-                    .segments
-                    .get(id)
-                    .is_none_or(|s| s.owner != r.client_id || !s.is_live())
-            });
-            let owns = sm.state.segments.values().any(|s| s.owner == r.client_id);
-            (need_remount, owns)
+        let need_remount = match self.node.client_heartbeat(&r.client_id, &r.segment_ids) {
+            Ok(need) => need,
+            Err(e) => {
+                return ok(pb::HeartbeatResponse {
+                    status: Some(node_status(&e)),
+                    result: 0,
+                })
+            }
         };
-        // Only owners' liveness matters (their segments expire without it);
-        // recording every made-up client id grew leader memory without
-        // bound (issue 11: 100 k ids, never pruned).
-        if owns_a_segment {
-            self.node
-                .leader_mem
-                .lock()
-                .expect("lock poisoned")
-                .heartbeats
-                .insert(r.client_id.clone(), Instant::now());
-        }
         ok(pb::HeartbeatResponse {
             status: Some(pb::Status::ok()),
             result: if need_remount {

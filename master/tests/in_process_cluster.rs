@@ -224,7 +224,7 @@ async fn elect_write_fail_over_and_catch_up() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let rejoined = cluster.nodes[leader].as_ref().unwrap();
-        let count = rejoined.node.shared.sm.read().unwrap().state.objects.len();
+        let count = rejoined.node.state().objects.len();
         if count == 260 && !rejoined.node.is_leader() {
             break;
         }
@@ -247,17 +247,7 @@ async fn elect_write_fail_over_and_catch_up() {
         let states: Vec<_> = cluster
             .nodes
             .iter()
-            .map(|n| {
-                n.as_ref()
-                    .unwrap()
-                    .node
-                    .shared
-                    .sm
-                    .read()
-                    .unwrap()
-                    .state
-                    .clone()
-            })
+            .map(|n| crescent_raft::state::MetaState::clone(&n.as_ref().unwrap().node.state()))
             .collect();
         if states.windows(2).all(|w| w[0] == w[1]) {
             break;
@@ -383,8 +373,8 @@ async fn a_new_leader_honours_its_predecessors_leases() {
     // (Not `client.exists`: a lookup grants a lease of its own.)
     let exists = |c: &Cluster| {
         let node = &c.nodes[new_leader].as_ref().unwrap().node;
-        let sm = node.shared.sm.read().unwrap();
-        sm.state.exists("leased")
+        let state = node.state();
+        state.exists("leased")
     };
     assert!(exists(&cluster));
     // Once a lease TTL has passed since the takeover, it may go.
@@ -407,8 +397,8 @@ async fn a_cancelled_remove_does_not_leave_its_key_unreadable() {
     let (client, leader, mut raw) = settled_cluster_client(&cluster).await;
     let in_state = |key: &str| {
         let node = &cluster.nodes[leader].as_ref().unwrap().node;
-        let sm = node.shared.sm.read().unwrap();
-        sm.state.exists(key)
+        let state = node.state();
+        state.exists(key)
     };
     let mut applied = 0;
     for (i, micros) in [200u64, 500, 1_000, 2_000, 5_000, 10_000]
@@ -457,7 +447,7 @@ async fn a_lookup_waits_for_an_in_flight_removal_instead_of_guessing() {
     let node = cluster.nodes[leader].as_ref().unwrap().node.clone();
     let key = vec!["k".to_string()];
     // What `remove_keys` does while its entry is in flight.
-    node.leader_mem.lock().unwrap().doom(&key);
+    node.doom(&key);
     let reader = MasterClient::new(&cluster.addrs()).unwrap();
     let lookup = tokio::spawn(async move { reader.get_replica_list("k").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -518,8 +508,8 @@ async fn fail_over_with_a_leased_object_over_the_watermark(
 
 fn holds(cluster: &Cluster, i: usize, key: &str) -> bool {
     let node = &cluster.nodes[i].as_ref().unwrap().node;
-    let sm = node.shared.sm.read().unwrap();
-    sm.state.exists(key)
+    let state = node.state();
+    state.exists(key)
 }
 
 /// The eviction twin of `a_new_leader_honours_its_predecessors_leases`: a

@@ -2,7 +2,9 @@
 //! RPC is its batch core with one item, so what the core counts, checks and
 //! switches on applies to both (issue 14: BatchExist did not count
 //! `exist_requests`, only single Remove counted `remove_requests`, and
-//! `--unsafe-ack-before-commit` acted on single PutEnd only).
+//! `--unsafe-ack-before-commit` acted on single PutEnd only). Also the
+//! node's lease, heartbeat and doom bookkeeping, which the handlers reach
+//! through one method each (issue 14: it was handler code).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -10,9 +12,12 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use crescent_client::MasterClient;
 use crescent_master::config::MasterConfig;
+use crescent_master::node::MasterNode;
 use crescent_master::server::RunningMaster;
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
+use crescent_raft::state::MetaError;
+use crescent_raft::Response;
 use tokio::net::TcpListener;
 
 async fn one_master(dir: &std::path::Path, extra: &[&str]) -> (RunningMaster, MasterClient) {
@@ -93,7 +98,7 @@ fn owned(keys: &[&str]) -> Vec<String> {
 async fn single_and_batch_rpcs_are_counted_alike() {
     let dir = tempfile::TempDir::new().unwrap();
     let (master, client) = one_master(dir.path(), &[]).await;
-    let counters = &master.node.counters;
+    let counters = master.node.counters();
     let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
 
     client.put_start("a", 64, one_replica()).await.unwrap();
@@ -130,7 +135,7 @@ async fn single_and_batch_rpcs_are_counted_alike() {
     assert_eq!(count(&counters.remove_requests), 3);
 
     // A single key's error names no item; a batch's names the item.
-    let long = "k".repeat(master.node.config.max_key_len + 1);
+    let long = "k".repeat(master.node.config().max_key_len + 1);
     let single = client.remove(&long, true).await.unwrap_err().to_string();
     assert!(single.contains("exceeds the limit"), "{single}");
     assert!(!single.contains("item 0"), "{single}");
@@ -168,4 +173,169 @@ async fn the_unsafe_early_ack_switch_acts_on_batches_too() {
         .await
         .unwrap();
     assert!(statuses.iter().all(|s| s.is_ok()), "{statuses:?}");
+}
+
+async fn put(client: &MasterClient, key: &str) {
+    client.put_start(key, 64, one_replica()).await.unwrap();
+    client.put_end(key, 7).await.unwrap();
+}
+
+/// Waits out the lone master's takeover grace (its first lease TTL).
+async fn past_grace(node: &MasterNode) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node.may_hold_predecessor_leases() {
+        assert!(Instant::now() < deadline, "the lease grace never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn leased(node: &MasterNode, key: &str) -> bool {
+    node.with_leader_memory(|m| m.is_leased(key, Instant::now()))
+}
+
+fn doomed(node: &MasterNode, key: &str) -> bool {
+    node.with_leader_memory(|m| m.is_doomed(key))
+}
+
+fn last_access_ms(node: &MasterNode, key: &str) -> Option<u64> {
+    node.with_leader_memory(|m| m.access_info(key, Instant::now()).last_access_ms)
+}
+
+/// A mount counts as a heartbeat; a heartbeat is recorded for an owner of
+/// segments only, and says whether the named segments need a re-mount; a
+/// liveness sweep names the silent owners and forgets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_kept_for_segment_owners_only() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (master, client) = one_master(dir.path(), &[]).await;
+    let node = &master.node;
+    let owner = client.client_id();
+    assert_eq!(node.active_clients(), 1, "the mount was a heartbeat");
+    let seg = node
+        .state()
+        .segments
+        .values()
+        .find(|s| s.owner == owner)
+        .map(|s| s.id)
+        .expect("the mounted segment");
+
+    assert!(!node.client_heartbeat("stranger", &[]).unwrap());
+    assert_eq!(
+        node.active_clients(),
+        1,
+        "a client owning nothing is not kept"
+    );
+    assert!(!node.client_heartbeat(owner, &[seg]).unwrap());
+    assert!(
+        node.client_heartbeat(owner, &[seg + 1]).unwrap(),
+        "a segment that is gone needs a re-mount"
+    );
+    assert!(
+        node.client_heartbeat("stranger", &[seg]).unwrap(),
+        "so does another client's segment"
+    );
+
+    assert!(node.silent_owners(Duration::from_secs(3600)).is_empty());
+    assert_eq!(node.silent_owners(Duration::ZERO), [owner.to_string()]);
+    assert_eq!(
+        node.active_clients(),
+        0,
+        "the sweep forgot the silent owner"
+    );
+    node.client_heartbeat(owner, &[seg]).unwrap();
+    assert_eq!(node.active_clients(), 1);
+}
+
+/// For its first lease TTL a new leader cannot know its predecessor's
+/// leases: a removal without force refuses every key, even one nobody read,
+/// and an eviction round does not start however full the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_removes_and_evicts_nothing_unforced_for_a_lease_ttl() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (master, client) = one_master(dir.path(), &["--eviction-high-watermark", "0"]).await;
+    let node = master.node.clone();
+    put(&client, "a").await;
+    assert!(node.may_hold_predecessor_leases(), "the 10 s grace is over");
+
+    assert!(node.claim_eviction_victims().is_none());
+    let refused = node
+        .propose_remove(None, owned(&["a"]), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        Response::Items(vec![Err(MetaError::ObjectHasLease("a".into()))])
+    );
+    assert!(node.state().exists("a"));
+    assert!(!doomed(&node, "a"), "a refused key is not doomed");
+
+    let forced = node
+        .propose_remove(None, owned(&["a"]), true)
+        .await
+        .unwrap();
+    assert_eq!(forced, Response::Items(vec![Ok(())]));
+    assert!(!node.state().exists("a"));
+    assert!(
+        !doomed(&node, "a"),
+        "the settled removal took its mark back"
+    );
+}
+
+/// Past the grace, a lookup leases the keys it finds (and only those); a
+/// removal refuses a leased key, removes the other and, once settled, has
+/// taken back its doom mark; a lookup of a doomed key waits for the mark to
+/// go; an eviction's settling forgets the access times and the marks of
+/// the keys it chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_lease_removals_and_evictions_settle_their_marks() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (master, client) = one_master(dir.path(), &["--lease-ttl", "2s"]).await;
+    let node = master.node.clone();
+    put(&client, "a").await;
+    put(&client, "b").await;
+    past_grace(&node).await;
+    assert!(node.leading_for() >= Duration::from_secs(2));
+    assert!(!leased(&node, "a"), "a put grants no read lease");
+
+    let settled = node.doom_settled();
+    tokio::pin!(settled);
+    let found = node.lookup_leasing(&owned(&["a", "missing"]), settled.as_mut(), |_, looked| {
+        looked.is_ok()
+    });
+    assert_eq!(found, Some(vec![true, false]));
+    assert!(leased(&node, "a"));
+    assert!(last_access_ms(&node, "a").is_some());
+    assert!(!leased(&node, "missing"));
+
+    let removed = node
+        .propose_remove(None, owned(&["a", "b"]), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        removed,
+        Response::Items(vec![Err(MetaError::ObjectHasLease("a".into())), Ok(())])
+    );
+    assert!(node.state().exists("a"));
+    assert!(!node.state().exists("b"));
+    assert!(
+        !doomed(&node, "b"),
+        "the settled removal took its mark back"
+    );
+
+    let a = owned(&["a"]);
+    node.doom(&a);
+    let waiting = node.doom_settled();
+    tokio::pin!(waiting);
+    assert!(node
+        .lookup_leasing(&a, waiting.as_mut(), |_, _| ())
+        .is_none());
+    node.undoom(&a);
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("taking the mark back wakes the waiting lookup");
+
+    node.doom(&a);
+    node.settle_eviction(&a);
+    assert!(!doomed(&node, "a"));
+    assert_eq!(last_access_ms(&node, "a"), None);
 }
