@@ -353,11 +353,11 @@ const ETCD_READY: &str = "ready to serve client requests";
 impl ContainerDeployment {
     pub fn start(image: &str, master_flags: &[String]) -> anyhow::Result<Self> {
         let prefix = format!("crescent-chaos-{}", std::process::id());
-        let net = block(ContainerNet::create(&prefix, image))?;
         let tokens = tempfile::Builder::new()
             .prefix("crescent-chaos-tokens-")
             .tempdir()?;
         crescent_auth::write_token_files(tokens.path(), false)?;
+        let net = block(ContainerNet::create(&prefix, image))?;
         let mut d = Self {
             tokens,
             prefix,
@@ -618,8 +618,11 @@ impl Deployment for ContainerDeployment {
 
 impl Drop for ContainerDeployment {
     fn drop(&mut self) {
-        // Removing needs the runtime; a run always tears down inside it.
-        if tokio::runtime::Handle::try_current().is_ok() {
+        // Removing needs a multi-threaded runtime to block in; a run always
+        // tears down inside one (`ContainerNet`'s own drop has the same rule).
+        let multi_threaded = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_threaded {
             self.teardown();
         }
     }

@@ -77,11 +77,15 @@ struct Started {
 
 /// Where the attach markers are mounted, and the wrapper that waits for one.
 const MARKERS_MOUNT: &str = "/crescent-attached";
+/// Never starts the process without its address: after 30 s without the
+/// marker (or with no `sleep` in an image older than this harness) it fails.
 const WAIT_FOR_ATTACH: &str = "m=$1; shift; n=0; \
-     while [ ! -e \"$m\" ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done; exec \"$@\"";
+     while [ ! -e \"$m\" ] && [ $n -lt 600 ]; do sleep 0.05 || exit 125; n=$((n+1)); done; \
+     [ -e \"$m\" ] || { echo \"wait-for-attach: $m never appeared\" >&2; exit 125; }; \
+     exec \"$@\"";
 
 /// A private network and the containers on it; [`ContainerNet::remove`]
-/// (or drop, inside a multi-threaded runtime) removes them all.
+/// (or drop, inside a multi-threaded tokio runtime) removes them all.
 pub struct ContainerNet {
     docker: Docker,
     name: String,
@@ -93,11 +97,16 @@ pub struct ContainerNet {
 }
 
 impl ContainerNet {
-    /// A network named `name` on a free 10.201.x.0/24 (addresses .1-.127
-    /// are ours to fix; the engine hands out only .128 and up itself).
+    /// A network named `name` on a free 10.201.x.0/24 (.1 is the gateway,
+    /// .2-.127 are ours to fix; the engine hands out only .128 and up).
     pub async fn create(name: &str, image: &str) -> anyhow::Result<Self> {
         let docker = engine()?;
-        let (repo, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+        // A tag follows the last ':' after the last '/' (a registry's
+        // "host:5000/name" has a port, not a tag).
+        let (repo, tag) = match image.rsplit_once(':') {
+            Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+            _ => (image, "latest"),
+        };
         let mut chosen = None;
         let mut last_error = String::new();
         for third in (40..250u32).step_by(7) {
@@ -145,7 +154,7 @@ impl ContainerNet {
         &self.name
     }
 
-    /// The fixed address of host number `host` (1-127) on this network.
+    /// The fixed address of host number `host` (2-127) on this network.
     pub fn ip(&self, host: u32) -> String {
         format!("{}.{host}", self.subnet_base)
     }
@@ -173,7 +182,15 @@ impl ContainerNet {
             .with_mount(
                 Mount::bind_mount(markers, MARKERS_MOUNT).with_access_mode(AccessMode::ReadOnly),
             )
-            .with_cmd(wrapped);
+            .with_cmd(wrapped)
+            // testcontainers publishes every exposed port on the host when no
+            // mapping is given; the harness reaches containers by their
+            // network address, and publishing etcd and admin ports to the
+            // host's network is what it must not do.
+            .with_host_config_modifier(|host| {
+                host.publish_all_ports = Some(false);
+                host.port_bindings = None;
+            });
         for b in binds {
             let mode = if b.read_only {
                 AccessMode::ReadOnly
@@ -334,6 +351,21 @@ impl ContainerNet {
         }
         if let Err(e) = self.docker.remove_network(&self.name).await {
             eprintln!("removing network {}: {e}", self.name);
+        }
+    }
+}
+
+impl Drop for ContainerNet {
+    fn drop(&mut self) {
+        // Removing needs a multi-threaded runtime to block in (as the
+        // containers' own drop does); elsewhere the engine keeps them, and
+        // the network, until someone removes them.
+        let multi_threaded = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_threaded && !self.removed {
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(self.remove())
+            });
         }
     }
 }
