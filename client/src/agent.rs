@@ -37,6 +37,9 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     /// Bounds on the transfer port, and the grant clock skew it tolerates.
     pub limits: crescent_store::server::ServeLimits,
+    /// Mutual TLS on the transfer port (the process's `--tls-*` files,
+    /// reloadable); `None`: clear text.
+    pub tls: Option<Arc<crescent_auth::tls::ServingTls>>,
 }
 
 impl Default for AgentConfig {
@@ -51,6 +54,7 @@ impl Default for AgentConfig {
             shm_dir: PathBuf::from("/dev/shm"),
             heartbeat_interval: Duration::from_secs(1),
             limits: Default::default(),
+            tls: None,
         }
     }
 }
@@ -117,12 +121,20 @@ impl StoreAgent {
         } else {
             Segment::anonymous(size)?
         };
+        if let Some(tls) = &cfg.tls {
+            // Clients check the certificate against the host advertised
+            // here; one they will refuse is said once, now.
+            if let Err(e) = tls.check_serves(&host) {
+                tracing::warn!(error = %e, "clients will refuse this segment's TLS transfer port");
+            }
+        }
         let stats = Arc::new(TransferStats::default());
-        let server = tokio::spawn(crescent_store::server::serve(
+        let server = tokio::spawn(crescent_store::server::serve_tls(
             segment.clone(),
             listener,
             stats.clone(),
             cfg.limits.clone(),
+            cfg.tls.clone(),
         ));
         let spec = pb::SegmentSpec {
             name: name.clone(),
@@ -153,6 +165,7 @@ impl StoreAgent {
             endpoint = agent.endpoint,
             size,
             shm = cfg.shm,
+            tls = cfg.tls.is_some(),
             "segment serving"
         );
         Ok(agent)

@@ -6,7 +6,9 @@
 //! handshake, and the cluster is unchanged afterwards. The admin HTTP port
 //! serves HTTPS. etcd over TLS for masters, stores, engines and crescentctl.
 //! A certificate rotation to a new CA by SIGHUP, with the
-//! cluster serving throughout.
+//! cluster serving throughout. The stores' data ports (and a client's
+//! embedded segment) speak only mutual TLS: bytes move over it, clear text
+//! and strangers get nothing.
 //!
 //! Needs `cargo build --bins` first (`make test` does it).
 
@@ -18,6 +20,8 @@ use crescent_integration::{
     find_binary, tls_flags, write_certs, LocalCluster, LocalEtcd, Security,
 };
 use crescent_proto::{pb, ErrorCode};
+use crescent_store::protocol::{Grant, Op, Request};
+use crescent_store::{TcpTransport, TransferError};
 
 fn value(i: usize) -> Vec<u8> {
     (0..4096).map(|j| (i * 31 + j) as u8).collect()
@@ -303,6 +307,19 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     )
     .await;
     writer.put("step-1", &value(2), &one).await.unwrap();
+    // The store's data port still presents the old CA's certificate: a
+    // transport trusting only the new CA refuses it (and the store, which
+    // now trusts the new CA too, would take its certificate).
+    let only_new = TlsFiles::client_in(next.path()).unwrap();
+    let step_1 = writer.master().get_replica_list("step-1").await.unwrap();
+    let only_new_transport = TcpTransport::with_tls(Some(&only_new)).unwrap();
+    let before = read_directly(&only_new_transport, &step_1).await;
+    match before {
+        Err(e @ TransferError::Tls { .. })
+            if e.to_string().contains("invalid peer certificate") => {}
+        Err(e) => panic!("the data port did not present the old certificate before step 2: {e}"),
+        Ok(_) => panic!("the data port presented the new certificate before step 2"),
+    }
 
     // Step 2: present the new CA's certificate, SIGHUP. A client that
     // trusts only the new CA is served now. Raft and the writer keep
@@ -313,7 +330,6 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
         std::fs::copy(next.path().join(f), certs.join(f)).unwrap();
     }
     cluster.hangup_all().unwrap();
-    let only_new = TlsFiles::client_in(next.path()).unwrap();
     served_within(
         &engine(&only_new),
         "a client trusting only the new CA",
@@ -321,6 +337,24 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     )
     .await;
     writer.put("step-2", &value(3), &one).await.unwrap();
+    // The store's SIGHUP reached its data port too: the transport that
+    // trusts only the new CA reads through it now (new connections; the
+    // writer's pooled ones keep their sessions).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match read_directly(&only_new_transport, &step_1).await {
+            Ok(bytes) => {
+                assert_eq!(bytes, value(2));
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "the data port still refuses the new CA's client after step 2: {e}"
+            ),
+        }
+        only_new_transport.forget(&step_1.replicas[0].endpoint);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let ca_path = next.path().join(CA_CERT_FILE);
     let out = std::process::Command::new("curl")
         .args(["-sS", "--max-time", "5", "--cacert"])
@@ -471,4 +505,243 @@ fn a_master_refuses_to_start_with_half_a_tls_setup() {
         stderr.contains("node.pem") && stderr.contains("PRIVATE KEY"),
         "{stderr}"
     );
+}
+
+/// Reads an object's first replica through `transport` under the grant its
+/// descriptor carries: straight at the store's data port, no master call.
+async fn read_directly(
+    transport: &TcpTransport,
+    found: &pb::GetReplicaListResponse,
+) -> Result<Vec<u8>, TransferError> {
+    let r = &found.replicas[0];
+    let mut buf = vec![0u8; r.length as usize];
+    transport
+        .read(&r.endpoint, &mut [(Grant::from(r), r.offset, &mut buf)])
+        .await?;
+    Ok(buf)
+}
+
+/// A data-port refusal must be a TLS refusal, at once: not a transfer
+/// failure to retry, not a wait for a timeout.
+async fn refused_at_the_data_port(
+    transport: &TcpTransport,
+    found: &pb::GetReplicaListResponse,
+    who: &str,
+    says: &str,
+) {
+    let started = std::time::Instant::now();
+    match read_directly(transport, found).await {
+        Err(e @ TransferError::Tls { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(says), "{who}: {text}");
+        }
+        Err(other) => panic!("{who}: expected a TLS refusal, got {other}"),
+        Ok(bytes) => panic!("{who}: served {} bytes", bytes.len()),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{who}: refused only after {:?}",
+        started.elapsed()
+    );
+}
+
+/// The stores' data port over mutual TLS (issue 13 item 1), against real
+/// processes. A client with the cluster's certificate puts and gets 1 MiB
+/// and 4 KiB values through a crescent-store's data port (TCP: the store
+/// has no shared memory). A raw clear-text connection sending a READ under
+/// a valid grant for an object gets none of its bytes and is closed. A
+/// transport speaking clear text, trusting another CA, or presenting
+/// another CA's certificate is refused at once with a TLS error. A
+/// client's embedded segment serves TLS too: with a certificate fit to
+/// serve, other clients put and get through it; with the client-only
+/// certificate, they are refused, and the client library reports
+/// PERMISSION_DENIED (as for the masters), not a transfer failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_moves_bytes_only_over_mutual_tls_on_the_data_port() {
+    let mut cluster = LocalCluster::start_as(3, &[], Security::TokensAndTls).unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let certs = cluster.certs.clone().unwrap();
+    let token = cluster.client_token_file().unwrap();
+    let client_tls = TlsFiles::client_in(&certs).unwrap();
+    let config = ClientConfig {
+        master: cluster.masters_arg(),
+        token_file: Some(token.clone()),
+        tls_cert: Some(client_tls.cert.clone()),
+        tls_key: Some(client_tls.key.clone()),
+        tls_ca: Some(client_tls.ca.clone()),
+        degrade_after: Duration::ZERO,
+        ..ClientConfig::default()
+    };
+    let engine = Client::connect(config.clone()).await.unwrap();
+    let one = ReplicateConfig::default();
+    let big: Vec<u8> = (0..1usize << 20)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    engine.put("data-tls-big", &big, &one).await.unwrap();
+    engine.put("data-tls-small", &value(5), &one).await.unwrap();
+    assert!(
+        engine.get("data-tls-big").await.unwrap() == big,
+        "1 MiB differs"
+    );
+    assert_eq!(engine.get("data-tls-small").await.unwrap(), value(5));
+    let tcp_bytes = engine
+        .stats
+        .tcp_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        tcp_bytes >= 2 * (big.len() + 4096) as u64,
+        "the bytes did not go through the data port ({tcp_bytes})"
+    );
+    let found = engine
+        .master()
+        .get_replica_list("data-tls-big")
+        .await
+        .unwrap();
+    let replica = found.replicas[0].clone();
+    assert_eq!(replica.endpoint, cluster.stores[0].endpoint);
+
+    // 1. A raw clear-text READ of the whole object under its valid grant:
+    //    nothing of the object comes back, no transfer answer, and the
+    //    connection is closed. (A clear-text store answers it with the
+    //    bytes.)
+    let mut raw = tokio::net::TcpStream::connect(&replica.endpoint)
+        .await
+        .unwrap();
+    let request = Request {
+        op: Op::Read,
+        request_id: 1,
+        offset: replica.offset,
+        len: replica.length,
+        grant: Grant::from(&replica),
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    raw.write_all(&request.encode()).await.unwrap();
+    let mut got = Vec::new();
+    // What arrived is in `got` even if the store keeps the connection.
+    let read = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut got)).await;
+    assert!(
+        !got.starts_with(b"CRES"),
+        "a clear-text request was answered"
+    );
+    assert!(
+        !got.windows(64).any(|w| w == &big[4096..4096 + 64]),
+        "object bytes served in clear text"
+    );
+    assert!(got.len() < 64, "{} bytes came back", got.len());
+    assert!(read.is_ok(), "the clear-text connection was kept open");
+
+    // 2. A transport in clear text is told the store requires TLS.
+    refused_at_the_data_port(
+        &TcpTransport::new(),
+        &found,
+        "a clear-text transport",
+        "requires TLS",
+    )
+    .await;
+
+    // 3. Another CA's client: it does not trust the store.
+    let foreign = tempfile::tempdir().unwrap();
+    write_certs(foreign.path()).unwrap();
+    let stranger =
+        TcpTransport::with_tls(Some(&TlsFiles::client_in(foreign.path()).unwrap())).unwrap();
+    refused_at_the_data_port(&stranger, &found, "a client of another CA", "certificate").await;
+
+    // 4. Trusts the cluster's CA but presents another CA's certificate:
+    //    the store refuses it.
+    let forged = TlsFiles::read(
+        &foreign.path().join("client.pem"),
+        &foreign.path().join("client.key"),
+        &certs.join(CA_CERT_FILE),
+    )
+    .unwrap();
+    let impostor = TcpTransport::with_tls(Some(&forged)).unwrap();
+    refused_at_the_data_port(
+        &impostor,
+        &found,
+        "a certificate of another CA",
+        "does not trust",
+    )
+    .await;
+
+    // The store counted the refusals (its metrics port serves HTTPS).
+    let ca_path = certs.join(CA_CERT_FILE);
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5", "--cacert"])
+        .arg(&ca_path)
+        .arg(format!("https://{}/metrics", cluster.stores[0].http))
+        .output()
+        .expect("curl (scripts/install-deps.sh installs it)");
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("store_transfer_tls_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no store_transfer_tls_refused_total in {metrics}"));
+    assert!(refused >= 3, "{refused} TLS refusals counted");
+
+    // 5. Embedded segments serve TLS with their client's files. One with
+    //    a certificate fit to serve (the node pair names 127.0.0.1, where
+    //    it is advertised) takes another client's put and get.
+    let contributor = |cert: &str, key: &str| ClientConfig {
+        global_segment_size: 16 << 20,
+        transfer_listen: "127.0.0.1:0".into(),
+        tls_cert: Some(certs.join(cert)),
+        tls_key: Some(certs.join(key)),
+        ..config.clone()
+    };
+    let serving = Client::connect(contributor("node.pem", "node.key"))
+        .await
+        .unwrap();
+    let serving_segment = serving.local_store().unwrap().name.clone();
+    let there = ReplicateConfig {
+        replica_num: 1,
+        preferred_segments: vec![serving_segment],
+        ..Default::default()
+    };
+    engine
+        .put("data-tls-embedded", &value(6), &there)
+        .await
+        .unwrap();
+    let placed = engine
+        .master()
+        .get_replica_list("data-tls-embedded")
+        .await
+        .unwrap();
+    assert_eq!(
+        placed.replicas[0].endpoint,
+        serving.local_store().unwrap().endpoint,
+        "not placed on the embedded segment"
+    );
+    assert_eq!(engine.get("data-tls-embedded").await.unwrap(), value(6));
+
+    // One with the client-only certificate (no server use, no address)
+    // is refused by the other clients: a put to it fails at once with
+    // PERMISSION_DENIED naming TLS, and nothing is stored.
+    let unfit = Client::connect(contributor("client.pem", "client.key"))
+        .await
+        .unwrap();
+    let unfit_segment = unfit.local_store().unwrap().name.clone();
+    let started = std::time::Instant::now();
+    let err = engine
+        .put(
+            "data-tls-unfit",
+            &value(7),
+            &ReplicateConfig {
+                replica_num: 1,
+                preferred_segments: vec![unfit_segment],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("a segment with a client-only certificate served");
+    assert_eq!(err.code(), ErrorCode::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("TLS"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "refused only after {:?}",
+        started.elapsed()
+    );
+    assert!(!engine.exists("data-tls-unfit").await.unwrap());
+    // Still served everywhere else.
+    assert!(engine.get("data-tls-big").await.unwrap() == big);
 }

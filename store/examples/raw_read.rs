@@ -1,6 +1,7 @@
 //! Transport-only read throughput against an in-process store server, with and
 //! without crc32c: isolates the data path from the masters. `cargo run --release
-//! -p crescent-store --example raw_read`
+//! -p crescent-store --example raw_read [CERTS]`: with CERTS (a directory
+//! `crescentctl certs init` wrote), over mutual TLS.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,7 +10,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    let certs = std::env::args_os().nth(1).map(std::path::PathBuf::from);
     rt.block_on(async {
+        let serving = certs.as_deref().map(|dir| {
+            let node = crescent_auth::tls::TlsFiles::node_in(dir).expect("node certificate");
+            Arc::new(crescent_auth::tls::ServingTls::new(&node).expect("TLS set-up"))
+        });
+        let client = certs
+            .as_deref()
+            .map(|dir| crescent_auth::tls::TlsFiles::client_in(dir).expect("client certificate"));
         let seg = crescent_store::Segment::anonymous(256 << 20).expect("segment");
         // Mounted as segment 1 under a fresh key; one grant covers it all.
         let key = crescent_auth::capability::SegmentKey::generate();
@@ -26,13 +35,16 @@ fn main() {
             .await
             .expect("bind");
         let ep = l.local_addr().expect("addr").to_string();
-        tokio::spawn(crescent_store::server::serve(
+        tokio::spawn(crescent_store::server::serve_tls(
             seg.clone(),
             l,
             Arc::new(Default::default()),
             Default::default(),
+            serving,
         ));
-        let t = Arc::new(crescent_store::TcpTransport::new());
+        let t =
+            Arc::new(crescent_store::TcpTransport::with_tls(client.as_ref()).expect("TLS set-up"));
+        println!("TLS: {}", t.is_tls());
         for batch in [1usize, 16] {
             for crc in [false, true] {
                 let n = 2048;

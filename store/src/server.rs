@@ -17,6 +17,14 @@
 //! as soon as they are accepted. A trickling or silent peer holds neither a
 //! task nor a file descriptor for long (issue 11: 20 k idle connections
 //! exhausted the store's descriptors, and truncated frames were held forever).
+//!
+//! With TLS ([`serve_tls`], issue 13), every connection is mutual TLS: a
+//! peer without a certificate the CA signed is refused at the handshake,
+//! before a byte of the protocol is read, and a peer speaking clear text is
+//! sent a TLS alert and closed. The handshake holds one of the capped
+//! connection slots and must finish within [`ServeLimits::handshake_timeout`].
+//! Requests are then served by the same code as in clear text, over the
+//! decrypted stream.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,9 +33,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::protocol::{Op, Request, Response, Status, REQUEST_LEN};
+use crate::protocol::{Op, ProtocolError, Request, Response, Status, REQUEST_LEN};
 use crate::segment::Segment;
 use crescent_auth::capability::Refusal;
+use crescent_auth::tls::ServingTls;
 
 const IO_BUFFER: usize = 64 * 1024;
 
@@ -42,6 +51,10 @@ pub struct TransferStats {
     /// Requests refused for their grant (bad MAC, expired, wrong segment,
     /// operation or range).
     pub forbidden: AtomicU64,
+    /// Connections refused at the TLS handshake (no or an untrusted
+    /// certificate, clear text on a TLS port, TLS on a clear-text port, or
+    /// too slow), also counted in `rejected_connections`.
+    pub tls_refused: AtomicU64,
     /// Time to serve one request (from its header to its answer being written).
     pub transfer_latency: crescent_proto::metrics::Histogram,
 }
@@ -60,6 +73,9 @@ pub struct ServeLimits {
     /// How far past its expiry a grant is still honoured: the store's clock
     /// may run ahead of the master's that signed it.
     pub grant_clock_skew: Duration,
+    /// Longest a TLS handshake may take (with TLS): a peer that connects
+    /// and stalls holds its slot no longer.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -70,6 +86,7 @@ impl Default for ServeLimits {
             request_base: Duration::from_secs(10),
             min_bytes_per_sec: 16 << 20,
             grant_clock_skew: Duration::from_secs(2),
+            handshake_timeout: crescent_auth::tls::HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -81,12 +98,26 @@ impl ServeLimits {
     }
 }
 
-/// Accepts connections forever (until the task is dropped).
+/// Accepts clear-text connections forever (until the task is dropped).
 pub async fn serve(
     segment: Arc<Segment>,
     listener: TcpListener,
     stats: Arc<TransferStats>,
     limits: ServeLimits,
+) {
+    serve_tls(segment, listener, stats, limits, None).await
+}
+
+/// Accepts connections forever (until the task is dropped): with `tls`,
+/// mutual TLS only, each connection with the acceptor `tls` holds when it
+/// is accepted (so a [`ServingTls::reload`] reaches every later
+/// connection); without, clear text.
+pub async fn serve_tls(
+    segment: Arc<Segment>,
+    listener: TcpListener,
+    stats: Arc<TransferStats>,
+    limits: ServeLimits,
+    tls: Option<Arc<ServingTls>>,
 ) {
     let limits = Arc::new(limits);
     loop {
@@ -102,10 +133,25 @@ pub async fn serve(
                 let segment = segment.clone();
                 let stats = stats.clone();
                 let limits = limits.clone();
+                let acceptor = tls.as_ref().map(|tls| tls.data_acceptor());
+                // Counted from here, handshake included: a connection
+                // stuck in its handshake holds a slot like any other.
                 stats.connections.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
-                    if let Err(e) = handle(segment, stream, &stats, &limits).await {
+                    let served = match acceptor {
+                        None => {
+                            let (r, w) = stream.into_split();
+                            handle(segment, r, w, &stats, &limits, true).await
+                        }
+                        Some(acceptor) => {
+                            handle_tls(segment, stream, acceptor, &stats, &limits).await
+                        }
+                    };
+                    if let Err(e) = served {
                         stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+                        if matches!(e, ConnError::Tls(_) | ConnError::TlsOnClearText) {
+                            stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+                        }
                         tracing::warn!(%peer, error = %e, "closing transfer connection");
                     }
                     stats.connections.fetch_sub(1, Ordering::Relaxed);
@@ -115,6 +161,40 @@ pub async fn serve(
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// Serves one connection over mutual TLS once its handshake is done, the
+/// handshake bounded by `limits.handshake_timeout`.
+async fn handle_tls(
+    segment: Arc<Segment>,
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    stats: &TransferStats,
+    limits: &ServeLimits,
+) -> Result<(), ConnError> {
+    let accept = acceptor.accept(stream).into_fallible();
+    match tokio::time::timeout(limits.handshake_timeout, accept).await {
+        Err(_) => Err(ConnError::Tls(format!(
+            "handshake not done within {:?}",
+            limits.handshake_timeout
+        ))),
+        Ok(Err((e, mut stream))) => {
+            // rustls has written its alert (an untrusted or missing
+            // certificate, clear text where TLS was expected). Send it
+            // with a FIN and read what the peer still sends for a moment:
+            // closing with unread bytes — a TLS 1.3 client sends its first
+            // request right after its side of the handshake — makes the
+            // kernel send a reset, which can destroy the alert before the
+            // peer reads it, leaving it "connection reset" instead of why.
+            let _ = stream.shutdown().await;
+            drain(&mut stream, REFUSED_PAYLOAD_DRAIN).await;
+            Err(ConnError::Tls(e.to_string()))
+        }
+        Ok(Ok(tls)) => {
+            let (r, w) = tokio::io::split(tls);
+            handle(segment, r, w, stats, limits, false).await
         }
     }
 }
@@ -139,6 +219,13 @@ enum ConnError {
     },
     #[error("no complete request header within {0:?}")]
     HeaderTooSlow(Duration),
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
+    #[error(
+        "a TLS client on the clear-text data port (this store has no --tls-*; \
+         the client has TLS files): sent it a TLS alert"
+    )]
+    TlsOnClearText,
 }
 
 /// Most payload bytes of a refused write read and dropped before closing.
@@ -162,21 +249,35 @@ where
     w.write_all(&resp.encode()).await?;
     w.flush().await?;
     if req.op == Op::Write {
-        let mut payload = (&mut *r).take(req.len.min(REFUSED_PAYLOAD_DRAIN));
-        let mut sink = tokio::io::sink();
-        let drain = tokio::io::copy(&mut payload, &mut sink);
-        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        drain(r, req.len.min(REFUSED_PAYLOAD_DRAIN)).await;
     }
     Ok(())
 }
 
-async fn handle(
+/// Reads and drops up to `max` bytes, for at most a second.
+async fn drain<R: tokio::io::AsyncRead + Unpin>(r: &mut R, max: u64) {
+    let mut rest = (&mut *r).take(max);
+    let mut sink = tokio::io::sink();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::io::copy(&mut rest, &mut sink),
+    )
+    .await;
+}
+
+/// Serves the requests of one connection, clear text or decrypted TLS.
+async fn handle<R, W>(
     segment: Arc<Segment>,
-    stream: TcpStream,
+    r: R,
+    w: W,
     stats: &TransferStats,
     limits: &ServeLimits,
-) -> Result<(), ConnError> {
-    let (r, w) = stream.into_split();
+    clear_text: bool,
+) -> Result<(), ConnError>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
     let mut r = BufReader::with_capacity(IO_BUFFER, r);
     let mut w = BufWriter::with_capacity(IO_BUFFER, w);
     loop {
@@ -201,7 +302,14 @@ async fn handle(
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Ok(Err(e)) => return Err(e.into()),
         }
-        let req = Request::decode(&hdr)?;
+        let req = match Request::decode(&hdr) {
+            Ok(req) => req,
+            Err(ProtocolError::BadMagic(_)) if clear_text && is_tls_client_hello(&hdr) => {
+                refuse_tls_client(&mut r, &mut w, &hdr).await;
+                return Err(ConnError::TlsOnClearText);
+            }
+            Err(e) => return Err(e.into()),
+        };
         let deadline = limits.request_deadline(req.len);
         let serve = serve_one(&segment, &req, &mut r, &mut w, stats, limits);
         tokio::time::timeout(deadline, serve)
@@ -212,6 +320,34 @@ async fn handle(
                 deadline,
             })??;
     }
+}
+
+/// The start of a TLS handshake record (a ClientHello): content type 22,
+/// protocol version 3.x.
+fn is_tls_client_hello(hdr: &[u8]) -> bool {
+    hdr.len() >= 5 && hdr[0] == 0x16 && hdr[1] == 0x03
+}
+
+/// A fatal TLS alert (handshake_failure) as a clear-text record: what a
+/// TLS client that reached a clear-text data port gets, so it reports a
+/// TLS refusal at once rather than a reset connection.
+const TLS_HANDSHAKE_FAILURE_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28];
+
+/// Reads the rest of the ClientHello record `hdr` begins (briefly: it is
+/// a few hundred bytes), so closing sends no reset that could destroy the
+/// alert, then sends the alert.
+async fn refuse_tls_client<R, W>(r: &mut R, w: &mut W, hdr: &[u8; REQUEST_LEN])
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let record = 5 + u64::from(u16::from_be_bytes([hdr[3], hdr[4]]));
+    drain(r, record.saturating_sub(REQUEST_LEN as u64)).await;
+    let answer = async {
+        w.write_all(&TLS_HANDSHAKE_FAILURE_ALERT).await?;
+        w.flush().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }
 
 /// Serves one decoded request: checks it, moves its bytes, writes the answer.
@@ -364,6 +500,7 @@ mod tests {
             request_base: Duration::from_millis(300),
             min_bytes_per_sec: 1 << 30,
             grant_clock_skew: Duration::ZERO,
+            handshake_timeout: Duration::from_millis(300),
         }
     }
 
@@ -609,5 +746,281 @@ mod tests {
         }
         let mut d = TcpStream::connect(&addr).await.unwrap();
         assert_eq!(ping(&mut d, 5).await.status, Status::Ok);
+    }
+
+    /// A CA and its node and client pairs in `dir`, under the names
+    /// `crescentctl certs init` uses (the node certificate names localhost
+    /// and 127.0.0.1, as there).
+    fn write_pki(dir: &std::path::Path) {
+        use crescent_auth::tls::*;
+        use rcgen::{
+            BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |names: Vec<String>, usages| {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(names).unwrap();
+            params.extended_key_usages = usages;
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (node, node_key) = leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        );
+        let (client, client_key) = leaf(Vec::new(), vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, pem) in [
+            (CA_CERT_FILE, ca_cert.pem()),
+            (NODE_CERT_FILE, node),
+            (NODE_KEY_FILE, node_key),
+            (CLIENT_CERT_FILE, client),
+            (CLIENT_KEY_FILE, client_key),
+        ] {
+            std::fs::write(dir.join(name), pem).unwrap();
+        }
+    }
+
+    fn pki() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        write_pki(dir.path());
+        dir
+    }
+
+    fn client_tls(dir: &std::path::Path) -> crescent_auth::tls::TlsFiles {
+        crescent_auth::tls::TlsFiles::client_in(dir).unwrap()
+    }
+
+    /// A mounted segment served over mutual TLS with the node pair in `dir`.
+    async fn start_tls(
+        limits: ServeLimits,
+        dir: &std::path::Path,
+    ) -> (String, Arc<TransferStats>, Arc<ServingTls>) {
+        let files = crescent_auth::tls::TlsFiles::node_in(dir).unwrap();
+        let tls = Arc::new(ServingTls::new(&files).unwrap());
+        let segment = Segment::anonymous(4 << 20).unwrap();
+        segment.set_mounted(SEGMENT_ID, &KEY);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stats = Arc::new(TransferStats::default());
+        tokio::spawn(serve_tls(
+            segment,
+            listener,
+            stats.clone(),
+            limits,
+            Some(tls.clone()),
+        ));
+        (addr, stats, tls)
+    }
+
+    fn tls_limits() -> ServeLimits {
+        ServeLimits {
+            max_connections: 64,
+            idle_timeout: Duration::from_secs(10),
+            request_base: Duration::from_secs(10),
+            ..small_limits()
+        }
+    }
+
+    fn read_grant(offset: u64, len: u64) -> Grant {
+        grant(&KEY, Op::Read, offset, len, unix_ms() + 60_000)
+    }
+
+    /// Writes `data` at `offset` and reads it back through `transport`.
+    async fn round_trip(
+        transport: &crate::TcpTransport,
+        endpoint: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, crate::TransferError> {
+        let len = data.len() as u64;
+        let w = grant(&KEY, Op::Write, offset, len, unix_ms() + 60_000);
+        transport.write(endpoint, &[(w, offset, data)]).await?;
+        let mut got = vec![0u8; data.len()];
+        transport
+            .read(endpoint, &mut [(read_grant(offset, len), offset, &mut got)])
+            .await?;
+        Ok(got)
+    }
+
+    /// Waits (at most 10 s) until `counter` reaches `n`: a connection's
+    /// task counts its end after the peer has seen it.
+    async fn counts_to(counter: &AtomicU64, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counter.load(Ordering::Relaxed) < n {
+            assert!(Instant::now() < deadline, "counter below {n}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn tls_refusal(r: Result<Vec<u8>, crate::TransferError>, who: &str) -> String {
+        match r {
+            Err(e @ crate::TransferError::Tls { .. }) => e.to_string(),
+            other => panic!("{who}: expected a TLS refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tls_port_serves_clients_of_its_ca_by_address_and_by_name() {
+        let dir = pki();
+        let (addr, stats, _) = start_tls(tls_limits(), dir.path()).await;
+        let transport = crate::TcpTransport::with_tls(Some(&client_tls(dir.path()))).unwrap();
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        // Reached by IP address (the certificate's IP entry) ...
+        let got = round_trip(&transport, &addr, 4096, &data).await.unwrap();
+        assert!(got == data, "bytes differ");
+        // ... and by name (its DNS entry).
+        let port = addr.rsplit_once(':').unwrap().1;
+        let by_name = format!("localhost:{port}");
+        let got = round_trip(&transport, &by_name, 0, b"by name")
+            .await
+            .unwrap();
+        assert_eq!(got, b"by name");
+        assert_eq!(stats.tls_refused.load(Ordering::Relaxed), 0);
+        assert!(stats.bytes_read.load(Ordering::Relaxed) >= 1 << 20);
+    }
+
+    #[tokio::test]
+    async fn a_tls_port_serves_nothing_in_clear_text() {
+        let dir = pki();
+        let (addr, stats, _) = start_tls(tls_limits(), dir.path()).await;
+        let secret = b"secret bytes";
+        let transport = crate::TcpTransport::with_tls(Some(&client_tls(dir.path()))).unwrap();
+        round_trip(&transport, &addr, 0, secret).await.unwrap();
+        // A raw clear-text READ under a valid grant: no answer, no bytes;
+        // only a TLS alert, then the end.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request(Op::Read, 1, 0, secret.len() as u64))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "the connection was kept open");
+        assert!(
+            !got.starts_with(b"CRES"),
+            "a clear-text request was answered"
+        );
+        assert!(
+            !got.windows(secret.len()).any(|w| w == secret),
+            "bytes served in clear text"
+        );
+        assert!(got.starts_with(&[0x15, 0x03]), "no TLS alert: {got:?}");
+        // The clear-text transport says why.
+        let err = tls_refusal(
+            round_trip(&crate::TcpTransport::new(), &addr, 0, secret).await,
+            "a clear-text transport",
+        );
+        assert!(err.contains("requires TLS"), "{err}");
+        counts_to(&stats.tls_refused, 2).await;
+    }
+
+    #[tokio::test]
+    async fn a_tls_port_refuses_other_cas_and_a_tls_client_is_told_of_clear_text() {
+        let dir = pki();
+        let foreign = pki();
+        let (addr, stats, _) = start_tls(tls_limits(), dir.path()).await;
+        // Trusts another CA: refuses the store.
+        let stranger = crate::TcpTransport::with_tls(Some(&client_tls(foreign.path()))).unwrap();
+        let err = tls_refusal(round_trip(&stranger, &addr, 0, b"x").await, "a stranger");
+        assert!(err.contains("certificate"), "{err}");
+        // Trusts the store's CA but presents another CA's certificate: the
+        // store refuses it (after the client's side of the handshake, in
+        // TLS 1.3: the refusal arrives at the first read).
+        let forged = crescent_auth::tls::TlsFiles::read(
+            &foreign.path().join(crescent_auth::tls::CLIENT_CERT_FILE),
+            &foreign.path().join(crescent_auth::tls::CLIENT_KEY_FILE),
+            &dir.path().join(crescent_auth::tls::CA_CERT_FILE),
+        )
+        .unwrap();
+        let impostor = crate::TcpTransport::with_tls(Some(&forged)).unwrap();
+        let err = tls_refusal(round_trip(&impostor, &addr, 0, b"x").await, "an impostor");
+        assert!(err.contains("does not trust"), "{err}");
+        counts_to(&stats.tls_refused, 1).await;
+        assert_eq!(stats.bytes_written.load(Ordering::Relaxed), 0);
+
+        // A TLS client at a clear-text port.
+        let (plain, plain_stats) = start(tls_limits()).await;
+        let secure = crate::TcpTransport::with_tls(Some(&client_tls(dir.path()))).unwrap();
+        let err = tls_refusal(
+            round_trip(&secure, &plain, 0, b"x").await,
+            "clear-text store",
+        );
+        assert!(err.contains("clear text"), "{err}");
+        counts_to(&plain_stats.tls_refused, 1).await;
+    }
+
+    #[tokio::test]
+    async fn a_stalled_handshake_is_closed_and_holds_a_slot_meanwhile() {
+        let dir = pki();
+        let (addr, stats, _) = start_tls(
+            ServeLimits {
+                handshake_timeout: Duration::from_millis(500),
+                ..small_limits()
+            },
+            dir.path(),
+        )
+        .await;
+        let started = Instant::now();
+        let mut a = TcpStream::connect(&addr).await.unwrap();
+        let mut b = TcpStream::connect(&addr).await.unwrap();
+        // Both slots are taken by silent handshakes: a third is closed at once.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.connections.load(Ordering::Relaxed) < 2 {
+            assert!(Instant::now() < deadline, "handshakes not counted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        assert!(closed_by_the_store(&mut c).await, "a third connection kept");
+        assert!(
+            closed_by_the_store(&mut a).await,
+            "a stalled handshake kept"
+        );
+        assert!(
+            closed_by_the_store(&mut b).await,
+            "a stalled handshake kept"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        counts_to(&stats.tls_refused, 2).await;
+        // Slots freed: a TLS client is served again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.connections.load(Ordering::Relaxed) > 0 {
+            assert!(Instant::now() < deadline, "closed handshakes still counted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let transport = crate::TcpTransport::with_tls(Some(&client_tls(dir.path()))).unwrap();
+        round_trip(&transport, &addr, 0, b"after").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_reload_reaches_the_next_connection() {
+        let dir = pki();
+        let (addr, _, tls) = start_tls(tls_limits(), dir.path()).await;
+        let old = crate::TcpTransport::with_tls(Some(&client_tls(dir.path()))).unwrap();
+        round_trip(&old, &addr, 0, b"old").await.unwrap();
+        // New files (another CA) in place, then the reload a SIGHUP does.
+        let next = pki();
+        let newcomer = crate::TcpTransport::with_tls(Some(&client_tls(next.path()))).unwrap();
+        tls_refusal(round_trip(&newcomer, &addr, 0, b"x").await, "before");
+        for entry in std::fs::read_dir(next.path()).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+        tls.reload().unwrap();
+        assert_eq!(
+            round_trip(&newcomer, &addr, 0, b"new").await.unwrap(),
+            b"new"
+        );
+        // The old client's pooled connection keeps its session; a new one
+        // is refused.
+        assert_eq!(round_trip(&old, &addr, 0, b"kept").await.unwrap(), b"kept");
+        old.forget(&addr);
+        tls_refusal(round_trip(&old, &addr, 0, b"x").await, "after");
     }
 }

@@ -1,13 +1,18 @@
 //! Client side of the TCP transfer protocol: pooled connections per store,
 //! requests pipelined (all sent before, and while, answers are read), payloads
 //! read straight into the caller's buffers.
+//!
+//! With TLS files ([`TcpTransport::with_tls`]) every connection is mutual
+//! TLS: the store's certificate must be one the CA signed for the host the
+//! store is reached at, and this client presents its own. A refused
+//! handshake, and clear text meeting TLS either way round, is a
+//! [`TransferError::Tls`]: a configuration error, not an outage.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 
 use crate::protocol::{Grant, Op, Request, Response, Status, REQUEST_LEN, RESPONSE_LEN};
@@ -29,11 +34,20 @@ pub enum TransferError {
     Refused { endpoint: String, status: Status },
     #[error("transfer with store {endpoint} timed out")]
     Timeout { endpoint: String },
+    /// The TLS layer refused the connection: a certificate one side does
+    /// not trust, or one side speaking TLS and the other not. Retrying
+    /// cannot help.
+    #[error("TLS with store {endpoint} refused: {reason}")]
+    Tls { endpoint: String, reason: String },
 }
 
+/// One half of a connection, clear text or TLS.
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
 struct Conn {
-    r: BufReader<OwnedReadHalf>,
-    w: BufWriter<OwnedWriteHalf>,
+    r: BufReader<ReadHalf>,
+    w: BufWriter<WriteHalf>,
     next_id: u64,
 }
 
@@ -41,6 +55,8 @@ struct Conn {
 pub struct TcpTransport {
     pools: Mutex<HashMap<String, Vec<Conn>>>,
     max_idle: usize,
+    /// Mutual TLS to every store; `None`: clear text.
+    tls: Option<tokio_rustls::TlsConnector>,
     pub connect_timeout: Duration,
     /// Base timeout of one pipelined exchange; grows with the bytes moved.
     pub io_timeout: Duration,
@@ -57,9 +73,29 @@ impl TcpTransport {
         Self {
             pools: Mutex::new(HashMap::new()),
             max_idle: 16,
+            tls: None,
             connect_timeout: Duration::from_secs(2),
             io_timeout: Duration::from_secs(5),
         }
+    }
+
+    /// A transport that speaks mutual TLS to every store with `tls`'s
+    /// certificate and CA (as the stores of a cluster started with
+    /// `--tls-*` require), clear text without.
+    pub fn with_tls(
+        tls: Option<&crescent_auth::tls::TlsFiles>,
+    ) -> Result<Self, crescent_auth::tls::TlsError> {
+        let mut transport = Self::new();
+        if let Some(files) = tls {
+            let config: Arc<_> = files.data_client_config()?;
+            transport.tls = Some(tokio_rustls::TlsConnector::from(config));
+        }
+        Ok(transport)
+    }
+
+    /// Whether connections are TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     async fn checkout(&self, endpoint: &str) -> Result<Conn, TransferError> {
@@ -89,12 +125,61 @@ impl TcpTransport {
             }
         };
         let _ = stream.set_nodelay(true);
-        let (r, w) = stream.into_split();
+        let (r, w): (ReadHalf, WriteHalf) = match &self.tls {
+            None => {
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(connector) => {
+                let tls = self.handshake(connector, endpoint, stream).await?;
+                let (r, w) = tokio::io::split(tls);
+                (Box::new(r), Box::new(w))
+            }
+        };
         Ok(Conn {
             r: BufReader::with_capacity(IO_BUFFER, r),
             w: BufWriter::with_capacity(IO_BUFFER, w),
             next_id: 1,
         })
+    }
+
+    /// The TLS handshake on a new connection, within `connect_timeout`,
+    /// checking the store's certificate against the host of `endpoint`
+    /// (an IP address or a name, as the store advertised it).
+    async fn handshake(
+        &self,
+        connector: &tokio_rustls::TlsConnector,
+        endpoint: &str,
+        stream: TcpStream,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, TransferError> {
+        let host = endpoint
+            .rsplit_once(':')
+            .map_or(endpoint, |(host, _port)| host);
+        let name = crescent_auth::tls::server_name(host).map_err(|e| TransferError::Tls {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        })?;
+        match tokio::time::timeout(self.connect_timeout, connector.connect(name, stream)).await {
+            Ok(Ok(tls)) => Ok(tls),
+            Ok(Err(e)) => Err(match tls_refusal(&e) {
+                Some(reason) => TransferError::Tls {
+                    endpoint: endpoint.to_string(),
+                    reason,
+                },
+                // Closed or reset during the handshake without a word: a
+                // store over its connection cap closes new connections so.
+                None => TransferError::Connect {
+                    endpoint: endpoint.to_string(),
+                    source: std::io::Error::new(
+                        e.kind(),
+                        format!("TLS handshake interrupted: {e}"),
+                    ),
+                },
+            }),
+            Err(_) => Err(TransferError::Timeout {
+                endpoint: endpoint.to_string(),
+            }),
+        }
     }
 
     fn checkin(&self, endpoint: &str, conn: Conn) {
@@ -239,8 +324,15 @@ impl TcpTransport {
     ) -> Result<(), TransferError> {
         let both = async {
             let (s, rcv) = tokio::join!(send, recv);
-            s.map_err(IoOrRefused::Io)?;
-            rcv
+            match (s, rcv) {
+                // A TLS refusal shows on whichever half meets the alert;
+                // the other half then only sees the connection go (a
+                // broken pipe, a reset), which must not hide why.
+                (Err(e), _) if tls_refusal(&e).is_some() => Err(IoOrRefused::Io(e)),
+                (_, Err(e)) if e.is_tls() => Err(e),
+                (Err(e), _) => Err(IoOrRefused::Io(e)),
+                (Ok(()), rcv) => rcv,
+            }
         };
         match tokio::time::timeout(self.deadline_for(total), both).await {
             Err(_) => Err(TransferError::Timeout {
@@ -256,6 +348,9 @@ enum IoOrRefused {
     Io(std::io::Error),
     Refused(Status),
     Protocol(String),
+    /// The store's data port answered with a TLS alert: it requires TLS
+    /// and this transport speaks clear text.
+    TlsRequired,
 }
 
 impl From<std::io::Error> for IoOrRefused {
@@ -265,11 +360,32 @@ impl From<std::io::Error> for IoOrRefused {
 }
 
 impl IoOrRefused {
+    fn is_tls(&self) -> bool {
+        match self {
+            IoOrRefused::TlsRequired => true,
+            IoOrRefused::Io(e) => tls_refusal(e).is_some(),
+            IoOrRefused::Refused(_) | IoOrRefused::Protocol(_) => false,
+        }
+    }
+
     fn into_error(self, endpoint: &str) -> TransferError {
         match self {
-            IoOrRefused::Io(e) => TransferError::Io {
+            IoOrRefused::Io(e) => match tls_refusal(&e) {
+                Some(reason) => TransferError::Tls {
+                    endpoint: endpoint.to_string(),
+                    reason,
+                },
+                None => TransferError::Io {
+                    endpoint: endpoint.to_string(),
+                    reason: e.to_string(),
+                },
+            },
+            IoOrRefused::TlsRequired => TransferError::Tls {
                 endpoint: endpoint.to_string(),
-                reason: e.to_string(),
+                reason: "the store's data port requires TLS and this client speaks clear text: \
+                         give it the cluster's TLS files (CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, \
+                         CRESCENT_TLS_CA or --tls-*)"
+                    .into(),
             },
             IoOrRefused::Refused(status) => TransferError::Refused {
                 endpoint: endpoint.to_string(),
@@ -283,10 +399,50 @@ impl IoOrRefused {
     }
 }
 
-async fn read_response(r: &mut BufReader<OwnedReadHalf>) -> Result<Response, IoOrRefused> {
+async fn read_response(r: &mut BufReader<ReadHalf>) -> Result<Response, IoOrRefused> {
     let mut hdr = [0u8; RESPONSE_LEN];
-    r.read_exact(&mut hdr).await?;
+    let read = r.read_exact(&mut hdr).await;
+    // A TLS store answers a clear-text request with an alert record (7
+    // bytes) and closes: the header is cut short, or, were more to
+    // follow, does not decode. Either way its first bytes say TLS.
+    // (`read_exact` fills `hdr` from the front, and it starts zeroed.)
+    if is_tls_alert(&hdr) {
+        return Err(IoOrRefused::TlsRequired);
+    }
+    read?;
     Response::decode(&hdr).map_err(|e| IoOrRefused::Protocol(e.to_string()))
+}
+
+/// The start of a TLS alert record: content type 21, version 3.x.
+fn is_tls_alert(bytes: &[u8]) -> bool {
+    bytes.len() >= 2 && bytes[0] == 0x15 && bytes[1] == 0x03
+}
+
+/// Why the TLS layer refused a connection, when `e` is its error (rustls's
+/// own, as tokio-rustls passes it on), with a hint for the usual causes;
+/// `None` for an I/O error (a reset, a closed connection, a timeout).
+fn tls_refusal(e: &std::io::Error) -> Option<String> {
+    use tokio_rustls::rustls::{AlertDescription, Error};
+    let tls = e.get_ref()?.downcast_ref::<Error>()?;
+    let hint = match tls {
+        Error::InvalidCertificate(_) => {
+            " (the store's certificate is not one this client's CA signed for the \
+             store's address: check CRESCENT_TLS_CA or --tls-ca, and the store's \
+             certificate names the host it advertises)"
+        }
+        Error::AlertReceived(
+            AlertDescription::BadCertificate
+            | AlertDescription::UnknownCA
+            | AlertDescription::CertificateRequired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::DecryptError,
+        ) => " (the store does not trust this client's certificate)",
+        Error::AlertReceived(AlertDescription::HandshakeFailure) | Error::InvalidMessage(_) => {
+            " (the store may serve its data port in clear text: started without --tls-*?)"
+        }
+        _ => "",
+    };
+    Some(format!("{tls}{hint}"))
 }
 
 fn check_response(resp: &Response, id: u64, len: u64) -> Result<(), IoOrRefused> {

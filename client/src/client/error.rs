@@ -53,6 +53,26 @@ impl Error {
         }
     }
 
+    /// A failed transfer with a store. A refusal at the TLS layer (an
+    /// untrusted certificate either way, TLS meeting clear text) is
+    /// PERMISSION_DENIED, as the masters' TLS refusals are
+    /// (`MasterRpcError`): a configuration error no retry fixes, not a
+    /// transfer that may work next time.
+    pub(super) fn from_transfer(e: crescent_store::TransferError) -> Self {
+        match e {
+            crescent_store::TransferError::Tls { .. } => Error::Master {
+                code: ErrorCode::PermissionDenied,
+                message: e.to_string(),
+            },
+            other => Error::Transfer(other.to_string()),
+        }
+    }
+
+    /// Whether this is a refusal no retry against the same peer fixes.
+    pub(super) fn is_denied(&self) -> bool {
+        self.code() == ErrorCode::PermissionDenied
+    }
+
     pub(super) fn from_status(s: &pb::Status, key: &str) -> Option<Self> {
         if s.is_ok() {
             return None;
@@ -62,3 +82,29 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tls_refusal_at_a_store_is_permission_denied_and_other_failures_are_transfer_failures() {
+        let refused = Error::from_transfer(crescent_store::TransferError::Tls {
+            endpoint: "10.0.0.1:50061".into(),
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+        });
+        assert_eq!(refused.code(), ErrorCode::PermissionDenied);
+        assert!(refused.is_denied());
+        let text = refused.to_string();
+        assert!(
+            text.contains("TLS") && text.contains("10.0.0.1:50061"),
+            "{text}"
+        );
+        let reset = Error::from_transfer(crescent_store::TransferError::Io {
+            endpoint: "10.0.0.1:50061".into(),
+            reason: "connection reset by peer".into(),
+        });
+        assert_eq!(reset.code(), ErrorCode::TransferFail);
+        assert!(!reset.is_denied());
+    }
+}

@@ -250,9 +250,22 @@ impl ClientCore {
                         }
                     }
                 }
-                Err(_) => {
+                Err(e) => {
                     self.tcp.forget(ep);
-                    fallback.extend(idxs.iter().copied());
+                    let e = Error::from_transfer(e);
+                    for &i in idxs {
+                        let r = found[i].as_ref().expect("found");
+                        // Refused at the TLS layer: falling back would
+                        // repeat the refused handshake with this store
+                        // once per object. Only objects with a replica
+                        // elsewhere fall back.
+                        let elsewhere = r.replicas.iter().any(|x| x.endpoint != *ep);
+                        if e.is_denied() && !elsewhere {
+                            results[i] = Some(Err(e.clone()));
+                        } else {
+                            fallback.push(i);
+                        }
+                    }
                 }
             }
         }

@@ -2,7 +2,8 @@
 //!
 //! Metadata goes to the masters ([`MasterClient`]); bytes go straight to the
 //! stores: the client's own segment first (a memcpy), then a same-host store's
-//! shared memory, then TCP. Every object carries a crc32c recorded at PutEnd;
+//! shared memory, then TCP (mutual TLS when the client has TLS files).
+//! Every object carries a crc32c recorded at PutEnd;
 //! a get verifies it and falls back to another replica on mismatch, so a get
 //! never returns bytes that differ from what was put.
 //!
@@ -152,6 +153,16 @@ impl Client {
                     config.transfer_listen
                 ))
             })?;
+            // The segment's transfer port is mutual TLS with this
+            // client's files, as every store's is with its own: its
+            // certificate must then be fit to serve (see the README).
+            let serving_tls = match &tls {
+                Some(files) => Some(Arc::new(
+                    crescent_auth::tls::ServingTls::new(files)
+                        .map_err(|e| Error::Config(e.to_string()))?,
+                )),
+                None => None,
+            };
             let agent = StoreAgent::start(
                 master.clone(),
                 AgentConfig {
@@ -159,6 +170,7 @@ impl Client {
                     listen,
                     hostname: config.local_hostname.clone(),
                     shm: config.shm,
+                    tls: serving_tls,
                     ..Default::default()
                 },
             )
@@ -177,10 +189,11 @@ impl Client {
         } else {
             None
         };
+        let tcp = TcpTransport::with_tls(tls.as_ref()).map_err(|e| Error::Config(e.to_string()))?;
         let core = Arc::new(ClientCore {
             stats: ClientStats::default(),
             master,
-            tcp: TcpTransport::new(),
+            tcp,
             shm: Mutex::new(HashMap::new()),
             local,
             degraded: AtomicBool::new(false),

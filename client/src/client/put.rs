@@ -231,8 +231,9 @@ impl ClientCore {
         for (group, outcome) in futures::future::join_all(exchanges).await {
             if let Err(e) = outcome {
                 self.tcp.forget(&group.0);
+                let e = Error::from_transfer(e);
                 for (i, _, _, _) in &tcp_groups[group] {
-                    results[*i] = Some(Err(Error::Transfer(e.to_string())));
+                    results[*i] = Some(Err(e.clone()));
                 }
             }
         }

@@ -104,7 +104,7 @@ impl ClientCore {
                     .collect();
                 self.tcp.write(ep, &writes).await.map_err(|e| {
                     self.tcp.forget(ep);
-                    Error::Transfer(e.to_string())
+                    Error::from_transfer(e)
                 })
             }
         }
@@ -144,7 +144,7 @@ impl ClientCore {
                     .await
                     .map_err(|e| {
                         self.tcp.forget(ep);
-                        Error::Transfer(e.to_string())
+                        Error::from_transfer(e)
                     })?;
                 Ok(combine_crcs(&crcs, &reads))
             }
@@ -168,6 +168,9 @@ impl ClientCore {
         let dst = &mut buf[..size as usize];
         let mut mismatch = false;
         let mut last = String::from("object has no replica");
+        // A TLS refusal is reported as such (PERMISSION_DENIED) when no
+        // replica could be read: it is why, not a transfer failure.
+        let mut denied = None;
         for r in self.read_order(&found.replicas) {
             if r.length != size {
                 last = format!(
@@ -194,11 +197,16 @@ impl ClientCore {
                 Err(e) => {
                     tracing::debug!(key, segment_id = r.segment_id, error = %e, "replica unreadable; trying another");
                     last = e.to_string();
+                    if e.is_denied() {
+                        denied = Some(e);
+                    }
                 }
             }
         }
         if mismatch {
             Err(Error::ChecksumMismatch(key.to_string()))
+        } else if let Some(denied) = denied {
+            Err(denied)
         } else {
             Err(Error::Transfer(last))
         }

@@ -59,6 +59,13 @@ pub fn router(agent: Arc<StoreAgent>) -> axum::Router {
         );
         sample(
             &mut out,
+            "store_transfer_tls_refused_total",
+            "counter",
+            "Transfer connections refused at the TLS handshake (no or an untrusted certificate, clear text on a TLS port, TLS on a clear-text port, too slow).",
+            s.tls_refused.load(Ordering::Relaxed),
+        );
+        sample(
+            &mut out,
             "store_segment_capacity_bytes",
             "gauge",
             "Size of the contributed segment.",

@@ -1,5 +1,5 @@
 //! crescent-store: contributes one memory segment to a Crescent pool and serves
-//! its bytes (TCP; same-host shared memory with --shm).
+//! its bytes (TCP, mutual TLS with --tls-*; same-host shared memory with --shm).
 
 mod http;
 
@@ -57,14 +57,17 @@ struct Args {
     #[arg(long, env = "CRESCENT_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// This store's TLS certificate (PEM), for mutual TLS to masters started
-    /// with --tls-*; with --tls-key and --tls-ca. The metrics HTTP port then
-    /// serves HTTPS with it.
+    /// with --tls-*; with --tls-key and --tls-ca. The transfer port then
+    /// accepts only mutual TLS (clients presenting a certificate the CA
+    /// signed), and the metrics HTTP port serves HTTPS. It must name the
+    /// host clients reach the transfer port at (--advertise).
     #[arg(long, env = "CRESCENT_TLS_CERT")]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
     #[arg(long, env = "CRESCENT_TLS_KEY")]
     tls_key: Option<PathBuf>,
-    /// The CA certificate (PEM) that signed the masters' certificates.
+    /// The CA certificate (PEM) that signed the masters' and the clients'
+    /// certificates.
     #[arg(long, env = "CRESCENT_TLS_CA")]
     tls_ca: Option<PathBuf>,
     /// Read an etcd:// --master over TLS with the --tls-* files.
@@ -106,13 +109,14 @@ fn main() -> anyhow::Result<()> {
                 .with_token(token.clone())
                 .with_tls(tls.as_ref()),
         );
-        // What the metrics port serves with --tls-* (re-read on SIGHUP).
+        // What the transfer and metrics ports serve with --tls-* (re-read on
+        // SIGHUP; each new connection takes what is current).
         let serving_tls = match &tls {
             Some(files) => Some(Arc::new(crescent_auth::tls::ServingTls::new(files)?)),
             None => None,
         };
         // SIGHUP re-reads the token file (the token's clones share it) and
-        // the TLS files the metrics port serves.
+        // the TLS files the transfer and metrics ports serve.
         let reload_tls = serving_tls.clone();
         crescent_runtime::on_hangup(move || {
             match token.reload() {
@@ -124,7 +128,9 @@ fn main() -> anyhow::Result<()> {
             }
             if let Some(tls) = &reload_tls {
                 match tls.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS files reloaded for the metrics port"),
+                    Ok(()) => tracing::info!(
+                        "SIGHUP: TLS files reloaded for the transfer and metrics ports"
+                    ),
                     Err(e) => tracing::warn!(
                         error = %e,
                         "SIGHUP: TLS files not reloaded; the ones in use stay"
@@ -148,6 +154,7 @@ fn main() -> anyhow::Result<()> {
                 grant_clock_skew: args.grant_clock_skew,
                 ..Default::default()
             },
+            tls: serving_tls.clone(),
         };
         let agent = StoreAgent::start(master, cfg).await?;
         tracing::info!(

@@ -51,8 +51,8 @@ pub struct DataArgs {
     floor_dir: std::path::PathBuf,
     /// Security of the local cluster, one run each so their costs compare in
     /// the same run: insecure (no tokens, clear text), tokens, tokens-tls
-    /// (tokens and mutual TLS on every gRPC connection). Data-plane grants
-    /// are always on. With --masters the cluster is what it is ("given").
+    /// (tokens, and mutual TLS on every gRPC connection and on the store's
+    /// data port). Data-plane grants are always on. With --masters the cluster is what it is ("given").
     #[arg(long, value_delimiter = ',', default_value = "insecure,tokens-tls")]
     security: Vec<String>,
 }
@@ -519,8 +519,9 @@ fn print(
         );
     }
     println!();
-    println!("insecure: no tokens, clear-text gRPC; tokens-tls: tokens and mutual TLS on every gRPC connection;");
-    println!("data-plane grants are checked in every mode; the data port itself is not TLS");
+    println!("insecure: no tokens, clear-text gRPC and data port; tokens-tls: tokens, and mutual TLS on every");
+    println!("gRPC connection and the store's data port (TCP rows; shm rows copy without a socket, no TLS);");
+    println!("data-plane grants are checked in every mode");
     println!("every request includes its master round trip (PutStart+PutEnd, or GetReplicaList) and crc32c of the values;");
     println!("latency is per request (BATCH objects)");
     let best = |t: &str, size: u64| {
