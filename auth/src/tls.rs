@@ -59,6 +59,12 @@ pub enum TlsError {
          tls_key, tls_ca)"
     )]
     EtcdWithoutFiles,
+    #[error(
+        "TLS on the data port (--data-tls, CRESCENT_DATA_TLS, JSON data_tls) needs the TLS \
+         files: --tls-cert, --tls-key and --tls-ca (CRESCENT_TLS_CERT, _KEY, _CA; JSON \
+         tls_cert, tls_key, tls_ca)"
+    )]
+    DataPortWithoutFiles,
 }
 
 /// The files a process reaches etcd with: its TLS files when `etcd_tls`
@@ -68,6 +74,22 @@ pub fn for_etcd(etcd_tls: bool, tls: Option<&TlsFiles>) -> Result<Option<&TlsFil
         (false, _) => Ok(None),
         (true, Some(files)) => Ok(Some(files)),
         (true, None) => Err(TlsError::EtcdWithoutFiles),
+    }
+}
+
+/// The files the data port (a store's transfer port, and a client's
+/// transport to it) speaks mutual TLS with: its TLS files when `data_tls`
+/// asks for it, else none (clear text). Off unless asked: TLS halves 1 MiB
+/// transfers on a machine without kernel TLS (docs/benchmarks.md), and the
+/// grants already decide who may read or write what.
+pub fn for_data_port(
+    data_tls: bool,
+    tls: Option<&TlsFiles>,
+) -> Result<Option<&TlsFiles>, TlsError> {
+    match (data_tls, tls) {
+        (false, _) => Ok(None),
+        (true, Some(files)) => Ok(Some(files)),
+        (true, None) => Err(TlsError::DataPortWithoutFiles),
     }
 }
 
@@ -232,6 +254,14 @@ impl TlsFiles {
         })
     }
 
+    /// Whether `other` holds the same certificate, key and CA bytes (a
+    /// reload that changed nothing need not drop any connection).
+    pub fn same_as(&self, other: &TlsFiles) -> bool {
+        self.cert_pem == other.cert_pem
+            && self.key_pem == other.key_pem
+            && self.ca_pem == other.ca_pem
+    }
+
     /// A client that trusts only servers the CA signed and presents this
     /// certificate.
     pub fn client_config(&self) -> ClientTlsConfig {
@@ -334,10 +364,16 @@ impl ServingTls {
     /// Reads the three files again. On any error (a missing, oversized or
     /// malformed file, a key that does not match its certificate) the
     /// configuration in use stays and the error says why.
-    pub fn reload(&self) -> Result<(), TlsError> {
-        let configs = TlsFiles::read(&self.cert, &self.key, &self.ca)?.serving_configs()?;
+    ///
+    /// Returns the files it took, checked for the client side as well, so
+    /// that what the process presents as a client (to its peers, to the
+    /// masters) moves to the same files, or stays when these are broken.
+    pub fn reload(&self) -> Result<TlsFiles, TlsError> {
+        let files = TlsFiles::read(&self.cert, &self.key, &self.ca)?;
+        let configs = files.serving_configs()?;
+        files.data_client_config()?;
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = configs;
-        Ok(())
+        Ok(files)
     }
 
     /// For the next gRPC connection: mutual TLS.

@@ -202,17 +202,26 @@ fn tls_mismatch(status: &tonic::Status) -> Option<String> {
     None
 }
 
+/// The channels of a [`MasterClient`] and the TLS they were made with.
+#[derive(Default, Clone)]
+struct Channels {
+    /// Mutual TLS towards the masters (`--tls-*`); plain HTTP/2 without.
+    tls: Option<Arc<ClientTlsConfig>>,
+    by_addr: HashMap<String, Channel>,
+}
+
 /// A client of the master set that follows the leader by itself.
 pub struct MasterClient {
     targets: std::sync::Arc<Targets>,
     next_seed: AtomicUsize,
-    /// One lazily connected channel per master address: looked up on every
-    /// call, added to once per address (copy-on-write).
-    channels: ArcSwap<HashMap<String, Channel>>,
+    /// One lazily connected channel per master address, and the TLS they
+    /// were made with: looked up on every call, added to once per address
+    /// (copy-on-write), replaced whole by [`MasterClient::reload_tls`].
+    channels: ArcSwap<Channels>,
+    /// The files `channels` were made with (reloads compare against them).
+    presented_tls: std::sync::Mutex<Option<crescent_auth::tls::TlsFiles>>,
     /// Presented on every call (none for `--insecure` clusters).
     token: BearerToken,
-    /// Mutual TLS towards the masters (`--tls-*`); plain HTTP/2 without.
-    tls: Option<ClientTlsConfig>,
     client_id: String,
     seq: AtomicU64,
     /// Names this client gives its puts (see `new_put_id`).
@@ -272,8 +281,8 @@ impl MasterClient {
             targets,
             next_seed: AtomicUsize::new(start),
             channels: ArcSwap::default(),
+            presented_tls: std::sync::Mutex::new(None),
             token: BearerToken::none(),
-            tls: None,
             client_id: new_client_id(),
             seq: AtomicU64::new(1),
             next_put_id: AtomicU64::new(1),
@@ -290,10 +299,36 @@ impl MasterClient {
 
     /// Speaks mutual TLS to the masters from now on (channels opened
     /// before are dropped, so no call goes out in clear text after this).
-    pub fn with_tls(mut self, tls: Option<&crescent_auth::tls::TlsFiles>) -> Self {
-        self.tls = tls.map(|t| t.client_config());
-        self.channels.store(Arc::default());
+    pub fn with_tls(self, tls: Option<&crescent_auth::tls::TlsFiles>) -> Self {
+        *self.presented_tls.lock().expect("lock poisoned") = tls.cloned();
+        self.channels.store(Arc::new(Channels {
+            tls: tls.map(|t| Arc::new(t.client_config())),
+            by_addr: HashMap::new(),
+        }));
         self
+    }
+
+    /// Presents `tls` from now on (a SIGHUP after certificates were
+    /// rotated): cached channels are dropped, so the next call connects
+    /// with the new files; calls already made finish on their connection.
+    /// Files that do not parse are refused and the ones in use stay (a
+    /// broken reload must not cut a process off its masters); files equal
+    /// to those in use change nothing.
+    pub fn reload_tls(
+        &self,
+        tls: &crescent_auth::tls::TlsFiles,
+    ) -> Result<(), crescent_auth::tls::TlsError> {
+        tls.data_client_config()?;
+        let mut current = self.presented_tls.lock().expect("lock poisoned");
+        if current.as_ref().is_some_and(|c| c.same_as(tls)) {
+            return Ok(());
+        }
+        self.channels.store(Arc::new(Channels {
+            tls: Some(Arc::new(tls.client_config())),
+            by_addr: HashMap::new(),
+        }));
+        *current = Some(tls.clone());
+        Ok(())
     }
 
     pub fn client_id(&self) -> &str {
@@ -320,26 +355,39 @@ impl MasterClient {
 
     /// The channel to `addr`, with this client's token on every call.
     pub fn channel(&self, addr: &str) -> Result<AuthedChannel, MasterRpcError> {
-        if let Some(c) = self.channels.load().get(addr) {
+        if let Some(c) = self.channels.load().by_addr.get(addr) {
             return Ok(self.token.wrap(c.clone()));
         }
-        let ch = crescent_auth::tls::endpoint(addr, self.tls.as_ref())
-            .map_err(|_| MasterRpcError::BadAddress(addr.to_string()))?
-            .connect_timeout(Duration::from_millis(300))
-            .tcp_nodelay(true)
-            .connect_lazy();
-        // Two callers may race to add the same address: the first one's
-        // channel stays, so every caller ends up sharing one.
-        let mut chosen = ch.clone();
+        // Built inside the swap from the TLS of the map it joins: a reload
+        // racing with this call cannot leave a channel with the old files.
+        let mut chosen = None;
+        let mut bad = false;
         self.channels.rcu(|current| {
-            let mut next = HashMap::clone(current);
-            chosen = next
-                .entry(addr.to_string())
-                .or_insert_with(|| ch.clone())
-                .clone();
+            // rcu may run this again if another call swapped meanwhile.
+            chosen = None;
+            bad = false;
+            let mut next = Channels::clone(current);
+            if let Some(c) = next.by_addr.get(addr) {
+                chosen = Some(c.clone());
+                return next;
+            }
+            match crescent_auth::tls::endpoint(addr, next.tls.as_deref()) {
+                Ok(endpoint) => {
+                    let ch = endpoint
+                        .connect_timeout(Duration::from_millis(300))
+                        .tcp_nodelay(true)
+                        .connect_lazy();
+                    next.by_addr.insert(addr.to_string(), ch.clone());
+                    chosen = Some(ch);
+                }
+                Err(_) => bad = true,
+            }
             next
         });
-        Ok(self.token.wrap(chosen))
+        match chosen {
+            Some(ch) if !bad => Ok(self.token.wrap(ch)),
+            _ => Err(MasterRpcError::BadAddress(addr.to_string())),
+        }
     }
 
     fn pick_target(&self) -> Option<String> {

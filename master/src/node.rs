@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use arc_swap::ArcSwapOption;
 use crescent_raft::eviction::{select_victims, should_evict, AccessInfo};
 use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
@@ -291,8 +292,11 @@ pub struct MasterNode {
     verifier: Arc<crescent_auth::Verifier>,
     /// The cluster token this master presents to its peers.
     peer_token: crescent_auth::BearerToken,
-    /// Mutual TLS (`--tls-*`): presented to the peers (read at start).
-    tls: Option<crescent_auth::tls::TlsFiles>,
+    /// Mutual TLS (`--tls-*`): what this master presents to its peers
+    /// (Raft, TimeoutNow); re-read on SIGHUP.
+    tls: ArcSwapOption<crescent_auth::tls::TlsFiles>,
+    /// The Raft transport's handle, to present reloaded TLS files with.
+    peers: GrpcNetworkFactory,
     /// What the gRPC and HTTP ports serve with `--tls-*` (re-read on SIGHUP).
     serving_tls: Option<Arc<crescent_auth::tls::ServingTls>>,
 }
@@ -350,6 +354,7 @@ impl MasterNode {
         );
         let contacts = network.contacts.clone();
         let lease_clock = network.lease_clock.clone();
+        let peers = network.clone();
         let raft = Raft::new(id, Arc::new(raft_config(&config)?), network, log, sm).await?;
 
         let etcd = match config.etcd_endpoints() {
@@ -384,7 +389,8 @@ impl MasterNode {
             counters: Default::default(),
             verifier,
             peer_token,
-            tls,
+            tls: ArcSwapOption::from(tls.map(Arc::new)),
+            peers,
             serving_tls,
         });
         tokio::spawn(read_barrier_loop(raft.clone(), rx));
@@ -496,15 +502,36 @@ impl MasterNode {
         }
         if let Some(tls) = &self.serving_tls {
             match tls.reload() {
-                Ok(()) => tracing::info!(
-                    "SIGHUP: TLS certificate, key and CA reloaded for new connections"
-                ),
+                Ok(files) => {
+                    tracing::info!(
+                        "SIGHUP: TLS certificate, key and CA reloaded for new connections"
+                    );
+                    self.present_to_peers(files);
+                }
                 Err(e) => tracing::warn!(
                     error = %e,
-                    "SIGHUP: TLS files not reloaded; the ones in use stay"
+                    "SIGHUP: TLS files not reloaded; the ones in use stay (served and presented)"
                 ),
             }
         }
+    }
+
+    /// What this master presents to its peers (Raft, TimeoutNow) moves to
+    /// `files`, which the serving side has just taken (so they are whole):
+    /// an old CA can then be dropped without restarting. Unchanged files
+    /// keep the peer connections as they are.
+    fn present_to_peers(&self, files: crescent_auth::tls::TlsFiles) {
+        if self
+            .tls
+            .load()
+            .as_deref()
+            .is_some_and(|current| current.same_as(&files))
+        {
+            return;
+        }
+        self.peers.reload_tls(files.client_config());
+        self.tls.store(Some(Arc::new(files)));
+        tracing::info!("SIGHUP: the peers are reached with the reloaded TLS files");
     }
 
     pub fn metrics(&self) -> openraft::RaftMetrics<NodeId, BasicNode> {

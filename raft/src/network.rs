@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use crescent_auth::{AuthedChannel, BearerToken};
 use crescent_proto::pb::raft_service_client::RaftServiceClient;
 use crescent_proto::pb::raft_service_server::RaftService;
@@ -55,14 +56,17 @@ impl ContactBook {
 }
 
 /// Creates per-peer clients; channels are cached per address and reused.
+/// A replication stream looks its peer's channel up on every message, so
+/// [`GrpcNetworkFactory::reload_tls`] reaches streams already running.
 #[derive(Clone)]
 pub struct GrpcNetworkFactory {
     self_id: NodeId,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// The cluster token every message carries (none with `--insecure`).
     token: BearerToken,
-    /// Mutual TLS towards the peers (`--tls-*`), none without.
-    tls: Option<ClientTlsConfig>,
+    /// Mutual TLS towards the peers (`--tls-*`), none without; swapped by a
+    /// reload (SIGHUP).
+    tls: Arc<ArcSwapOption<ClientTlsConfig>>,
     pub contacts: Arc<ContactBook>,
     /// Send times of accepted AppendEntries, for the leader's read lease.
     pub lease_clock: Arc<LeaseClock>,
@@ -74,10 +78,20 @@ impl GrpcNetworkFactory {
             self_id,
             channels: Default::default(),
             token,
-            tls,
+            tls: Arc::new(ArcSwapOption::from(tls.map(Arc::new))),
             contacts: Default::default(),
             lease_clock: Default::default(),
         }
+    }
+
+    /// Presents `tls` to the peers from now on: the cached channels are
+    /// dropped, so the next message to each peer connects with it (messages
+    /// already on their way finish on the connection they have). A leader
+    /// whose peers stopped trusting its old certificate keeps replicating.
+    pub fn reload_tls(&self, tls: ClientTlsConfig) {
+        let mut channels = self.channels.lock().expect("channel lock poisoned");
+        self.tls.store(Some(Arc::new(tls)));
+        channels.clear();
     }
 
     fn channel(&self, addr: &str) -> Result<AuthedChannel, String> {
@@ -85,7 +99,8 @@ impl GrpcNetworkFactory {
         if let Some(c) = channels.get(addr) {
             return Ok(self.token.wrap(c.clone()));
         }
-        let endpoint = crescent_auth::tls::endpoint(addr, self.tls.as_ref())
+        let tls = self.tls.load_full();
+        let endpoint = crescent_auth::tls::endpoint(addr, tls.as_deref())
             .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
@@ -99,7 +114,9 @@ impl GrpcNetworkFactory {
 
 pub struct GrpcNetwork {
     target: NodeId,
-    client: Result<RaftServiceClient<AuthedChannel>, String>,
+    /// The peer's address (an error for a node asked to reach itself).
+    peer: Result<String, String>,
+    factory: GrpcNetworkFactory,
     contacts: Arc<ContactBook>,
     lease_clock: Arc<LeaseClock>,
     /// The AppendEntries with entries still on its way to `target`, if any.
@@ -133,19 +150,16 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
     type Network = GrpcNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GrpcNetwork {
-        let client = if target == self.self_id {
+        let peer = if target == self.self_id {
             // A node must never replicate to itself; treat it as unreachable.
             Err(format!("refusing to connect node {target} to itself"))
         } else {
-            self.channel(&node.addr).map(|c| {
-                RaftServiceClient::new(c)
-                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-            })
+            Ok(node.addr.clone())
         };
         GrpcNetwork {
             target,
-            client,
+            peer,
+            factory: self.clone(),
             contacts: self.contacts.clone(),
             lease_clock: self.lease_clock.clone(),
             in_flight: None,
@@ -158,6 +172,17 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetworkFactory {
 struct TransportError(String);
 
 impl GrpcNetwork {
+    /// A client of the peer over its current channel (see
+    /// [`GrpcNetworkFactory::reload_tls`]).
+    fn client(&self) -> Result<RaftServiceClient<AuthedChannel>, String> {
+        let addr = self.peer.as_ref().map_err(Clone::clone)?;
+        self.factory.channel(addr).map(|c| {
+            RaftServiceClient::new(c)
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+        })
+    }
+
     async fn call<Req, Resp, E>(
         &mut self,
         method: Method,
@@ -170,7 +195,7 @@ impl GrpcNetwork {
         E: std::error::Error + DeserializeOwned,
         Result<Resp, E>: DeserializeOwned,
     {
-        let client = self.client.clone().map_err(unreachable)?;
+        let client = self.client().map_err(unreachable)?;
         let data = codec::encode(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&TransportError(e.to_string()))))?;
         send(
@@ -219,7 +244,7 @@ impl GrpcNetwork {
             let bytes = sizes[..n].iter().fold(0u64, |a, b| a.saturating_add(*b));
             rpc.entries.truncate(n);
             let last = rpc.entries[n - 1].log_id;
-            let client = self.client.clone().map_err(unreachable)?;
+            let client = self.client().map_err(unreachable)?;
             let data = codec::encode(&rpc).map_err(|e| {
                 RPCError::Network(NetworkError::new(&TransportError(e.to_string())))
             })?;

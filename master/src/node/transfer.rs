@@ -36,7 +36,7 @@ impl MasterNode {
         let result = async {
             // A frozen target accepts the TCP connection and then answers
             // nothing; without deadlines writes stayed refused until it woke.
-            let tls = self.tls.as_ref().map(|t| t.client_config());
+            let tls = self.tls.load().as_ref().map(|t| t.client_config());
             let endpoint = crescent_auth::tls::endpoint(&addr, tls.as_ref())
                 .map_err(|e| e.to_string())?
                 .connect_timeout(Duration::from_millis(500))

@@ -57,10 +57,9 @@ struct Args {
     #[arg(long, env = "CRESCENT_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// This store's TLS certificate (PEM), for mutual TLS to masters started
-    /// with --tls-*; with --tls-key and --tls-ca. The transfer port then
-    /// accepts only mutual TLS (clients presenting a certificate the CA
-    /// signed), and the metrics HTTP port serves HTTPS. It must name the
-    /// host clients reach the transfer port at (--advertise).
+    /// with --tls-*; with --tls-key and --tls-ca. The metrics HTTP port then
+    /// serves HTTPS, and with --data-tls the transfer port accepts only
+    /// mutual TLS (clients presenting a certificate the CA signed).
     #[arg(long, env = "CRESCENT_TLS_CERT")]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
@@ -73,6 +72,13 @@ struct Args {
     /// Read an etcd:// --master over TLS with the --tls-* files.
     #[arg(long, env = "CRESCENT_ETCD_TLS", value_parser = clap::builder::BoolishValueParser::new())]
     etcd_tls: bool,
+    /// Serve the transfer (data) port with mutual TLS and the --tls-* files:
+    /// clients must then set data_tls too, and --tls-cert must name the
+    /// host clients reach this store at (--advertise). Off by default: it
+    /// costs about half of 1 MiB transfer throughput here (no kernel TLS),
+    /// and the masters' grants already decide who may read or write what.
+    #[arg(long, env = "CRESCENT_DATA_TLS", value_parser = clap::builder::BoolishValueParser::new())]
+    data_tls: bool,
     /// How far past its expiry a data-plane grant is still honoured: room for
     /// this host's clock running ahead of the masters'.
     #[arg(long, env = "CRESCENT_GRANT_CLOCK_SKEW", default_value = "2s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
@@ -116,8 +122,10 @@ fn main() -> anyhow::Result<()> {
             None => None,
         };
         // SIGHUP re-reads the token file (the token's clones share it) and
-        // the TLS files the transfer and metrics ports serve.
+        // the TLS files: served on the transfer and metrics ports, and
+        // presented to the masters.
         let reload_tls = serving_tls.clone();
+        let presenting = master.clone();
         crescent_runtime::on_hangup(move || {
             match token.reload() {
                 Ok(true) => tracing::info!("SIGHUP: token file reloaded"),
@@ -128,9 +136,20 @@ fn main() -> anyhow::Result<()> {
             }
             if let Some(tls) = &reload_tls {
                 match tls.reload() {
-                    Ok(()) => tracing::info!(
-                        "SIGHUP: TLS files reloaded for the transfer and metrics ports"
-                    ),
+                    Ok(files) => {
+                        tracing::info!(
+                            "SIGHUP: TLS files reloaded for the transfer and metrics ports"
+                        );
+                        match presenting.reload_tls(&files) {
+                            Ok(()) => tracing::info!(
+                                "SIGHUP: the masters are reached with the reloaded TLS files"
+                            ),
+                            Err(e) => tracing::warn!(
+                                error = %e,
+                                "SIGHUP: TLS files presented to the masters not reloaded"
+                            ),
+                        }
+                    }
                     Err(e) => tracing::warn!(
                         error = %e,
                         "SIGHUP: TLS files not reloaded; the ones in use stay"
@@ -154,7 +173,9 @@ fn main() -> anyhow::Result<()> {
                 grant_clock_skew: args.grant_clock_skew,
                 ..Default::default()
             },
-            tls: serving_tls.clone(),
+            // The same reloadable files, on the transfer port only when asked.
+            tls: crescent_auth::tls::for_data_port(args.data_tls, tls.as_ref())?
+                .and(serving_tls.clone()),
         };
         let agent = StoreAgent::start(master, cfg).await?;
         tracing::info!(
