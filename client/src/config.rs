@@ -66,6 +66,11 @@ pub struct ClientConfig {
     /// Read an `etcd://` master address over TLS with the same files
     /// (`CRESCENT_ETCD_TLS`, JSON `etcd_tls`).
     pub etcd_tls: bool,
+    /// Speak mutual TLS to the stores' data ports, and serve this client's
+    /// own segment with it, with the same files (`CRESCENT_DATA_TLS`, JSON
+    /// `data_tls`). Every store and engine of a cluster must agree; off by
+    /// default (see `crescent_auth::tls::for_data_port`).
+    pub data_tls: bool,
 }
 
 impl Default for ClientConfig {
@@ -88,6 +93,7 @@ impl Default for ClientConfig {
             tls_key: None,
             tls_ca: None,
             etcd_tls: false,
+            data_tls: false,
         }
     }
 }
@@ -95,6 +101,18 @@ impl Default for ClientConfig {
 #[derive(Debug, thiserror::Error)]
 #[error("client configuration: {0}")]
 pub struct ConfigError(pub String);
+
+/// A yes/no variable as the binaries' flags read it (clap's boolish
+/// values), so one environment means the same to an engine and to a store.
+fn boolish(name: &str, v: &str) -> Result<bool, ConfigError> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "y" | "yes" | "t" | "true" | "on" => Ok(true),
+        "0" | "n" | "no" | "f" | "false" | "off" | "" => Ok(false),
+        other => Err(ConfigError(format!(
+            "{name}={other:?}: expected true or false"
+        ))),
+    }
+}
 
 /// Mooncake's JSON field names; sizes may be numbers or strings like "4gb".
 /// Engines write their own fields into the same file (vLLM, LMCache), so
@@ -115,6 +133,7 @@ struct JsonConfig {
     tls_key: Option<String>,
     tls_ca: Option<String>,
     etcd_tls: Option<bool>,
+    data_tls: Option<bool>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -204,17 +223,10 @@ impl ClientConfig {
             c.tls_ca = Some(v.into());
         }
         if let Some(v) = get("CRESCENT_ETCD_TLS") {
-            // As the binaries' flag reads it (clap's boolish values), so one
-            // environment means the same to an engine and to a store.
-            c.etcd_tls = match v.to_ascii_lowercase().as_str() {
-                "1" | "y" | "yes" | "t" | "true" | "on" => true,
-                "0" | "n" | "no" | "f" | "false" | "off" | "" => false,
-                other => {
-                    return Err(ConfigError(format!(
-                        "CRESCENT_ETCD_TLS={other:?}: expected true or false"
-                    )))
-                }
-            };
+            c.etcd_tls = boolish("CRESCENT_ETCD_TLS", &v)?;
+        }
+        if let Some(v) = get("CRESCENT_DATA_TLS") {
+            c.data_tls = boolish("CRESCENT_DATA_TLS", &v)?;
         }
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");
@@ -269,6 +281,9 @@ impl ClientConfig {
         }
         if let Some(v) = j.etcd_tls {
             self.etcd_tls = v;
+        }
+        if let Some(v) = j.data_tls {
+            self.data_tls = v;
         }
         Ok(())
     }
@@ -351,6 +366,13 @@ mod tests {
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "On")])).unwrap();
         assert!(c.etcd_tls);
         assert!(ClientConfig::from_lookup(lookup(&[("CRESCENT_ETCD_TLS", "maybe")])).is_err());
+        // The data port's switch reads the same way, and needs the files too.
+        let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_DATA_TLS", "yes")])).unwrap();
+        assert!(c.data_tls);
+        assert!(crescent_auth::tls::for_data_port(c.data_tls, None).is_err());
+        assert!(ClientConfig::from_lookup(lookup(&[("CRESCENT_DATA_TLS", "maybe")])).is_err());
+        let c = ClientConfig::from_lookup(lookup(&[])).unwrap();
+        assert!(!c.data_tls, "the data port is clear text unless asked");
     }
 
     #[test]

@@ -514,6 +514,9 @@ pub struct LocalCluster {
     /// The directory `crescentctl certs init` wrote when every gRPC
     /// connection is mutual TLS; `None`: plain HTTP/2.
     pub certs: Option<PathBuf>,
+    /// Stores started from now on serve their data port with mutual TLS
+    /// (`--data-tls`); on by default in a TLS cluster.
+    pub data_tls: bool,
 }
 
 /// How a [`LocalCluster`]'s masters authenticate callers.
@@ -727,6 +730,7 @@ impl LocalCluster {
             _dir: None,
             root: root.to_path_buf(),
             tokens,
+            data_tls: certs.is_some(),
             certs,
         };
         for m in &mut cluster.masters {
@@ -790,6 +794,9 @@ impl LocalCluster {
         }
         if let Some(dir) = &self.certs {
             args.extend(tls_flags(dir, true));
+            if self.data_tls {
+                args.push("--data-tls".into());
+            }
         }
         args.extend(extra.iter().cloned());
         let mut store = StoreProcess {

@@ -51,6 +51,7 @@ fn ctl_get(
         .arg("--token-file")
         .arg(token)
         .args(tls_flags(certs, false))
+        .arg("--data-tls")
         .output()
         .unwrap();
     assert!(
@@ -91,6 +92,7 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
         tls_cert: Some(client_tls.cert.clone()),
         tls_key: Some(client_tls.key.clone()),
         tls_ca: Some(client_tls.ca.clone()),
+        data_tls: true,
         degrade_after: Duration::ZERO,
         ..ClientConfig::default()
     })
@@ -251,7 +253,10 @@ async fn served_within(client: &MasterClient, who: &str, within: Duration) {
 /// the files in use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sighup_rotates_the_certificates_masters_serve_with() {
-    let mut cluster = LocalCluster::start_as(3, &[], Security::TokensAndTls).unwrap();
+    // A short client TTL: step 3 checks the store stays live through a
+    // leader change, which it could not without reaching the new leader.
+    let ttl = ["--client-ttl".to_string(), "3s".to_string()];
+    let mut cluster = LocalCluster::start_as(3, &ttl, Security::TokensAndTls).unwrap();
     cluster.with_mounted_store("64mb").await.unwrap();
     let certs = cluster.certs.clone().unwrap();
     let token = cluster.client_token_file().unwrap();
@@ -287,6 +292,7 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
         tls_cert: Some(certs.join("client.pem")),
         tls_key: Some(certs.join("client.key")),
         tls_ca: Some(certs.join(CA_CERT_FILE)),
+        data_tls: true,
         degrade_after: Duration::ZERO,
         ..ClientConfig::default()
     })
@@ -380,6 +386,105 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     for (key, i) in [("before", 1), ("step-1", 2), ("step-2", 3)] {
         assert_eq!(writer.get(key).await.unwrap(), value(i), "{key}");
     }
+    // A well-formed key of another certificate: refused as well, by the
+    // side served and the side presented to the peers alike (had the peers
+    // taken it, every Raft message would fail its handshake from now on
+    // and no put could commit).
+    std::fs::copy(next.path().join("client.key"), certs.join("node.key")).unwrap();
+    cluster.hangup_all().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    writer
+        .put("after-a-mismatched-key", &value(6), &one)
+        .await
+        .expect("a mismatched key at SIGHUP must leave Raft's connections working");
+
+    // Step 3: drop the old CA (trust only the new one), SIGHUP, restart
+    // nothing. Since step 2's SIGHUP every process presents the new
+    // certificate as a client too (masters to their peers, the store to the
+    // masters), so connections opened from now on are still accepted.
+    for f in ["node.key", CA_CERT_FILE, "client.pem", "client.key"] {
+        std::fs::copy(next.path().join(f), certs.join(f)).unwrap();
+    }
+    cluster.hangup_all().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    refused_by_tls(
+        &engine(&new_cert_old_trust),
+        "a client trusting only the old CA after step 3",
+    )
+    .await;
+    let fresh = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        token_file: Some(token.clone()),
+        tls_cert: Some(next.path().join("client.pem")),
+        tls_key: Some(next.path().join("client.key")),
+        tls_ca: Some(next.path().join(CA_CERT_FILE)),
+        data_tls: true,
+        degrade_after: Duration::ZERO,
+        ..ClientConfig::default()
+    })
+    .await
+    .unwrap();
+    // A restarted follower is reached by the leader over a new connection,
+    // with the certificate the leader presents now, and catches up.
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let follower = (1..=3u64).find(|id| *id != leader).unwrap();
+    cluster.kill(follower).unwrap();
+    cluster.restart(follower).unwrap();
+    fresh.put("step-3", &value(4), &one).await.unwrap();
+    let status = |addr: String| {
+        let client = impatient(
+            MasterClient::new(&addr)
+                .unwrap()
+                .with_token(bearer.clone())
+                .with_tls(Some(&only_new)),
+        );
+        async move { client.node_status(&addr).await }
+    };
+    let leader_addr = cluster.by_id(leader).unwrap().addr.clone();
+    let follower_addr = cluster.by_id(follower).unwrap().addr.clone();
+    let committed = status(leader_addr).await.unwrap().committed;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match status(follower_addr.clone()).await {
+            Ok(s) if s.applied >= committed => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "master {follower}, restarted after step 3, did not catch up to {committed} \
+                 (the leader must reach it with its new certificate): {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The store reaches a new leader over a new connection too: after the
+    // leader is killed, its segment stays live past the new leader's
+    // takeover grace (one client TTL) and takes puts.
+    cluster.kill(leader).unwrap();
+    let (next_leader, next_addr, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_ne!(next_leader, leader);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let live = status(next_addr).await.unwrap().segment_count;
+    assert_eq!(
+        live, 1,
+        "the store's segment expired after step 3: it could not reach the new leader"
+    );
+    fresh
+        .put("step-3-after-failover", &value(5), &one)
+        .await
+        .unwrap();
+    for (key, i) in [
+        ("before", 1),
+        ("step-2", 3),
+        ("step-3", 4),
+        ("step-3-after-failover", 5),
+    ] {
+        assert_eq!(fresh.get(key).await.unwrap(), value(i), "{key}");
+    }
 }
 
 /// etcd serving TLS with client certificates: masters register and elect
@@ -412,6 +517,7 @@ async fn masters_stores_and_engines_use_etcd_over_tls() {
         tls_key: Some(client_tls.key.clone()),
         tls_ca: Some(client_tls.ca.clone()),
         etcd_tls: true,
+        data_tls: true,
         degrade_after: Duration::ZERO,
         ..ClientConfig::default()
     };
@@ -569,6 +675,7 @@ async fn a_tls_cluster_moves_bytes_only_over_mutual_tls_on_the_data_port() {
         tls_cert: Some(client_tls.cert.clone()),
         tls_key: Some(client_tls.key.clone()),
         tls_ca: Some(client_tls.ca.clone()),
+        data_tls: true,
         degrade_after: Duration::ZERO,
         ..ClientConfig::default()
     };

@@ -2,7 +2,7 @@
 //!
 //! Metadata goes to the masters ([`MasterClient`]); bytes go straight to the
 //! stores: the client's own segment first (a memcpy), then a same-host store's
-//! shared memory, then TCP (mutual TLS when the client has TLS files).
+//! shared memory, then TCP (mutual TLS with `data_tls`).
 //! Every object carries a crc32c recorded at PutEnd;
 //! a get verifies it and falls back to another replica on mismatch, so a get
 //! never returns bytes that differ from what was put.
@@ -129,6 +129,8 @@ impl Client {
         let tls = config.tls().map_err(|e| Error::Config(e.to_string()))?;
         let etcd_tls = crescent_auth::tls::for_etcd(config.etcd_tls, tls.as_ref())
             .map_err(|e| Error::Config(e.to_string()))?;
+        let data_tls = crescent_auth::tls::for_data_port(config.data_tls, tls.as_ref())
+            .map_err(|e| Error::Config(e.to_string()))?;
         let mut master = MasterClient::connect_with_etcd_tls(&config.master, etcd_tls)
             .await
             .map_err(|e| match e {
@@ -153,10 +155,10 @@ impl Client {
                     config.transfer_listen
                 ))
             })?;
-            // The segment's transfer port is mutual TLS with this
-            // client's files, as every store's is with its own: its
+            // With `data_tls` the segment's transfer port is mutual TLS with
+            // this client's files, as every store's is with its own: its
             // certificate must then be fit to serve (see the README).
-            let serving_tls = match &tls {
+            let serving_tls = match data_tls {
                 Some(files) => Some(Arc::new(
                     crescent_auth::tls::ServingTls::new(files)
                         .map_err(|e| Error::Config(e.to_string()))?,
@@ -189,7 +191,7 @@ impl Client {
         } else {
             None
         };
-        let tcp = TcpTransport::with_tls(tls.as_ref()).map_err(|e| Error::Config(e.to_string()))?;
+        let tcp = TcpTransport::with_tls(data_tls).map_err(|e| Error::Config(e.to_string()))?;
         let core = Arc::new(ClientCore {
             stats: ClientStats::default(),
             master,

@@ -50,6 +50,11 @@ struct Cli {
     #[arg(long, global = true, env = "CRESCENT_ETCD_TLS", value_parser = clap::builder::BoolishValueParser::new())]
     etcd_tls: bool,
 
+    /// Speak mutual TLS to the stores' data ports (stores started with
+    /// --data-tls) with the --tls-* files.
+    #[arg(long, global = true, env = "CRESCENT_DATA_TLS", value_parser = clap::builder::BoolishValueParser::new())]
+    data_tls: bool,
+
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -220,6 +225,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli.tls_ca.clone(),
         ],
         etcd_tls: cli.etcd_tls,
+        data_tls: cli.data_tls,
     };
     let etcd_tls = crescent_auth::tls::for_etcd(cli.etcd_tls, tls.as_ref())?;
     let client = MasterClient::connect_with_etcd_tls(&cli.master, etcd_tls)
@@ -272,6 +278,7 @@ pub struct Target {
     /// --tls-cert, --tls-key, --tls-ca.
     pub tls: [Option<std::path::PathBuf>; 3],
     pub etcd_tls: bool,
+    pub data_tls: bool,
 }
 
 /// The benchmarks are their own program (they start local clusters with the

@@ -15,6 +15,7 @@ async fn client(target: &Target) -> anyhow::Result<Client> {
         tls_key: target.tls[1].clone(),
         tls_ca: target.tls[2].clone(),
         etcd_tls: target.etcd_tls,
+        data_tls: target.data_tls,
         // Never local-only: this process's memory dies with it, so a put
         // "stored" there while no master answers would be a false success.
         degrade_after: std::time::Duration::ZERO,

@@ -51,9 +51,16 @@ pub struct DataArgs {
     floor_dir: std::path::PathBuf,
     /// Security of the local cluster, one run each so their costs compare in
     /// the same run: insecure (no tokens, clear text), tokens, tokens-tls
-    /// (tokens, and mutual TLS on every gRPC connection and on the store's
-    /// data port). Data-plane grants are always on. With --masters the cluster is what it is ("given").
-    #[arg(long, value_delimiter = ',', default_value = "insecure,tokens-tls")]
+    /// (tokens, and mutual TLS on every gRPC connection; the data port in
+    /// clear text, the default), tokens-tls-data (and mutual TLS on the
+    /// stores' data port too: `--data-tls`). Data-plane grants are always
+    /// on. With --masters the cluster is what it is ("given"; data TLS as
+    /// CRESCENT_DATA_TLS says).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "insecure,tokens-tls,tokens-tls-data"
+    )]
     security: Vec<String>,
 }
 
@@ -62,14 +69,21 @@ struct Credentials {
     /// The admin token: each run clears its keys with RemoveByRegex.
     token_file: Option<std::path::PathBuf>,
     tls: Option<TlsFiles>,
+    /// Mutual TLS to the stores' data ports.
+    data_tls: bool,
 }
 
-fn parse_security(name: &str) -> anyhow::Result<Security> {
+/// A `--security` mode: the cluster's security, and whether its stores'
+/// data ports speak TLS.
+fn parse_security(name: &str) -> anyhow::Result<(Security, bool)> {
     match name {
-        "insecure" => Ok(Security::Insecure),
-        "tokens" => Ok(Security::Tokens),
-        "tokens-tls" => Ok(Security::TokensAndTls),
-        other => anyhow::bail!("unknown --security {other:?} (insecure, tokens, tokens-tls)"),
+        "insecure" => Ok((Security::Insecure, false)),
+        "tokens" => Ok((Security::Tokens, false)),
+        "tokens-tls" => Ok((Security::TokensAndTls, false)),
+        "tokens-tls-data" => Ok((Security::TokensAndTls, true)),
+        other => anyhow::bail!(
+            "unknown --security {other:?} (insecure, tokens, tokens-tls, tokens-tls-data)"
+        ),
     }
 }
 
@@ -200,7 +214,7 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
     let grant_us = tokio::task::spawn_blocking(grant_cost_us).await?;
     eprintln!("loopback TCP {tcp_ceiling:.2} GB/s, memcpy {memcpy:.2} GB/s, grant sign+check {grant_us:.2} us");
 
-    let modes: Vec<(String, Option<Security>)> = match &args.masters {
+    let modes: Vec<(String, Option<(Security, bool)>)> = match &args.masters {
         Some(_) => vec![("given".to_string(), None)],
         None => args
             .security
@@ -221,9 +235,10 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
                 Credentials {
                     token_file: std::env::var_os("CRESCENT_TOKEN_FILE").map(Into::into),
                     tls: crate::env_tls()?,
+                    data_tls: crescent_client::ClientConfig::from_env()?.data_tls,
                 },
             ),
-            Some(security) => {
+            Some((security, data_tls)) => {
                 eprintln!("starting a local 3-master cluster ({label}) ...");
                 // A removed object's space stays held for one lease TTL
                 // (readers may still hold its descriptor); 2 s instead of
@@ -235,6 +250,7 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
                     security,
                 )?;
                 c.wait_for_leader(Duration::from_secs(20)).await?;
+                c.data_tls = data_tls;
                 c.start_store(&args.segment_size, &["--shm".to_string()])?;
                 c.wait_for_segments(1, Duration::from_secs(20)).await?;
                 let m = c.masters_arg();
@@ -242,6 +258,7 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
                 let creds = Credentials {
                     token_file: c.admin_token_file(),
                     tls: c.client_tls()?,
+                    data_tls,
                 };
                 (Some(c), m, dir, creds)
             }
@@ -357,6 +374,7 @@ async fn run_one(
             tls_cert: tls.map(|t| t.cert.clone()),
             tls_key: tls.map(|t| t.key.clone()),
             tls_ca: tls.map(|t| t.ca.clone()),
+            data_tls: run_at.creds.data_tls,
             ..Default::default()
         })
         .await?;
@@ -487,7 +505,7 @@ fn print(
     }
     println!("ceilings: loopback TCP {tcp_ceiling:.2} GB/s (two local sockets), memcpy {memcpy:.2} GB/s (one thread)");
     println!(
-        "{:<10} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
+        "{:<15} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
         "SECURITY",
         "XPORT",
         "SIZE",
@@ -503,7 +521,7 @@ fn print(
     );
     for r in rows {
         println!(
-            "{:<10} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6}",
+            "{:<15} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6}",
             r.security,
             r.transport,
             format_size(r.size),
@@ -520,7 +538,8 @@ fn print(
     }
     println!();
     println!("insecure: no tokens, clear-text gRPC and data port; tokens-tls: tokens, and mutual TLS on every");
-    println!("gRPC connection and the store's data port (TCP rows; shm rows copy without a socket, no TLS);");
+    println!("gRPC connection (data port clear text, the default); tokens-tls-data: and mutual TLS on the stores'");
+    println!("data port (--data-tls; TCP rows; shm rows copy without a socket, no TLS);");
     println!("data-plane grants are checked in every mode");
     println!("every request includes its master round trip (PutStart+PutEnd, or GetReplicaList) and crc32c of the values;");
     println!("latency is per request (BATCH objects)");
