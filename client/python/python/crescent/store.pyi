@@ -43,7 +43,8 @@ class MooncakeDistributedStore:
     # and MOONCAKE_CONFIG_PATH; Crescent's credentials come from there too:
     # CRESCENT_TOKEN_FILE, and for masters that require mutual TLS
     # CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA (and
-    # CRESCENT_ETCD_TLS=1 to read an etcd:// address over TLS with them).
+    # CRESCENT_ETCD_TLS=1 to read an etcd:// address over TLS with them,
+    # CRESCENT_DATA_TLS=1 for stores started with --data-tls).
     def setup(
         self,
         local_hostname: Union[str, dict[str, Any], None] = None,
