@@ -232,6 +232,27 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
 
 /// Waits (bounded) until `client` is served: a SIGHUP is handled a moment
 /// after it is sent.
+/// SIGHUPs every master with files that must be refused, and waits until
+/// each has logged the refusal (so what follows tests the files in use,
+/// not a signal still on its way).
+async fn hangup_refused(cluster: &mut LocalCluster) {
+    const REFUSED: &str = "TLS files not reloaded";
+    let ids: Vec<u64> = cluster.masters.iter().map(|m| m.id).collect();
+    let count = |c: &LocalCluster, id: u64| c.log_tail(id, 100_000).matches(REFUSED).count();
+    let before: Vec<usize> = ids.iter().map(|id| count(cluster, *id)).collect();
+    cluster.hangup_all().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for (id, before) in ids.iter().zip(before) {
+        while count(cluster, *id) <= before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "master {id} did not log {REFUSED:?} after the SIGHUP"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 async fn served_within(client: &MasterClient, who: &str, within: Duration) {
     let deadline = std::time::Instant::now() + within;
     loop {
@@ -376,8 +397,7 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
 
     // A broken key at the next SIGHUP: refused, the files in use stay.
     std::fs::write(certs.join("node.key"), b"not a key").unwrap();
-    cluster.hangup_all().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    hangup_refused(&mut cluster).await;
     let fresh = engine(&TlsFiles::client_in(next.path()).unwrap());
     fresh
         .get_leader()
@@ -391,8 +411,7 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     // taken it, every Raft message would fail its handshake from now on
     // and no put could commit).
     std::fs::copy(next.path().join("client.key"), certs.join("node.key")).unwrap();
-    cluster.hangup_all().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    hangup_refused(&mut cluster).await;
     writer
         .put("after-a-mismatched-key", &value(6), &one)
         .await
@@ -402,16 +421,36 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     // nothing. Since step 2's SIGHUP every process presents the new
     // certificate as a client too (masters to their peers, the store to the
     // masters), so connections opened from now on are still accepted.
+    // A certificate of the old CA, trusting the new one: served until the
+    // old CA is dropped, refused after.
+    let old_cert_new_trust = TlsFiles::read(
+        &certs.join("client.pem"),
+        &certs.join("client.key"),
+        &next.path().join(CA_CERT_FILE),
+    )
+    .unwrap();
+    served_within(
+        &engine(&old_cert_new_trust),
+        "the old CA's certificate before step 3",
+        Duration::from_secs(5),
+    )
+    .await;
     for f in ["node.key", CA_CERT_FILE, "client.pem", "client.key"] {
         std::fs::copy(next.path().join(f), certs.join(f)).unwrap();
     }
     cluster.hangup_all().unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    refused_by_tls(
-        &engine(&new_cert_old_trust),
-        "a client trusting only the old CA after step 3",
-    )
-    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let old = engine(&old_cert_new_trust);
+        match old.get_leader().await {
+            Err(e) if e.code() == ErrorCode::PermissionDenied => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the old CA's certificate still served 5 s after step 3: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let fresh = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         token_file: Some(token.clone()),
@@ -851,4 +890,56 @@ async fn a_tls_cluster_moves_bytes_only_over_mutual_tls_on_the_data_port() {
     assert!(!engine.exists("data-tls-unfit").await.unwrap());
     // Still served everywhere else.
     assert!(engine.get("data-tls-big").await.unwrap() == big);
+}
+
+/// The default: TLS files alone make gRPC mutual TLS, not the data port.
+/// A store started without `--data-tls` serves clear text there, an engine
+/// without `data_tls` speaks it, and an engine that asks for TLS against
+/// such a store is told so at once (PERMISSION_DENIED naming TLS), with
+/// nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_data_tls_a_tls_cluster_keeps_its_data_port_in_clear_text() {
+    let mut cluster = LocalCluster::start_as(3, &[], Security::TokensAndTls).unwrap();
+    cluster.data_tls = false;
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let certs = cluster.certs.clone().unwrap();
+    let client_tls = TlsFiles::client_in(&certs).unwrap();
+    let config = ClientConfig {
+        master: cluster.masters_arg(),
+        token_file: cluster.client_token_file(),
+        tls_cert: Some(client_tls.cert.clone()),
+        tls_key: Some(client_tls.key.clone()),
+        tls_ca: Some(client_tls.ca.clone()),
+        degrade_after: Duration::ZERO,
+        ..ClientConfig::default()
+    };
+    assert!(!config.data_tls, "data TLS is off unless asked");
+    let engine = Client::connect(config.clone()).await.unwrap();
+    let one = ReplicateConfig::default();
+    engine.put("clear-data", &value(8), &one).await.unwrap();
+    assert_eq!(engine.get("clear-data").await.unwrap(), value(8));
+
+    // A clear-text transport reads it straight from the store's port.
+    let found = engine
+        .master()
+        .get_replica_list("clear-data")
+        .await
+        .unwrap();
+    let plain = TcpTransport::new();
+    assert_eq!(read_directly(&plain, &found).await.unwrap(), value(8));
+
+    // An engine asking for data TLS against this store: refused, clearly.
+    let asking = Client::connect(ClientConfig {
+        data_tls: true,
+        ..config
+    })
+    .await
+    .unwrap();
+    let err = asking
+        .put("tls-against-clear", &value(9), &one)
+        .await
+        .expect_err("a TLS transfer to a clear-text data port succeeded");
+    assert_eq!(err.code(), ErrorCode::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("TLS"), "{err}");
+    assert!(!engine.exists("tls-against-clear").await.unwrap());
 }

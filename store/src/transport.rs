@@ -420,7 +420,8 @@ fn is_tls_alert(bytes: &[u8]) -> bool {
 
 /// Why the TLS layer refused a connection, when `e` is its error (rustls's
 /// own, as tokio-rustls passes it on), with a hint for the usual causes;
-/// `None` for an I/O error (a reset, a closed connection, a timeout).
+/// `None` for an I/O error (a reset, a closed connection, a timeout) and
+/// for TLS errors that are no refusal of this client or store.
 fn tls_refusal(e: &std::io::Error) -> Option<String> {
     use tokio_rustls::rustls::{AlertDescription, Error};
     let tls = e.get_ref()?.downcast_ref::<Error>()?;
@@ -440,7 +441,10 @@ fn tls_refusal(e: &std::io::Error) -> Option<String> {
         Error::AlertReceived(AlertDescription::HandshakeFailure) | Error::InvalidMessage(_) => {
             " (the store may serve its data port in clear text: started without --tls-*?)"
         }
-        _ => "",
+        // Anything else (a record that fails to decrypt, a peer
+        // misbehaving mid-transfer) is a transfer failure like a reset:
+        // retried, and another replica read, never a refusal for good.
+        _ => return None,
     };
     Some(format!("{tls}{hint}"))
 }
