@@ -349,10 +349,11 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     }
 
     // Step 2: present the new CA's certificate, SIGHUP. A client that
-    // trusts only the new CA is served now. Raft and the writer keep
-    // running over connections opened before (a process that trusts only
-    // the old CA could not open a new one: the README's procedure restarts
-    // every process after step 1, which this test does not do).
+    // trusts only the new CA is served now. Masters and the store trust
+    // both CAs since step 1's SIGHUP, so Raft and the store open new
+    // connections freely; the writer, an engine that reads its files only
+    // when it connects, runs over connections opened before (the README's
+    // procedure restarts engines after step 1; this test does not).
     for f in ["node.pem", "node.key"] {
         std::fs::copy(next.path().join(f), certs.join(f)).unwrap();
     }
