@@ -30,6 +30,27 @@ fn value(i: usize) -> Vec<u8> {
 /// A master client that gives up after 5 s: a refusal at the handshake must
 /// come back at once as PERMISSION_DENIED, not as "no master reachable"
 /// when the deadline passes (that would send an engine local-only).
+/// An engine's configuration for `masters`: presenting `token` and the
+/// TLS files `tls` (all three), never local-only, data-port TLS as
+/// `data_tls` says.
+fn engine_config(
+    masters: String,
+    token: Option<std::path::PathBuf>,
+    tls: &TlsFiles,
+    data_tls: bool,
+) -> ClientConfig {
+    ClientConfig {
+        master: masters,
+        token_file: token,
+        tls_cert: Some(tls.cert.clone()),
+        tls_key: Some(tls.key.clone()),
+        tls_ca: Some(tls.ca.clone()),
+        data_tls,
+        degrade_after: Duration::ZERO,
+        ..ClientConfig::default()
+    }
+}
+
 fn impatient(client: MasterClient) -> MasterClient {
     let mut client = client;
     client.policy.deadline = Duration::from_secs(5);
@@ -86,16 +107,12 @@ async fn a_tls_cluster_serves_only_clients_with_a_certificate_its_ca_signed() {
     let token = cluster.client_token_file().unwrap();
 
     let client_tls = TlsFiles::client_in(&certs).unwrap();
-    let engine = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        token_file: Some(token.clone()),
-        tls_cert: Some(client_tls.cert.clone()),
-        tls_key: Some(client_tls.key.clone()),
-        tls_ca: Some(client_tls.ca.clone()),
-        data_tls: true,
-        degrade_after: Duration::ZERO,
-        ..ClientConfig::default()
-    })
+    let engine = Client::connect(engine_config(
+        cluster.masters_arg(),
+        Some(token.clone()),
+        &client_tls,
+        true,
+    ))
     .await
     .unwrap();
     let one = ReplicateConfig::default();
@@ -307,16 +324,12 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     )
     .await;
 
-    let writer = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        token_file: Some(token.clone()),
-        tls_cert: Some(certs.join("client.pem")),
-        tls_key: Some(certs.join("client.key")),
-        tls_ca: Some(certs.join(CA_CERT_FILE)),
-        data_tls: true,
-        degrade_after: Duration::ZERO,
-        ..ClientConfig::default()
-    })
+    let writer = Client::connect(engine_config(
+        cluster.masters_arg(),
+        Some(token.clone()),
+        &TlsFiles::client_in(&certs).unwrap(),
+        true,
+    ))
     .await
     .unwrap();
     let one = ReplicateConfig::default();
@@ -452,16 +465,12 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let fresh = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        token_file: Some(token.clone()),
-        tls_cert: Some(next.path().join("client.pem")),
-        tls_key: Some(next.path().join("client.key")),
-        tls_ca: Some(next.path().join(CA_CERT_FILE)),
-        data_tls: true,
-        degrade_after: Duration::ZERO,
-        ..ClientConfig::default()
-    })
+    let fresh = Client::connect(engine_config(
+        cluster.masters_arg(),
+        Some(token.clone()),
+        &only_new,
+        true,
+    ))
     .await
     .unwrap();
     // A restarted follower is reached by the leader over a new connection,
@@ -551,15 +560,8 @@ async fn masters_stores_and_engines_use_etcd_over_tls() {
 
     let client_tls = TlsFiles::client_in(&certs).unwrap();
     let config = ClientConfig {
-        master: url.clone(),
-        token_file: cluster.client_token_file(),
-        tls_cert: Some(client_tls.cert.clone()),
-        tls_key: Some(client_tls.key.clone()),
-        tls_ca: Some(client_tls.ca.clone()),
         etcd_tls: true,
-        data_tls: true,
-        degrade_after: Duration::ZERO,
-        ..ClientConfig::default()
+        ..engine_config(url.clone(), cluster.client_token_file(), &client_tls, true)
     };
     let engine = Client::connect(config.clone()).await.unwrap();
     engine
@@ -709,16 +711,12 @@ async fn a_tls_cluster_moves_bytes_only_over_mutual_tls_on_the_data_port() {
     let certs = cluster.certs.clone().unwrap();
     let token = cluster.client_token_file().unwrap();
     let client_tls = TlsFiles::client_in(&certs).unwrap();
-    let config = ClientConfig {
-        master: cluster.masters_arg(),
-        token_file: Some(token.clone()),
-        tls_cert: Some(client_tls.cert.clone()),
-        tls_key: Some(client_tls.key.clone()),
-        tls_ca: Some(client_tls.ca.clone()),
-        data_tls: true,
-        degrade_after: Duration::ZERO,
-        ..ClientConfig::default()
-    };
+    let config = engine_config(
+        cluster.masters_arg(),
+        Some(token.clone()),
+        &client_tls,
+        true,
+    );
     let engine = Client::connect(config.clone()).await.unwrap();
     let one = ReplicateConfig::default();
     let big: Vec<u8> = (0..1usize << 20)
@@ -905,14 +903,15 @@ async fn without_data_tls_a_tls_cluster_keeps_its_data_port_in_clear_text() {
     cluster.with_mounted_store("64mb").await.unwrap();
     let certs = cluster.certs.clone().unwrap();
     let client_tls = TlsFiles::client_in(&certs).unwrap();
+    // The TLS files alone, as an engine that never heard of data_tls has.
     let config = ClientConfig {
-        master: cluster.masters_arg(),
-        token_file: cluster.client_token_file(),
-        tls_cert: Some(client_tls.cert.clone()),
-        tls_key: Some(client_tls.key.clone()),
-        tls_ca: Some(client_tls.ca.clone()),
-        degrade_after: Duration::ZERO,
-        ..ClientConfig::default()
+        data_tls: ClientConfig::default().data_tls,
+        ..engine_config(
+            cluster.masters_arg(),
+            cluster.client_token_file(),
+            &client_tls,
+            false,
+        )
     };
     assert!(!config.data_tls, "data TLS is off unless asked");
     let engine = Client::connect(config.clone()).await.unwrap();
