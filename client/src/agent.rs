@@ -38,7 +38,7 @@ pub struct AgentConfig {
     /// Bounds on the transfer port, and the grant clock skew it tolerates.
     pub limits: crescent_store::server::ServeLimits,
     /// Mutual TLS on the transfer port (the process's `--tls-*` files,
-    /// reloadable); `None`: clear text.
+    /// reloadable) when `--data-tls`/`data_tls` asks; `None`: clear text.
     pub tls: Option<Arc<crescent_auth::tls::ServingTls>>,
 }
 

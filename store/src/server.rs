@@ -222,8 +222,8 @@ enum ConnError {
     #[error("TLS handshake failed: {0}")]
     Tls(String),
     #[error(
-        "a TLS client on the clear-text data port (this store has no --tls-*; \
-         the client has TLS files): sent it a TLS alert"
+        "a TLS client on the clear-text data port (this store runs without \
+         --data-tls; the client sets data_tls): sent it a TLS alert"
     )]
     TlsOnClearText,
 }

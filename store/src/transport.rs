@@ -80,8 +80,8 @@ impl TcpTransport {
     }
 
     /// A transport that speaks mutual TLS to every store with `tls`'s
-    /// certificate and CA (as the stores of a cluster started with
-    /// `--tls-*` require), clear text without.
+    /// certificate and CA (as stores started with `--data-tls` require),
+    /// clear text without.
     pub fn with_tls(
         tls: Option<&crescent_auth::tls::TlsFiles>,
     ) -> Result<Self, crescent_auth::tls::TlsError> {
@@ -383,8 +383,8 @@ impl IoOrRefused {
             IoOrRefused::TlsRequired => TransferError::Tls {
                 endpoint: endpoint.to_string(),
                 reason: "the store's data port requires TLS and this client speaks clear text: \
-                         give it the cluster's TLS files (CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, \
-                         CRESCENT_TLS_CA or --tls-*)"
+                         set data_tls (CRESCENT_DATA_TLS=1, --data-tls) with the cluster's \
+                         TLS files (CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA or --tls-*)"
                     .into(),
             },
             IoOrRefused::Refused(status) => TransferError::Refused {
@@ -439,7 +439,7 @@ fn tls_refusal(e: &std::io::Error) -> Option<String> {
             | AlertDescription::DecryptError,
         ) => " (the store does not trust this client's certificate)",
         Error::AlertReceived(AlertDescription::HandshakeFailure) | Error::InvalidMessage(_) => {
-            " (the store may serve its data port in clear text: started without --tls-*?)"
+            " (the store may serve its data port in clear text: started without --data-tls?)"
         }
         // Anything else (a record that fails to decrypt, a peer
         // misbehaving mid-transfer) is a transfer failure like a reset:
