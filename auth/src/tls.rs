@@ -70,10 +70,19 @@ pub enum TlsError {
 /// The files a process reaches etcd with: its TLS files when `etcd_tls`
 /// asks for TLS to etcd (which needs them), else none (clear text).
 pub fn for_etcd(etcd_tls: bool, tls: Option<&TlsFiles>) -> Result<Option<&TlsFiles>, TlsError> {
-    match (etcd_tls, tls) {
+    when_asked(etcd_tls, tls, TlsError::EtcdWithoutFiles)
+}
+
+/// `tls` when `asked`, `missing` when asked without files, else none.
+fn when_asked(
+    asked: bool,
+    tls: Option<&TlsFiles>,
+    missing: TlsError,
+) -> Result<Option<&TlsFiles>, TlsError> {
+    match (asked, tls) {
         (false, _) => Ok(None),
         (true, Some(files)) => Ok(Some(files)),
-        (true, None) => Err(TlsError::EtcdWithoutFiles),
+        (true, None) => Err(missing),
     }
 }
 
@@ -86,11 +95,7 @@ pub fn for_data_port(
     data_tls: bool,
     tls: Option<&TlsFiles>,
 ) -> Result<Option<&TlsFiles>, TlsError> {
-    match (data_tls, tls) {
-        (false, _) => Ok(None),
-        (true, Some(files)) => Ok(Some(files)),
-        (true, None) => Err(TlsError::DataPortWithoutFiles),
-    }
+    when_asked(data_tls, tls, TlsError::DataPortWithoutFiles)
 }
 
 /// A process's TLS material, read once at start.
@@ -217,27 +222,19 @@ impl TlsFiles {
         )
         .build()
         .map_err(|e| bad(&e))?;
-        let mutual = |alpn: &[u8]| -> Result<_, TlsError> {
-            let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| bad(&e))?
-                .with_client_cert_verifier(verifier.clone())
-                .with_single_cert(chain.clone(), key.clone_key())
-                .map_err(|e| bad(&e))?;
-            config.alpn_protocols = vec![alpn.to_vec()];
-            Ok(Arc::new(config))
-        };
-        let grpc = mutual(b"h2")?;
-        let data = {
-            let mut config = rustls::ServerConfig::builder_with_provider(data_provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| bad(&e))?
-                .with_client_cert_verifier(verifier.clone())
-                .with_single_cert(chain.clone(), key.clone_key())
-                .map_err(|e| bad(&e))?;
-            config.alpn_protocols = vec![DATA_ALPN.to_vec()];
-            Arc::new(config)
-        };
+        let mutual =
+            |provider: Arc<rustls::crypto::CryptoProvider>, alpn: &[u8]| -> Result<_, TlsError> {
+                let mut config = rustls::ServerConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| bad(&e))?
+                    .with_client_cert_verifier(verifier.clone())
+                    .with_single_cert(chain.clone(), key.clone_key())
+                    .map_err(|e| bad(&e))?;
+                config.alpn_protocols = vec![alpn.to_vec()];
+                Ok(Arc::new(config))
+            };
+        let grpc = mutual(provider.clone(), b"h2")?;
+        let data = mutual(data_provider(), DATA_ALPN)?;
         let mut http = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| bad(&e))?
