@@ -151,6 +151,101 @@ pub enum Op {
         owner: String,
         key: SegmentKeyBytes,
     },
+    /// Reserves `len` bytes of a live segment for the leader of `term`, which
+    /// then places puts inside it without a commit each (one commit per put;
+    /// docs/one-commit-puts.md). Answered with the reservation's id and offset.
+    Reserve {
+        segment_id: SegmentId,
+        len: u64,
+        term: u64,
+    },
+    /// Returns what reservations still hold free to their segments. The
+    /// leader proposes it for its own reservations once no placement in them
+    /// is in flight, and for an earlier term's once no writer placed by that
+    /// term's leader can still be writing (`--put-start-release-timeout`).
+    RetireReservations {
+        ids: Vec<ReservationId>,
+    },
+    /// The one commit of puts placed inside reservations: each records the
+    /// placement and the finished object together, if every replica's range
+    /// is still free in a reservation of its segment and the placement's
+    /// deadline has not passed. An item with no replicas is the PutEnd of a
+    /// put whose start was committed (a batch may hold both kinds).
+    PutCommit {
+        items: Vec<CommitItem>,
+        config: ReplicateConfig,
+        policy: PutPolicy,
+    },
+}
+
+pub type ReservationId = u64;
+
+/// At most this many reservations per segment (all terms together): a
+/// leader keeps one or two open; earlier terms' wait for retirement.
+pub const MAX_RESERVATIONS_PER_SEGMENT: usize = 16;
+
+/// One put of a [`Op::PutCommit`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CommitItem {
+    pub key: String,
+    pub size: u64,
+    pub checksum: u32,
+    pub put_id: PutId,
+    pub replicas: Vec<Replica>,
+    /// The placement's write grants expire then (leader clock): a commit
+    /// applied later is refused, because the leader that placed it may have
+    /// handed the range to another put by then.
+    pub deadline_ms: u64,
+}
+
+/// Space reserved by the leader of `term` for puts it places without a
+/// commit. Committed objects take their ranges out of `free`; what remains
+/// returns to the segment when the reservation is retired.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: ReservationId,
+    pub segment_id: SegmentId,
+    pub term: u64,
+    pub reserved_ms: u64,
+    /// The reserved range, `[base, base+len)` (len aligned).
+    pub base: u64,
+    pub len: u64,
+    /// Ranges holding no committed object yet: offset -> aligned length.
+    pub free: BTreeMap<u64, u64>,
+}
+
+impl Reservation {
+    pub fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+
+    /// The free range containing `[offset, offset+len)` (len aligned), if any.
+    fn free_range_holding(&self, offset: u64, len: u64) -> Option<(u64, u64)> {
+        let len = crate::alloc::aligned_len(len)?;
+        let end = offset.checked_add(len)?;
+        let (&start, &flen) = self.free.range(..=offset).next_back()?;
+        (end <= start + flen).then_some((start, flen))
+    }
+
+    /// Takes `[offset, offset+len)` out of the free ranges; false (and no
+    /// change) unless it lies wholly inside one.
+    fn take(&mut self, offset: u64, len: u64) -> bool {
+        let Some((start, flen)) = self.free_range_holding(offset, len) else {
+            return false;
+        };
+        let Some(len) = crate::alloc::aligned_len(len) else {
+            return false;
+        };
+        self.free.remove(&start);
+        if offset > start {
+            self.free.insert(start, offset - start);
+        }
+        let end = offset + len;
+        if start + flen > end {
+            self.free.insert(end, start + flen - end);
+        }
+        true
+    }
 }
 
 /// A segment's key as the state keeps it; `Debug` does not print it.
@@ -228,6 +323,8 @@ pub enum Response {
     Rejected(MetaError),
     /// Blank and membership entries.
     Empty,
+    /// A reservation's id and offset.
+    Reserved(Result<(ReservationId, u64), MetaError>),
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -369,7 +466,10 @@ pub struct MetaState {
     /// PutStarts that found no space; the leader evicts when this grows.
     pub alloc_failures: u64,
     pub evicted_total: u64,
-    /// Derived from `objects` and `pending_release`; rebuilt after a snapshot install.
+    /// Leaders' reservations for puts placed without a commit.
+    pub reservations: BTreeMap<ReservationId, Reservation>,
+    pub next_reservation_id: ReservationId,
+    /// Derived from `objects`, `pending_release` and `reservations`; rebuilt after a snapshot install.
     #[serde(skip)]
     allocators: BTreeMap<SegmentId, Allocator>,
     /// Derived from `objects`; rebuilt with the allocators.
@@ -409,11 +509,23 @@ impl MetaState {
             .values()
             .map(|s| (s.id, Allocator::new(s.spec.capacity)))
             .collect();
+        let reserved: Vec<Replica> = self
+            .reservations
+            .values()
+            .flat_map(|res| {
+                res.free.iter().map(|(&offset, &len)| Replica {
+                    segment_id: res.segment_id,
+                    offset,
+                    len,
+                })
+            })
+            .collect();
         let held = self
             .objects
             .values()
             .flat_map(|o| o.replicas.iter())
-            .chain(self.pending_release.iter().map(|p| &p.replica));
+            .chain(self.pending_release.iter().map(|p| &p.replica))
+            .chain(reserved.iter());
         for r in held {
             let alloc = self.allocators.get_mut(&r.segment_id).ok_or_else(|| {
                 CorruptState(format!("replica on unknown segment {}", r.segment_id))
@@ -475,14 +587,22 @@ impl MetaState {
             .fold(0u64, |sum, a| sum.saturating_add(a.allocated()))
     }
 
-    /// Share of capacity in use, 0.0 with no segments.
+    /// Share of capacity in use, 0.0 with no segments. Free space inside
+    /// reservations counts as free: the leader places puts there.
     pub fn usage_ratio(&self) -> f64 {
         let cap = self.total_capacity();
         if cap == 0 {
             0.0
         } else {
-            self.total_allocated() as f64 / cap as f64
+            self.total_allocated().saturating_sub(self.reserved_free()) as f64 / cap as f64
         }
+    }
+
+    /// Bytes reserved for leaders' placements and not yet holding an object.
+    pub fn reserved_free(&self) -> u64 {
+        self.reservations
+            .values()
+            .fold(0u64, |sum, r| sum.saturating_add(r.free_bytes()))
     }
 
     pub fn segment_by_name(&self, name: &str) -> Option<&Segment> {
@@ -646,6 +766,22 @@ impl MetaState {
                 Response::Count(n)
             }
             Op::ReclaimStalePuts => Response::Count(self.reclaim(now)),
+            Op::Reserve {
+                segment_id,
+                len,
+                term,
+            } => Response::Reserved(self.reserve(now, *segment_id, *len, *term)),
+            Op::RetireReservations { ids } => Response::Count(self.retire_reservations(ids)),
+            Op::PutCommit {
+                items,
+                config,
+                policy,
+            } => Response::Items(
+                items
+                    .iter()
+                    .map(|item| self.put_commit(now, writer, item, config, policy))
+                    .collect(),
+            ),
         };
 
         if let Some(origin) = &cmd.origin {
@@ -721,37 +857,8 @@ impl MetaState {
                 "object {key:?} has size 0"
             )));
         }
-        if let Some(existing) = self.objects.get(key) {
-            match existing.phase {
-                PutPhase::Complete { .. } => {
-                    return Err(MetaError::ObjectAlreadyExists(key.to_string()))
-                }
-                PutPhase::Processing {
-                    discard_at_ms,
-                    release_at_ms,
-                    ..
-                } => {
-                    if now < discard_at_ms {
-                        // Not "already exists": the other writer may still fail
-                        // and revoke, and a client treats "exists" as success,
-                        // so answering it here would acknowledge a put whose
-                        // bytes may never become readable (found by the chaos
-                        // checker). The caller retries or reports the error.
-                        return Err(MetaError::ReplicaNotReady(key.to_string()));
-                    }
-                    // Zombie put: take the key over, but keep its space out of
-                    // reach until the old writer can no longer be writing.
-                    let old = self.objects.remove(key).expect("checked above");
-                    count_out(&mut self.usage, key, &old);
-                    for replica in old.replicas {
-                        self.pending_release.push(PendingRelease {
-                            replica,
-                            release_at_ms: release_at_ms.max(now),
-                        });
-                    }
-                }
-            }
-        }
+        self.may_put(now, key)?;
+        self.take_over_zombie(now, key);
 
         let order = self.placement_order(seed, &config.preferred_segments);
         let mut replicas = Vec::with_capacity(config.replica_num as usize);
@@ -801,6 +908,42 @@ impl MetaState {
         count_in(&mut self.usage, key, &obj);
         self.objects.insert(key.to_string(), obj);
         Ok(granted)
+    }
+
+    /// Whether a new put of `key` may start now: not over a finished object,
+    /// nor over an unfinished put before its discard time.
+    fn may_put(&self, now: u64, key: &str) -> Result<(), MetaError> {
+        match self.objects.get(key).map(|o| &o.phase) {
+            None => Ok(()),
+            Some(PutPhase::Complete { .. }) => Err(MetaError::ObjectAlreadyExists(key.to_string())),
+            // Not "already exists": the other writer may still fail and
+            // revoke, and a client treats "exists" as success, so answering
+            // it here would acknowledge a put whose bytes may never become
+            // readable (found by the chaos checker). The caller retries or
+            // reports the error.
+            Some(PutPhase::Processing { discard_at_ms, .. }) if now < *discard_at_ms => {
+                Err(MetaError::ReplicaNotReady(key.to_string()))
+            }
+            Some(PutPhase::Processing { .. }) => Ok(()),
+        }
+    }
+
+    /// Takes `key` from a zombie put (unfinished past its discard time, as
+    /// [`may_put`](Self::may_put) allowed), keeping its space out of reach
+    /// until the old writer can no longer be writing.
+    fn take_over_zombie(&mut self, now: u64, key: &str) {
+        let Some(old) = self.objects.remove(key) else {
+            return;
+        };
+        count_out(&mut self.usage, key, &old);
+        if let PutPhase::Processing { release_at_ms, .. } = old.phase {
+            for replica in old.replicas {
+                self.pending_release.push(PendingRelease {
+                    replica,
+                    release_at_ms: release_at_ms.max(now),
+                });
+            }
+        }
     }
 
     /// Preferred segments (by name, in the given order) first, then the rest
@@ -1042,6 +1185,7 @@ impl MetaState {
         self.allocators.remove(&segment_id);
         self.pending_release
             .retain(|p| p.replica.segment_id != segment_id);
+        self.reservations.retain(|_, r| r.segment_id != segment_id);
         // Objects lose their replicas there; those left with none vanish (an
         // unfinished put then fails at PutEnd with OBJECT_NOT_FOUND).
         let usage = &mut self.usage;
@@ -1080,6 +1224,164 @@ impl MetaState {
             reclaimed += 1;
         }
         reclaimed
+    }
+
+    fn reserve(
+        &mut self,
+        now: u64,
+        segment_id: SegmentId,
+        len: u64,
+        term: u64,
+    ) -> Result<(ReservationId, u64), MetaError> {
+        if !self.segments.get(&segment_id).is_some_and(Segment::is_live) {
+            return Err(MetaError::SegmentNotFound(segment_id));
+        }
+        let held = self
+            .reservations
+            .values()
+            .filter(|r| r.segment_id == segment_id)
+            .count();
+        if held >= MAX_RESERVATIONS_PER_SEGMENT {
+            return Err(MetaError::InvalidParams(format!(
+                "segment {segment_id} already holds {held} reservations"
+            )));
+        }
+        let aligned = crate::alloc::aligned_len(len)
+            .ok_or_else(|| MetaError::InvalidParams(format!("reservation of {len} bytes")))?;
+        let offset = self
+            .allocators
+            .get_mut(&segment_id)
+            .and_then(|a| a.allocate(aligned))
+            .ok_or(MetaError::NoAvailableHandle(aligned))?;
+        let id = self.next_reservation_id.max(1);
+        self.next_reservation_id = id + 1;
+        self.reservations.insert(
+            id,
+            Reservation {
+                id,
+                segment_id,
+                term,
+                reserved_ms: now,
+                base: offset,
+                len: aligned,
+                free: BTreeMap::from([(offset, aligned)]),
+            },
+        );
+        Ok((id, offset))
+    }
+
+    fn retire_reservations(&mut self, ids: &[ReservationId]) -> u64 {
+        let mut retired = 0;
+        for id in ids {
+            if let Some(res) = self.reservations.remove(id) {
+                if let Some(alloc) = self.allocators.get_mut(&res.segment_id) {
+                    for (&offset, &len) in &res.free {
+                        let freed = alloc.free(offset, len);
+                        debug_assert!(freed, "a reservation's free range was not allocated");
+                    }
+                }
+                retired += 1;
+            }
+        }
+        retired
+    }
+
+    /// The reservation of `r`'s segment whose free ranges hold `r` wholly.
+    fn reservation_holding(&self, r: &Replica) -> Option<ReservationId> {
+        self.reservations
+            .values()
+            .find(|res| {
+                res.segment_id == r.segment_id && res.free_range_holding(r.offset, r.len).is_some()
+            })
+            .map(|res| res.id)
+    }
+
+    fn put_commit(
+        &mut self,
+        now: u64,
+        writer: Option<&str>,
+        item: &CommitItem,
+        config: &ReplicateConfig,
+        policy: &PutPolicy,
+    ) -> Result<(), MetaError> {
+        let key = item.key.as_str();
+        if item.replicas.is_empty() {
+            // A put whose start was committed, finished in the same entry.
+            return self.put_end(now, writer, key, item.checksum, item.put_id);
+        }
+        if item.size == 0 {
+            return Err(MetaError::InvalidParams(format!(
+                "object {key:?} has size 0"
+            )));
+        }
+        if item.replicas.is_empty() || item.replicas.len() > config.replica_num.max(1) as usize {
+            return Err(MetaError::InvalidParams(format!(
+                "object {key:?} names {} replicas for replica_num {}",
+                item.replicas.len(),
+                config.replica_num
+            )));
+        }
+        for (i, r) in item.replicas.iter().enumerate() {
+            if r.len != item.size {
+                return Err(MetaError::InvalidParams(format!(
+                    "a replica of {key:?} is {} bytes long, the object {}",
+                    r.len, item.size
+                )));
+            }
+            if item.replicas[..i]
+                .iter()
+                .any(|o| o.segment_id == r.segment_id)
+            {
+                return Err(MetaError::InvalidParams(format!(
+                    "two replicas of {key:?} on segment {}",
+                    r.segment_id
+                )));
+            }
+        }
+        if now > item.deadline_ms {
+            // The placing leader may have given the range to another put.
+            return Err(MetaError::InvalidWrite(format!(
+                "{key}: its placement expired before the commit; put it again"
+            )));
+        }
+        self.may_put(now, key)?;
+        let mut holders = Vec::with_capacity(item.replicas.len());
+        for r in &item.replicas {
+            match self.reservation_holding(r) {
+                Some(id) => holders.push(id),
+                None => {
+                    return Err(MetaError::InvalidWrite(format!(
+                        "{key}: its placement is not free space of a reservation (retired, or taken by another put)"
+                    )))
+                }
+            }
+        }
+        self.take_over_zombie(now, key);
+        for (r, id) in item.replicas.iter().zip(holders) {
+            let taken = self
+                .reservations
+                .get_mut(&id)
+                .is_some_and(|res| res.take(r.offset, r.len));
+            debug_assert!(taken, "checked free above");
+        }
+        let obj = Object {
+            size: item.size,
+            replicas: item.replicas.clone(),
+            phase: PutPhase::Complete { completed_ms: now },
+            checksum: item.checksum,
+            soft_pin_until_ms: if config.soft_pin {
+                now.saturating_add(policy.soft_pin_ttl_ms)
+            } else {
+                0
+            },
+            hard_pin: config.hard_pin,
+            created_ms: now,
+            writer: writer.unwrap_or_default().to_string(),
+            put_id: item.put_id,
+        };
+        count_in(&mut self.usage, key, &obj);
+        self.objects.insert(key.to_string(), obj);
+        Ok(())
     }
 
     fn free_replicas(&mut self, replicas: &[Replica]) {

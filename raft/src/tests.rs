@@ -1087,3 +1087,338 @@ fn unnamed_ends_and_retried_named_ends_still_work() {
         Err(MetaError::InvalidWrite(_))
     ));
 }
+
+fn reserve_on(
+    s: &mut MetaState,
+    now: u64,
+    segment_id: SegmentId,
+    len: u64,
+    term: u64,
+) -> (u64, u64) {
+    let c = Command {
+        now_ms: now,
+        seed: 0,
+        origin: None,
+        op: Op::Reserve {
+            segment_id,
+            len,
+            term,
+        },
+    };
+    match s.apply(&c) {
+        Response::Reserved(Ok(v)) => v,
+        other => panic!("reserve failed: {other:?}"),
+    }
+}
+
+fn commit(
+    s: &mut MetaState,
+    now: u64,
+    client: &str,
+    seq: u64,
+    key: &str,
+    replicas: Vec<Replica>,
+    deadline_ms: u64,
+) -> Result<(), MetaError> {
+    let size = replicas[0].len;
+    let r = s.apply(&cmd(
+        now,
+        client,
+        seq,
+        Op::PutCommit {
+            items: vec![CommitItem {
+                key: key.into(),
+                size,
+                checksum: 9,
+                put_id: seq,
+                replicas,
+                deadline_ms,
+            }],
+            config: ReplicateConfig {
+                replica_num: 2,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    ));
+    first_item(&r)
+}
+
+fn rep(segment_id: SegmentId, offset: u64, len: u64) -> Replica {
+    Replica {
+        segment_id,
+        offset,
+        len,
+    }
+}
+
+/// The one commit of a one-commit put: it records placement and object
+/// together, only inside free space of a reservation, only before its
+/// deadline, and a range is taken once; retiring returns only what is free.
+#[test]
+fn a_put_commit_takes_free_reserved_space_once_and_before_its_deadline() {
+    let mut s = MetaState::new();
+    let a = mount(&mut s, 0, "a", "o", 64 * MB);
+    let b = mount(&mut s, 0, "b", "o", 64 * MB);
+    let (ra, base_a) = reserve_on(&mut s, 1, a, 8 * MB, 3);
+    let (_, base_b) = reserve_on(&mut s, 1, b, 8 * MB, 3);
+    assert_eq!(s.total_allocated(), 16 * MB);
+    assert_eq!(s.usage_ratio(), 0.0, "reserved free space is not usage");
+
+    let two = vec![rep(a, base_a, 4096), rep(b, base_b + 4096, 4096)];
+    assert_eq!(commit(&mut s, 10, "c", 1, "k", two.clone(), 100), Ok(()));
+    let view = s.lookup("k").unwrap();
+    assert_eq!((view.replicas, view.checksum), (two.clone(), 9));
+    // The same range again, for another key: refused, nothing changes.
+    let before = s.clone();
+    assert!(matches!(
+        commit(&mut s, 11, "d", 1, "k2", vec![rep(a, base_a, 4096)], 100),
+        Err(MetaError::InvalidWrite(_))
+    ));
+    assert_eq!(s.objects, before.objects);
+    // Outside any reservation, past the deadline, an existing key.
+    assert!(matches!(
+        commit(&mut s, 12, "d", 2, "k3", vec![rep(a, 32 * MB, 4096)], 100),
+        Err(MetaError::InvalidWrite(_))
+    ));
+    assert!(matches!(
+        commit(
+            &mut s,
+            101,
+            "d",
+            3,
+            "k4",
+            vec![rep(a, base_a + 8192, 4096)],
+            100
+        ),
+        Err(MetaError::InvalidWrite(_))
+    ));
+    assert_eq!(
+        commit(
+            &mut s,
+            13,
+            "d",
+            4,
+            "k",
+            vec![rep(a, base_a + 8192, 4096)],
+            1000
+        ),
+        Err(MetaError::ObjectAlreadyExists("k".into()))
+    );
+    // Two replicas on one segment, a length that is not the size.
+    assert!(matches!(
+        commit(
+            &mut s,
+            14,
+            "d",
+            5,
+            "k5",
+            vec![rep(a, base_a + 8192, 4096), rep(a, base_a + 16384, 4096)],
+            1000
+        ),
+        Err(MetaError::InvalidParams(_))
+    ));
+
+    let mut recount = s.clone();
+    recount.rebuild_derived().unwrap();
+    assert_eq!(s, recount);
+
+    // Retiring returns the free rest; the object keeps its range; removing
+    // the object then frees it to the segment.
+    let r = s.apply(&Command {
+        now_ms: 20,
+        seed: 0,
+        origin: None,
+        op: Op::RetireReservations { ids: vec![ra] },
+    });
+    assert_eq!(r, Response::Count(1));
+    assert_eq!(
+        commit(
+            &mut s,
+            21,
+            "d",
+            6,
+            "k6",
+            vec![rep(a, base_a + 8192, 4096)],
+            1000
+        )
+        .map_err(|e| e.code()),
+        Err(crescent_proto::ErrorCode::InvalidWrite),
+        "a retired reservation's space is no longer committable"
+    );
+    assert_eq!(s.allocator(a).unwrap().allocated(), 4096);
+    let mut recount = s.clone();
+    recount.rebuild_derived().unwrap();
+    assert_eq!(s, recount);
+}
+
+/// What can interleave around a failover, as the state machine sees it: the
+/// old leader's reservation stays out of the new leader's reach until it is
+/// retired, a commit of the old leader's placement still lands while it is
+/// not retired, and a new reservation never overlaps an unretired one.
+#[test]
+fn an_old_terms_reservation_is_kept_whole_until_retired() {
+    let mut s = MetaState::new();
+    let a = mount(&mut s, 0, "a", "o", 32 * MB);
+    let (old, old_base) = reserve_on(&mut s, 1, a, 16 * MB, 7);
+    // The new leader (term 8) reserves: it gets other space.
+    let (_, new_base) = reserve_on(&mut s, 5, a, 16 * MB, 8);
+    assert!(new_base >= old_base + 16 * MB || new_base + 16 * MB <= old_base);
+    // Nothing is left for a two-commit put either.
+    assert!(
+        matches!(put(&mut s, 6, "x", 1, "two", 4096, 1), Response::PutStart(v) if v[0].is_err())
+    );
+    // The old leader's writer commits through the new leader.
+    assert_eq!(
+        commit(&mut s, 7, "w", 1, "late", vec![rep(a, old_base, 4096)], 100),
+        Ok(())
+    );
+    s.apply(&Command {
+        now_ms: 8,
+        seed: 0,
+        origin: None,
+        op: Op::RetireReservations { ids: vec![old] },
+    });
+    assert!(s.lookup("late").is_ok());
+    assert_eq!(s.allocator(a).unwrap().allocated(), 16 * MB + 4096);
+    // A segment's reservations go with it.
+    s.apply(&Command {
+        now_ms: 9,
+        seed: 0,
+        origin: None,
+        op: Op::UnmountSegment { segment_id: a },
+    });
+    assert!(s.reservations.is_empty());
+}
+
+/// Random reserve / commit / retire / remove / evict / unmount / two-commit
+/// puts, choosing commit ranges from the state as a leader would (and some
+/// stale ones): after every command no two objects or free reserved ranges
+/// overlap, and the derived allocators equal a recount.
+#[test]
+fn reservations_and_objects_never_overlap_under_random_commands() {
+    let mut s = MetaState::new();
+    let segs: Vec<SegmentId> = ["a", "b", "c"]
+        .iter()
+        .map(|n| mount(&mut s, 0, n, "o", 16 * MB))
+        .collect();
+    let mut x = 0x9e37_79b9u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut seq = 0;
+    for i in 0..4000u64 {
+        let now = 100 + i;
+        seq += 1;
+        let key = format!("k{}", rnd() % 150);
+        let seg = segs[(rnd() % 3) as usize];
+        let op = match rnd() % 9 {
+            0 => Op::Reserve {
+                segment_id: seg,
+                len: 1 + rnd() % (2 * MB),
+                term: rnd() % 3,
+            },
+            1 => {
+                let ids: Vec<u64> = s
+                    .reservations
+                    .keys()
+                    .copied()
+                    .filter(|_| rnd() % 2 == 0)
+                    .collect();
+                Op::RetireReservations { ids }
+            }
+            2..=4 => {
+                // A range from a reservation's free space (or a stale one).
+                let len = 1 + rnd() % (256 << 10);
+                let pick = s
+                    .reservations
+                    .values()
+                    .filter(|r| r.segment_id == seg)
+                    .flat_map(|r| r.free.iter().map(|(o, l)| (*o, *l)))
+                    .find(|(_, l)| *l >= len);
+                let offset = match pick {
+                    Some((o, _)) if rnd() % 5 != 0 => o,
+                    _ => (rnd() % (16 * MB)) & !63,
+                };
+                Op::PutCommit {
+                    items: vec![CommitItem {
+                        key,
+                        size: len,
+                        checksum: 1,
+                        put_id: seq,
+                        replicas: vec![Replica {
+                            segment_id: seg,
+                            offset,
+                            len,
+                        }],
+                        deadline_ms: now + rnd() % 3,
+                    }],
+                    config: ReplicateConfig {
+                        replica_num: 1,
+                        ..Default::default()
+                    },
+                    policy: policy(),
+                }
+            }
+            5 => Op::PutStartNamed {
+                items: vec![(key, 1 + rnd() % MB, seq)],
+                config: ReplicateConfig {
+                    replica_num: 1,
+                    ..Default::default()
+                },
+                policy: policy(),
+            },
+            6 => Op::Remove {
+                keys: vec![key],
+                force: true,
+                leased: Default::default(),
+                hold_ms: 0,
+            },
+            7 => Op::Evict { keys: vec![key] },
+            _ if i % 500 == 499 => Op::UnmountSegment { segment_id: seg },
+            _ => Op::ReclaimStalePuts,
+        };
+        s.apply(&cmd(now, "c", seq, op));
+        let mut ranges: Vec<(SegmentId, u64, u64)> = s
+            .objects
+            .values()
+            .flat_map(|o| {
+                o.replicas.iter().map(|r| {
+                    (
+                        r.segment_id,
+                        r.offset,
+                        crate::alloc::aligned_len(r.len).unwrap(),
+                    )
+                })
+            })
+            .chain(
+                s.reservations
+                    .values()
+                    .flat_map(|r| r.free.iter().map(|(o, l)| (r.segment_id, *o, *l))),
+            )
+            .chain(s.pending_release.iter().map(|p| {
+                (
+                    p.replica.segment_id,
+                    p.replica.offset,
+                    crate::alloc::aligned_len(p.replica.len).unwrap(),
+                )
+            }))
+            .collect();
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1,
+                "overlap at command {i}: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        let mut recount = s.clone();
+        recount.rebuild_derived().unwrap();
+        assert_eq!(s, recount, "derived state drifted at command {i}");
+    }
+    assert!(s.objects.values().any(|o| o.put_id > 0));
+}
