@@ -106,6 +106,14 @@ has_status!(
 );
 
 /// Splits `host:port,host:port` into addresses.
+/// Where a put was placed: its replicas (with write grants), and whether
+/// the placement is pending (made without a commit; the PutEnd records it).
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    pub replicas: Vec<pb::ReplicaDescriptor>,
+    pub pending: bool,
+}
+
 pub fn parse_master_list(spec: &str) -> Result<Vec<String>, MasterRpcError> {
     let addrs: Vec<String> = spec
         .split(',')
@@ -728,6 +736,7 @@ impl MasterClient {
         &self,
         items: Vec<pb::PutStartItem>,
         config: pb::ReplicateConfig,
+        one_commit: bool,
     ) -> Result<Vec<pb::PutStartResult>, MasterRpcError> {
         let header = self.header();
         let r = self
@@ -736,6 +745,7 @@ impl MasterClient {
                     header: Some(header.clone()),
                     items: items.clone(),
                     config: Some(config.clone()),
+                    one_commit,
                 };
                 async move { Self::master(ch).batch_put_start(req).await }
             })
@@ -746,6 +756,7 @@ impl MasterClient {
     async fn batch_put_end_part(
         &self,
         items: Vec<pb::PutEndItem>,
+        config: Option<pb::ReplicateConfig>,
     ) -> Result<Vec<pb::Status>, MasterRpcError> {
         let header = self.header();
         let r = self
@@ -753,6 +764,7 @@ impl MasterClient {
                 let req = pb::BatchPutEndRequest {
                     header: Some(header.clone()),
                     items: items.clone(),
+                    config: config.clone(),
                 };
                 async move { Self::master(ch).batch_put_end(req).await }
             })
@@ -792,7 +804,23 @@ impl MasterClient {
         in_parts(
             items,
             |i| i.key.len(),
-            |part| self.batch_put_start_part(part, config.clone()),
+            |part| self.batch_put_start_part(part, config.clone(), false),
+        )
+        .await
+    }
+
+    /// [`batch_put_start`](Self::batch_put_start) asking for one commit per
+    /// put: items answered `pending` were placed without a commit, and their
+    /// PutEnd must carry the placement ([`batch_put_end_placed`](Self::batch_put_end_placed)).
+    pub async fn batch_put_start_one_commit(
+        &self,
+        items: Vec<pb::PutStartItem>,
+        config: pb::ReplicateConfig,
+    ) -> Result<Vec<pb::PutStartResult>, MasterRpcError> {
+        in_parts(
+            items,
+            |i| i.key.len(),
+            |part| self.batch_put_start_part(part, config.clone(), true),
         )
         .await
     }
@@ -801,7 +829,27 @@ impl MasterClient {
         &self,
         items: Vec<pb::PutEndItem>,
     ) -> Result<Vec<pb::Status>, MasterRpcError> {
-        in_parts(items, |i| i.key.len(), |part| self.batch_put_end_part(part)).await
+        in_parts(
+            items,
+            |i| i.key.len(),
+            |part| self.batch_put_end_part(part, None),
+        )
+        .await
+    }
+
+    /// BatchPutEnd whose pending items carry their placement and size, with
+    /// the config their PutStart had.
+    pub async fn batch_put_end_placed(
+        &self,
+        items: Vec<pb::PutEndItem>,
+        config: pb::ReplicateConfig,
+    ) -> Result<Vec<pb::Status>, MasterRpcError> {
+        in_parts(
+            items,
+            |i| i.key.len(),
+            |part| self.batch_put_end_part(part, Some(config.clone())),
+        )
+        .await
     }
 
     /// Revokes unfinished puts, each `(key, put id)`; id 0 revokes any
@@ -879,11 +927,77 @@ impl MasterClient {
                     size,
                     config: Some(config.clone()),
                     put_id,
+                    one_commit: false,
                 };
                 async move { Self::master(ch).put_start(req).await }
             })
             .await?;
         Ok(Self::check(r)?.replicas)
+    }
+
+    /// PutStart asking for one commit per put: a `pending` placement was
+    /// made without a commit, and [`put_end_placed`](Self::put_end_placed)
+    /// records it with the object in one.
+    pub async fn put_start_placed(
+        &self,
+        key: &str,
+        size: u64,
+        config: pb::ReplicateConfig,
+        put_id: u64,
+    ) -> Result<Placement, MasterRpcError> {
+        let header = self.header();
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::PutStartRequest {
+                    header: Some(header.clone()),
+                    key: key.to_string(),
+                    size,
+                    config: Some(config.clone()),
+                    put_id,
+                    one_commit: true,
+                };
+                async move { Self::master(ch).put_start(req).await }
+            })
+            .await?;
+        let r = Self::check(r)?;
+        Ok(Placement {
+            replicas: r.replicas,
+            pending: r.pending,
+        })
+    }
+
+    /// PutEnd of a put started with [`put_start_placed`](Self::put_start_placed):
+    /// carries the placement when it is pending.
+    pub async fn put_end_placed(
+        &self,
+        key: &str,
+        checksum: u32,
+        put_id: u64,
+        placement: &Placement,
+        size: u64,
+        config: &pb::ReplicateConfig,
+    ) -> Result<(), MasterRpcError> {
+        let header = self.header();
+        let (replicas, config) = if placement.pending {
+            (placement.replicas.clone(), Some(config.clone()))
+        } else {
+            (Vec::new(), None)
+        };
+        let r = self
+            .call_leader(|ch| {
+                let req = pb::PutEndRequest {
+                    header: Some(header.clone()),
+                    key: key.to_string(),
+                    checksum,
+                    put_id,
+                    placement: replicas.clone(),
+                    size,
+                    config: config.clone(),
+                };
+                async move { Self::master(ch).put_end(req).await }
+            })
+            .await?;
+        Self::check(r).map(|_| ())
     }
 
     /// An unnamed PutEnd: finishes this client's unfinished put of `key`, whichever it is.
@@ -906,6 +1020,7 @@ impl MasterClient {
                     key: key.to_string(),
                     checksum,
                     put_id,
+                    ..Default::default()
                 };
                 async move { Self::master(ch).put_end(req).await }
             })

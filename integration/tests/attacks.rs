@@ -138,6 +138,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
                 header: Some(mc.header()),
                 items,
                 config: Some(wire_one.clone()),
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -167,6 +168,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
                 put_id: 0,
                 key: k.clone(),
                 checksum: 0,
+                ..Default::default()
             })
             .collect();
         mc.batch_put_end(ends).await.unwrap();
@@ -224,6 +226,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
             key: "ahead".into(),
             size: 64,
             config: Some(wire_one.clone()),
+            ..Default::default()
         })
         .await
         .unwrap()

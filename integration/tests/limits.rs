@@ -353,6 +353,7 @@ fn put_end_items(keys: &[String]) -> Vec<pb::PutEndItem> {
             put_id: 0,
             key: k.clone(),
             checksum: 7,
+            ..Default::default()
         })
         .collect()
 }
@@ -406,6 +407,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
             header: header(),
             items: put_start_items(&largest),
             config: Some(one_replica()),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -419,6 +421,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
         .batch_put_end(pb::BatchPutEndRequest {
             header: header(),
             items: put_end_items(&largest),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -448,6 +451,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
             header: header(),
             items: put_start_items(&larger),
             config: Some(one_replica()),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use crescent_client::master::MasterRpcError;
 use crescent_client::MasterClient;
 use crescent_integration::{crescentctl, LocalCluster};
 use crescent_proto::pb;
@@ -200,6 +201,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
                 header: Some(header.clone()),
                 items: huge.clone(),
                 config: Some(cfg(1)),
+                ..Default::default()
             };
             async move { MasterClient::master(ch).batch_put_start(req).await }
         })
@@ -417,6 +419,7 @@ async fn writes_are_refused_during_a_leadership_transfer() {
             key: format!("during-transfer-{i}"),
             size: 64,
             config: Some(cfg(1)),
+            ..Default::default()
         };
         client.call_node(&leader_addr, |ch| async move {
             MasterClient::master(ch).put_start(req).await
@@ -635,4 +638,138 @@ async fn a_stale_put_end_cannot_finish_a_later_put_of_the_same_key() {
     assert_eq!(code, ErrorCode::InvalidParams);
     client.put_end_named("k", 22, new).await.unwrap();
     assert_eq!(client.get_replica_list("k").await.unwrap().checksum, 22);
+}
+
+/// Puts `n` objects of 4 KiB for one commit each; returns their ranges.
+async fn one_commit_puts(client: &MasterClient, prefix: &str, n: u32) -> Vec<(u64, u64)> {
+    let mut ranges = Vec::new();
+    for i in 0..n {
+        let key = format!("{prefix}-{i}");
+        let id = client.new_put_id();
+        let p = client
+            .put_start_placed(&key, 4096, cfg(1), id)
+            .await
+            .unwrap();
+        assert!(p.pending, "{key} was not placed for one commit");
+        client
+            .put_end_placed(&key, i, id, &p, 4096, &cfg(1))
+            .await
+            .unwrap();
+        ranges.extend(p.replicas.iter().map(|r| (r.segment_id, r.offset)));
+    }
+    ranges
+}
+
+/// Issue 12, item 1, against real masters: a put placed by a leader that
+/// dies before its PutEnd still commits through the next leader, which never
+/// placed anything in the dead leader's reservation meanwhile; forged
+/// placements are refused. With the fence switched off the next leader hands
+/// the same range to another put at once (the race the chaos suite's
+/// stalled writer turns into lost data).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
+    for broken in [false, true] {
+        let extra: Vec<String> = if broken {
+            vec!["--unsafe-adopt-foreign-reservations".into()]
+        } else {
+            vec![]
+        };
+        let (mut cluster, client) = mounted_cluster(3, &extra).await;
+        let (leader, _, _) = cluster
+            .wait_for_leader(Duration::from_secs(15))
+            .await
+            .unwrap();
+        // Warm the reservation up, then place one put and stall it.
+        one_commit_puts(&client, "before", 3).await;
+        let id = client.new_put_id();
+        let stalled = client
+            .put_start_placed("stalled", 4096, cfg(1), id)
+            .await
+            .unwrap();
+        assert!(stalled.pending);
+        let range = (stalled.replicas[0].segment_id, stalled.replicas[0].offset);
+
+        cluster.kill(leader).unwrap();
+        cluster
+            .wait_for_leader(Duration::from_secs(15))
+            .await
+            .unwrap();
+        let after = one_commit_puts(&client, "after", 20).await;
+        if broken {
+            assert!(
+                after.contains(&range),
+                "with the fence off the next leader should reuse the stalled range"
+            );
+            let r = client
+                .put_end_placed("stalled", 77, id, &stalled, 4096, &cfg(1))
+                .await;
+            assert!(r.is_err(), "the stalled put's range was taken: {r:?}");
+            continue;
+        }
+        assert!(
+            !after.contains(&range),
+            "the next leader placed a put in the dead leader's reservation"
+        );
+        client
+            .put_end_placed("stalled", 77, id, &stalled, 4096, &cfg(1))
+            .await
+            .unwrap();
+        let r = client.get_replica_list("stalled").await.unwrap();
+        assert_eq!(r.checksum, 77);
+        assert_eq!(
+            (r.replicas[0].segment_id, r.replicas[0].offset),
+            range,
+            "the object lives where the dead leader placed it"
+        );
+
+        // Forged placements change nothing.
+        let id = client.new_put_id();
+        let p = client
+            .put_start_placed("forged", 4096, cfg(1), id)
+            .await
+            .unwrap();
+        let mut moved = p.clone();
+        moved.replicas[0].offset += 4096;
+        let mut unsigned = p.clone();
+        unsigned.replicas[0].grant_mac[0] ^= 1;
+        let mut longer = p.clone();
+        longer.replicas[0].length = 8192;
+        for (what, forged, size) in [
+            ("moved", &moved, 4096),
+            ("unsigned", &unsigned, 4096),
+            ("longer", &longer, 8192),
+        ] {
+            let e = client
+                .put_end_placed("forged", 1, id, forged, size, &cfg(1))
+                .await
+                .expect_err(what);
+            assert!(
+                matches!(
+                    e,
+                    MasterRpcError::Status {
+                        code: ErrorCode::InvalidWrite,
+                        ..
+                    }
+                ),
+                "{what}: {e}"
+            );
+        }
+        assert!(!client.exists("forged").await.unwrap());
+        client
+            .put_end_placed("forged", 1, id, &p, 4096, &cfg(1))
+            .await
+            .unwrap();
+        // A revoked placement is free again; a two-commit writer still works.
+        let id = client.new_put_id();
+        let p = client
+            .put_start_placed("revoked", 4096, cfg(1), id)
+            .await
+            .unwrap();
+        client.put_revoke_named("revoked", id).await.unwrap();
+        assert!(!client.exists("revoked").await.unwrap());
+        client.put_start("two", 10, cfg(1)).await.unwrap();
+        client.put_end("two", 3).await.unwrap();
+        assert!(client.exists("two").await.unwrap());
+        drop(p);
+    }
 }

@@ -222,6 +222,26 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             &mm.read_index_reads,
         ),
         (
+            "master_one_commit_placements_total",
+            "Puts this leader placed inside its reservations without a commit (one commit per put).",
+            &mm.one_commit_placements,
+        ),
+        (
+            "master_two_commit_placements_total",
+            "Puts that asked for one commit and took two (no reservation fitted, item too large, no lease).",
+            &mm.two_commit_fallbacks,
+        ),
+        (
+            "master_reservations_made_total",
+            "Reservations this leader committed for one-commit puts.",
+            &mm.reservations_made,
+        ),
+        (
+            "master_reservations_retired_total",
+            "Reservations this leader retired (full, or an earlier term's after the release timeout).",
+            &mm.reservations_retired,
+        ),
+        (
             "raft_leader_changes_total",
             "Leader changes seen by this node.",
             &mm.leader_changes,

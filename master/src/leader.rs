@@ -51,6 +51,7 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 set.spawn(liveness_loop(node.clone()));
                 set.spawn(reclaim_loop(node.clone()));
                 set.spawn(lease_sweep_loop(node.clone()));
+                set.spawn(reservation_loop(node.clone()));
                 if let Some(etcd) = node.etcd() {
                     set.spawn(crate::etcd::leader_loop(node.clone(), etcd.clone(), term));
                 }
@@ -202,5 +203,15 @@ async fn lease_sweep_loop(node: Arc<MasterNode>) {
     loop {
         tick.tick().await;
         node.expire_leases();
+    }
+}
+
+/// Frees one-commit placements past their release time and retires
+/// reservations that are due (see `node/placer.rs`).
+async fn reservation_loop(node: Arc<MasterNode>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        node.upkeep_reservations().await;
     }
 }

@@ -5,6 +5,8 @@
 //! ask it for what they need, so the lock order (state before leader memory)
 //! and the pairing of doom marks with their release live in one place.
 
+mod one_commit;
+pub mod placer;
 mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -49,6 +51,12 @@ pub struct MasterMetrics {
     /// quorum round (read-index mode, or the lease did not hold).
     pub lease_reads: AtomicU64,
     pub read_index_reads: AtomicU64,
+    /// One-commit puts: placed without a commit, asked and fell back, and
+    /// the reservations they live in.
+    pub one_commit_placements: AtomicU64,
+    pub two_commit_fallbacks: AtomicU64,
+    pub reservations_made: AtomicU64,
+    pub reservations_retired: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }
@@ -279,6 +287,11 @@ pub struct MasterNode {
     /// `docs/lease-reads.md`).
     transfer_term: AtomicU64,
     leader_mem: Mutex<LeaderMemory>,
+    /// Where one-commit puts go (leader memory too; reset with it).
+    placer: Mutex<placer::Placer>,
+    /// One Reserve proposal at a time, so concurrent puts that all found no
+    /// room do not each reserve.
+    reserving: tokio::sync::Mutex<()>,
     /// Woken whenever doomed keys are taken back (or leader memory reset):
     /// lookups of a doomed key wait on it.
     doom_settled: tokio::sync::Notify,
@@ -382,6 +395,13 @@ impl MasterNode {
             lease_clock,
             transfer_term: AtomicU64::new(0),
             leader_mem: Mutex::new(LeaderMemory::new(0, 0)),
+            placer: Mutex::new(placer::Placer::new(
+                0,
+                0,
+                config.put_reservation_size,
+                config.unsafe_adopt_foreign_reservations,
+            )),
+            reserving: tokio::sync::Mutex::new(()),
             doom_settled: tokio::sync::Notify::new(),
             read_barrier: tx,
             transferring_to: Mutex::new(None),
@@ -1049,6 +1069,12 @@ impl MasterNode {
             .state
             .alloc_failures;
         *self.leader_mem.lock().expect("lock poisoned") = LeaderMemory::new(term, failures);
+        *self.placer.lock().expect("lock poisoned") = placer::Placer::new(
+            term,
+            now_ms(),
+            self.config.put_reservation_size,
+            self.config.unsafe_adopt_foreign_reservations,
+        );
         self.doom_settled.notify_waiters();
     }
 

@@ -9,12 +9,14 @@ use crescent_auth::capability::{Access, Capability, SegmentKey, SEGMENT_KEY_LEN}
 use crescent_proto::pb::{self, master_service_server::MasterService};
 use crescent_proto::ErrorCode;
 use crescent_raft::state::{
-    MetaError, MetaState, Op, Origin, PutId, PutPolicy, Replica, ReplicateConfig, SegmentKeyBytes,
-    SegmentSpec,
+    CommitItem, MetaError, MetaState, Op, Origin, PutId, PutPolicy, Replica, ReplicateConfig,
+    SegmentKeyBytes, SegmentSpec,
 };
 use crescent_raft::{sizing, Response};
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
 
+use crate::config::PutMode;
+use crate::node::placer::Placed;
 use crate::node::{MasterNode, NodeError};
 
 type Rpc<T> = Result<TonicResponse<T>, TonicStatus>;
@@ -296,7 +298,8 @@ impl MasterApi {
                 &m.quota_rejections_objects,
             ),
             (
-                held.unfinished,
+                held.unfinished
+                    .saturating_add(self.node.one_commit_inflight(&origin.client_id)),
                 n,
                 cfg.max_unfinished_puts_per_client,
                 "unfinished puts",
@@ -385,7 +388,8 @@ impl MasterApi {
         header: Option<pb::RequestHeader>,
         items: Vec<(String, u64, PutId)>,
         config: Option<pb::ReplicateConfig>,
-    ) -> Result<Vec<Result<Vec<pb::ReplicaDescriptor>, MetaError>>, pb::Status> {
+        one_commit: bool,
+    ) -> Result<Vec<Started>, pb::Status> {
         let origin = Self::origin(header)?;
         if items.is_empty() {
             return Err(invalid(ErrorCode::InvalidParams, "empty batch"));
@@ -404,28 +408,84 @@ impl MasterApi {
         self.check_put_quota(&origin, &items)?;
         let config = Self::replicate_config(config)?;
         let n = items.len();
+        // A write grant lasts as long as the put may: past the discard
+        // timeout another put may take the key over (and a one-commit
+        // placement may no longer be committed).
+        let terms = GrantTerms::new(Access::Write, self.node.config().put_start_discard_timeout);
+        let mut out: Vec<Option<Started>> = (0..n).map(|_| None).collect();
+        let mut two_commit: Vec<usize> = (0..n).collect();
+        let wants_one = one_commit && self.node.config().put_mode == PutMode::OneCommit;
+        if wants_one && !self.already_applied(&origin) {
+            if let Some(placed) = self
+                .node
+                .place_one_commit(&origin.client_id, &items, &config)
+                .await
+            {
+                two_commit.clear();
+                let state = self.node.state();
+                for (i, p) in placed.into_iter().enumerate() {
+                    match p {
+                        Placed::Replicas(reps) => {
+                            out[i] = Some(Started {
+                                replicas: Ok(reps
+                                    .iter()
+                                    .map(|x| replica_pb(&state, x, terms))
+                                    .collect()),
+                                pending: true,
+                            })
+                        }
+                        Placed::Refused(e) => out[i] = Some(Started::failed(e)),
+                        Placed::TwoCommit | Placed::NeedReservations(_) => two_commit.push(i),
+                    }
+                }
+            }
+        }
+        if two_commit.is_empty() {
+            return Ok(out.into_iter().map(Option::unwrap_or_default).collect());
+        }
+        let whole = two_commit.len() == n;
         let op = Op::PutStartNamed {
-            items,
+            items: two_commit.iter().map(|&i| items[i].clone()).collect(),
             config,
             policy: self.policy(),
         };
-        match self.node.propose(Some(origin), op).await {
-            Ok(Response::PutStart(v)) if v.len() == n => {
-                // A write grant lasts as long as the put may: past the
-                // discard timeout another put may take the key over.
-                let terms =
-                    GrantTerms::new(Access::Write, self.node.config().put_start_discard_timeout);
-                let state = self.node.state();
-                Ok(v.into_iter()
-                    .map(|r| {
-                        r.map(|reps| reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
-                    })
-                    .collect())
+        let failed = |e: pb::Status, out: &mut Vec<Option<Started>>| {
+            // Items placed for one commit keep their answer; the others
+            // carry the refusal.
+            for &i in &two_commit {
+                out[i] = Some(Started::refused(e.clone()));
             }
-            Ok(Response::Rejected(e)) => Err(meta_status(&e)),
-            Ok(other) => Err(unexpected(&other)),
-            Err(e) => Err(node_status(&e)),
+        };
+        match self.node.propose(Some(origin), op).await {
+            Ok(Response::PutStart(v)) if v.len() == two_commit.len() => {
+                let state = self.node.state();
+                for (&i, r) in two_commit.iter().zip(v) {
+                    out[i] = Some(Started {
+                        replicas: r
+                            .map(|reps| reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
+                            .map_err(StartRefusal::from),
+                        pending: false,
+                    });
+                }
+            }
+            Ok(Response::Rejected(e)) if whole => return Err(meta_status(&e)),
+            Ok(Response::Rejected(e)) => failed(meta_status(&e), &mut out),
+            Ok(other) if whole => return Err(unexpected(&other)),
+            Ok(other) => failed(unexpected(&other), &mut out),
+            Err(e) if whole => return Err(node_status(&e)),
+            Err(e) => failed(node_status(&e), &mut out),
         }
+        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// Whether the state already holds the answer to this request (a retry):
+    /// then it must get that answer, not a new placement.
+    fn already_applied(&self, origin: &Origin) -> bool {
+        self.node
+            .state()
+            .dedup
+            .get(&origin.client_id)
+            .is_some_and(|c| c.results.contains_key(&origin.seq))
     }
 
     /// The origin of a request of `n` items, which must be at least one.
@@ -452,25 +512,121 @@ impl MasterApi {
         }
     }
 
-    /// PutEnd of `items` (key, checksum, put id): the core of PutEnd and
-    /// BatchPutEnd, so counting, validation and the test-only flag cannot
-    /// drift between them.
+    /// PutEnd of `items`: the core of PutEnd and BatchPutEnd, so counting,
+    /// validation and the test-only flag cannot drift between them. Items
+    /// placed for one commit carry their placement, and one entry records
+    /// each with its object; the others finish a committed PutStart.
     async fn put_end_items(
         &self,
         header: Option<pb::RequestHeader>,
-        items: Vec<(String, u32, PutId)>,
+        items: Vec<EndItem>,
+        config: Option<pb::ReplicateConfig>,
     ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
         self.node
             .counters()
             .put_end_requests
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.check_keys(items.iter().map(|(k, _, _)| k.as_str()))?;
+        self.check_keys(items.iter().map(|i| i.key.as_str()))?;
         let n = items.len();
-        let op = Op::PutEndNamed { items };
-        if self.node.config().unsafe_ack_before_commit {
-            return self.put_end_unsafely(header, n, op);
+        if items.iter().all(|i| i.placement.is_empty()) {
+            let op = Op::PutEndNamed {
+                items: items
+                    .into_iter()
+                    .map(|i| (i.key, i.checksum, i.put_id))
+                    .collect(),
+            };
+            if self.node.config().unsafe_ack_before_commit {
+                return self.put_end_unsafely(header, n, op);
+            }
+            return self.item_op(header, n, op).await;
         }
-        self.item_op(header, n, op).await
+        let origin = Self::batch_origin(header.clone(), n)?;
+        let config = Self::replicate_config(config)?;
+        // Each placement must be what a leader granted: its write grants
+        // are signed with the segments' keys, so a writer cannot commit a
+        // range nobody placed it in.
+        let mut refused: Vec<Option<MetaError>> = (0..n).map(|_| None).collect();
+        let mut commits = Vec::with_capacity(n);
+        let mut placed: Vec<(String, PutId)> = Vec::new();
+        {
+            let state = self.node.state();
+            for (i, item) in items.into_iter().enumerate() {
+                let (replicas, deadline_ms) = if item.placement.is_empty() {
+                    (Vec::new(), u64::MAX)
+                } else {
+                    match verified_placement(&state, &item.placement, item.size, config.replica_num)
+                    {
+                        Ok(v) => {
+                            placed.push((item.key.clone(), item.put_id));
+                            v
+                        }
+                        Err(why) => {
+                            refused[i] =
+                                Some(MetaError::InvalidWrite(format!("{}: {why}", item.key)));
+                            (Vec::new(), 0)
+                        }
+                    }
+                };
+                commits.push(CommitItem {
+                    key: item.key,
+                    size: item.size,
+                    checksum: item.checksum,
+                    put_id: item.put_id,
+                    replicas,
+                    deadline_ms,
+                });
+            }
+        }
+        // Refused items are left out of the entry; their answer is the refusal.
+        let keep: Vec<usize> = (0..n).filter(|i| refused[*i].is_none()).collect();
+        let commits: Vec<CommitItem> = commits
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| refused[*i].is_none())
+            .map(|(_, c)| c)
+            .collect();
+        let mut results: Vec<Result<(), MetaError>> =
+            refused.into_iter().map(|r| r.map_or(Ok(()), Err)).collect();
+        if commits.is_empty() {
+            return Ok(results);
+        }
+        let m = commits.len();
+        let op = Op::PutCommit {
+            items: commits.clone(),
+            config,
+            policy: self.policy(),
+        };
+        if self.node.config().unsafe_ack_before_commit {
+            self.put_end_unsafely(header, m, op)?;
+            return Ok(results);
+        }
+        let client = origin.client_id.clone();
+        let outcome = self
+            .node
+            .propose_settled(Some(origin), op, move |node, outcome| {
+                // The placer learns each placed put's fate once it is known,
+                // even if this request is gone by then; a range is free again
+                // only when its commit was refused.
+                if let Ok(Response::Items(v)) = outcome {
+                    for (c, r) in commits.iter().zip(v) {
+                        if !c.replicas.is_empty() {
+                            node.settle_placement(&client, &c.key, c.put_id, r.is_ok());
+                        }
+                    }
+                }
+            })
+            .await;
+        match outcome {
+            Ok(Response::Items(v)) if v.len() == m => {
+                for (&i, r) in keep.iter().zip(v) {
+                    results[i] = r;
+                }
+                Ok(results)
+            }
+            Ok(Response::Rejected(e)) => Err(meta_status(&e)),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(node_status(&e)),
+        }
     }
 
     /// The deliberately broken PutEnd of `--unsafe-ack-before-commit`: answers
@@ -494,7 +650,8 @@ impl MasterApi {
     }
 
     /// PutRevoke of `items` (key, put id): the core of PutRevoke and
-    /// BatchPutRevoke.
+    /// BatchPutRevoke. A put this leader placed for one commit is only in
+    /// its memory: revoking it frees the range there, with no entry.
     async fn put_revoke_items(
         &self,
         header: Option<pb::RequestHeader>,
@@ -502,7 +659,28 @@ impl MasterApi {
     ) -> Result<Vec<Result<(), MetaError>>, pb::Status> {
         self.check_keys(items.iter().map(|(k, _)| k.as_str()))?;
         let n = items.len();
-        self.item_op(header, n, Op::PutRevokeNamed { items }).await
+        let origin = Self::batch_origin(header.clone(), n)?;
+        let (in_memory, in_state): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| {
+            let (key, put_id) = &items[i];
+            *put_id != 0
+                && self
+                    .node
+                    .settle_placement(&origin.client_id, key, *put_id, false)
+        });
+        if in_memory.is_empty() {
+            return self.item_op(header, n, Op::PutRevokeNamed { items }).await;
+        }
+        let mut results: Vec<Result<(), MetaError>> = (0..n).map(|_| Ok(())).collect();
+        if !in_state.is_empty() {
+            let rest: Vec<(String, PutId)> = in_state.iter().map(|&i| items[i].clone()).collect();
+            let v = self
+                .item_op(header, rest.len(), Op::PutRevokeNamed { items: rest })
+                .await?;
+            for (&i, r) in in_state.iter().zip(v) {
+                results[i] = r;
+            }
+        }
+        Ok(results)
     }
 
     /// Remove of `keys`: the core of Remove and BatchRemove.
@@ -690,6 +868,117 @@ impl MasterApi {
     }
 }
 
+/// One item's PutStart answer: its replicas or refusal, and whether it was
+/// placed for one commit (its PutEnd must then carry the placement).
+#[derive(Clone)]
+struct Started {
+    replicas: Result<Vec<pb::ReplicaDescriptor>, StartRefusal>,
+    pending: bool,
+}
+
+#[derive(Clone)]
+enum StartRefusal {
+    Meta(MetaError),
+    Status(pb::Status),
+}
+
+impl From<MetaError> for StartRefusal {
+    fn from(e: MetaError) -> Self {
+        StartRefusal::Meta(e)
+    }
+}
+
+impl Default for Started {
+    fn default() -> Self {
+        Started::refused(invalid(ErrorCode::InternalError, "item not answered"))
+    }
+}
+
+impl Started {
+    fn failed(e: MetaError) -> Self {
+        Self {
+            replicas: Err(StartRefusal::Meta(e)),
+            pending: false,
+        }
+    }
+
+    fn refused(s: pb::Status) -> Self {
+        Self {
+            replicas: Err(StartRefusal::Status(s)),
+            pending: false,
+        }
+    }
+
+    fn into_parts(self) -> (pb::Status, Vec<pb::ReplicaDescriptor>, bool) {
+        match self.replicas {
+            Ok(reps) => (pb::Status::ok(), reps, self.pending),
+            Err(StartRefusal::Meta(e)) => (meta_status(&e), Vec::new(), false),
+            Err(StartRefusal::Status(s)) => (s, Vec::new(), false),
+        }
+    }
+}
+
+/// One item of a PutEnd (see `PutEndRequest` in master.proto).
+struct EndItem {
+    key: String,
+    checksum: u32,
+    put_id: PutId,
+    placement: Vec<pb::ReplicaDescriptor>,
+    size: u64,
+}
+
+/// The replicas of a one-commit placement and its commit deadline (the
+/// earliest grant expiry), if every descriptor carries a write grant that
+/// its segment's key signed for exactly that range, of `size` bytes.
+fn verified_placement(
+    state: &MetaState,
+    placement: &[pb::ReplicaDescriptor],
+    size: u64,
+    replica_num: u32,
+) -> Result<(Vec<Replica>, u64), String> {
+    if size == 0 {
+        return Err("a placed put needs its size".into());
+    }
+    if placement.len() > replica_num.max(1) as usize {
+        return Err(format!(
+            "{} replicas placed for replica_num {replica_num}",
+            placement.len()
+        ));
+    }
+    let mut deadline = u64::MAX;
+    let mut replicas = Vec::with_capacity(placement.len());
+    for d in placement {
+        if d.length != size {
+            return Err(format!(
+                "a replica of {} bytes for an object of {size}",
+                d.length
+            ));
+        }
+        let key = state
+            .segments
+            .get(&d.segment_id)
+            .and_then(|s| SegmentKey::from_slice(&s.key.0))
+            .ok_or_else(|| format!("segment {} is gone or signs no grants", d.segment_id))?;
+        let mac = key.sign(&Capability {
+            segment_id: d.segment_id,
+            offset: d.offset,
+            len: d.length,
+            access: Access::Write,
+            expiry_ms: d.grant_expiry_ms,
+        });
+        if !crescent_auth::constant_time_eq(mac.as_ref(), &d.grant_mac) {
+            return Err("its placement does not carry a grant a master signed".into());
+        }
+        deadline = deadline.min(d.grant_expiry_ms);
+        replicas.push(Replica {
+            segment_id: d.segment_id,
+            offset: d.offset,
+            len: d.length,
+        });
+    }
+    Ok((replicas, deadline))
+}
+
 fn batch_status(r: Result<Vec<Result<(), MetaError>>, pb::Status>) -> pb::BatchStatusResponse {
     match r {
         Ok(v) => pb::BatchStatusResponse {
@@ -722,27 +1011,24 @@ impl MasterService for MasterApi {
     async fn put_start(&self, request: Request<pb::PutStartRequest>) -> Rpc<pb::PutStartResponse> {
         let r = request.into_inner();
         let out = self
-            .put_start_items(r.header, vec![(r.key, r.size, r.put_id)], r.config)
+            .put_start_items(
+                r.header,
+                vec![(r.key, r.size, r.put_id)],
+                r.config,
+                r.one_commit,
+            )
             .await;
-        ok(match out {
-            Ok(mut v) => match v.pop() {
-                Some(Ok(reps)) => pb::PutStartResponse {
-                    status: Some(pb::Status::ok()),
-                    replicas: reps,
-                },
-                Some(Err(e)) => pb::PutStartResponse {
-                    status: Some(meta_status(&e)),
-                    replicas: vec![],
-                },
-                None => pb::PutStartResponse {
-                    status: Some(invalid(ErrorCode::InternalError, "empty result")),
-                    replicas: vec![],
-                },
-            },
-            Err(s) => pb::PutStartResponse {
-                status: Some(s),
-                replicas: vec![],
-            },
+        let started = match out {
+            Ok(mut v) => v.pop().unwrap_or_else(|| {
+                Started::refused(invalid(ErrorCode::InternalError, "empty result"))
+            }),
+            Err(s) => Started::refused(s),
+        };
+        let (status, replicas, pending) = started.into_parts();
+        ok(pb::PutStartResponse {
+            status: Some(status),
+            replicas,
+            pending,
         })
     }
 
@@ -757,20 +1043,21 @@ impl MasterService for MasterApi {
             .map(|i| (i.key, i.size, i.put_id))
             .collect();
         ok(
-            match self.put_start_items(r.header, items, r.config).await {
+            match self
+                .put_start_items(r.header, items, r.config, r.one_commit)
+                .await
+            {
                 Ok(v) => pb::BatchPutStartResponse {
                     status: Some(pb::Status::ok()),
                     results: v
                         .into_iter()
-                        .map(|x| match x {
-                            Ok(reps) => pb::PutStartResult {
-                                status: Some(pb::Status::ok()),
-                                replicas: reps,
-                            },
-                            Err(e) => pb::PutStartResult {
-                                status: Some(meta_status(&e)),
-                                replicas: vec![],
-                            },
+                        .map(|x| {
+                            let (status, replicas, pending) = x.into_parts();
+                            pb::PutStartResult {
+                                status: Some(status),
+                                replicas,
+                                pending,
+                            }
                         })
                         .collect(),
                 },
@@ -784,8 +1071,16 @@ impl MasterService for MasterApi {
 
     async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
-        let items = vec![(r.key, r.checksum, r.put_id)];
-        ok(single_status(self.put_end_items(r.header, items).await))
+        let items = vec![EndItem {
+            key: r.key,
+            checksum: r.checksum,
+            put_id: r.put_id,
+            placement: r.placement,
+            size: r.size,
+        }];
+        ok(single_status(
+            self.put_end_items(r.header, items, r.config).await,
+        ))
     }
 
     async fn batch_put_end(
@@ -796,9 +1091,17 @@ impl MasterService for MasterApi {
         let items = r
             .items
             .into_iter()
-            .map(|i| (i.key, i.checksum, i.put_id))
+            .map(|i| EndItem {
+                key: i.key,
+                checksum: i.checksum,
+                put_id: i.put_id,
+                placement: i.placement,
+                size: i.size,
+            })
             .collect();
-        ok(batch_status(self.put_end_items(r.header, items).await))
+        ok(batch_status(
+            self.put_end_items(r.header, items, r.config).await,
+        ))
     }
 
     async fn put_revoke(&self, request: Request<pb::PutRevokeRequest>) -> Rpc<pb::StatusResponse> {

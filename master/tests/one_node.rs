@@ -86,6 +86,7 @@ fn end_items(keys: &[&str]) -> Vec<pb::PutEndItem> {
             key: k.to_string(),
             checksum: 7,
             put_id: 0,
+            ..Default::default()
         })
         .collect()
 }

@@ -59,9 +59,10 @@ impl ClientCore {
     ) -> Result<()> {
         let put_id = self.master.new_put_id();
         let checksum = crc32c::crc32c(value);
-        let replicas = match self
+        let config = self.replicate(cfg);
+        let placement = match self
             .master
-            .put_start_named(key, value.len() as u64, self.replicate(cfg), put_id)
+            .put_start_placed(key, value.len() as u64, config.clone(), put_id)
             .await
         {
             Ok(r) => r,
@@ -71,8 +72,13 @@ impl ClientCore {
             }) => return Ok(()),
             Err(e) => return Err(Error::from_master(e, key)),
         };
-        let writes =
-            futures::future::join_all(replicas.iter().map(|r| self.write_replica(r, value))).await;
+        let writes = futures::future::join_all(
+            placement
+                .replicas
+                .iter()
+                .map(|r| self.write_replica(r, value)),
+        )
+        .await;
         if let Some(Err(e)) = writes.into_iter().find(|w| w.is_err()) {
             // Nothing half-written may become readable.
             if let Err(re) = self.master.put_revoke_named(key, put_id).await {
@@ -80,10 +86,27 @@ impl ClientCore {
             }
             return Err(e);
         }
-        self.master
-            .put_end_named(key, checksum, put_id)
+        match self
+            .master
+            .put_end_placed(
+                key,
+                checksum,
+                put_id,
+                &placement,
+                value.len() as u64,
+                &config,
+            )
             .await
-            .map_err(|e| Error::from_master(e, key))?;
+        {
+            Ok(()) => {}
+            // Another put of the key committed first (a one-commit put placed
+            // by an earlier leader): the key exists, as at PutStart.
+            Err(MasterRpcError::Status {
+                code: ErrorCode::ObjectAlreadyExists,
+                ..
+            }) if placement.pending => {}
+            Err(e) => return Err(Error::from_master(e, key)),
+        }
         self.mark_master_ok();
         Ok(())
     }
@@ -137,9 +160,10 @@ impl ClientCore {
         if idx.is_empty() {
             return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
         }
+        let config = self.replicate(cfg);
         let starts = match self
             .master
-            .batch_put_start(
+            .batch_put_start_one_commit(
                 idx.iter()
                     .map(|&i| pb::PutStartItem {
                         key: items[i].0.to_string(),
@@ -147,7 +171,7 @@ impl ClientCore {
                         put_id: put_ids[i],
                     })
                     .collect(),
-                self.replicate(cfg),
+                config.clone(),
             )
             .await
         {
@@ -243,7 +267,7 @@ impl ClientCore {
             let i = idx[pos];
             match &results[i] {
                 Some(Err(_)) => to_revoke.push((items[i].0.to_string(), put_ids[i])),
-                _ => to_end.push(i),
+                _ => to_end.push((i, &starts[pos])),
             }
         }
         if !to_revoke.is_empty() {
@@ -254,16 +278,28 @@ impl ClientCore {
         if !to_end.is_empty() {
             let ends = to_end
                 .iter()
-                .map(|&i| pb::PutEndItem {
+                .map(|&(i, start)| pb::PutEndItem {
                     key: items[i].0.to_string(),
                     checksum: crc32c::crc32c(items[i].1),
                     put_id: put_ids[i],
+                    placement: if start.pending {
+                        start.replicas.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    size: items[i].1.len() as u64,
                 })
                 .collect();
-            match self.master.batch_put_end(ends).await {
+            match self.master.batch_put_end_placed(ends, config).await {
                 Ok(statuses) => {
-                    for (&i, st) in to_end.iter().zip(&statuses) {
+                    for (&(i, start), st) in to_end.iter().zip(&statuses) {
                         results[i] = Some(match Error::from_status(st, items[i].0) {
+                            // As for a single put: a one-commit put of the
+                            // key placed by an earlier leader committed first.
+                            Some(Error::Master {
+                                code: ErrorCode::ObjectAlreadyExists,
+                                ..
+                            }) if start.pending => Ok(()),
                             Some(e) => Err(e),
                             None => Ok(()),
                         });
@@ -271,7 +307,7 @@ impl ClientCore {
                 }
                 Err(e) => {
                     let e = Error::from_master(e, "");
-                    for &i in &to_end {
+                    for &(i, _) in &to_end {
                         results[i] = Some(Err(e.clone()));
                     }
                 }

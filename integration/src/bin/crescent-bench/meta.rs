@@ -305,19 +305,24 @@ async fn run_phase(
                 let t = Instant::now();
                 match phase {
                     Phase::Put => {
+                        // One commit per put where the master places it so
+                        // (`--put-mode`, default one-commit): the PutEnd of
+                        // a pending item carries its placement.
+                        let ids: Vec<u64> = keys.iter().map(|_| client.new_put_id()).collect();
                         let items = keys
                             .iter()
-                            .map(|k| pb::PutStartItem {
+                            .zip(&ids)
+                            .map(|(k, id)| pb::PutStartItem {
                                 key: k.clone(),
                                 size,
-                                put_id: 0,
+                                put_id: *id,
                             })
                             .collect();
                         let cfg = pb::ReplicateConfig {
                             replica_num: 1,
                             ..Default::default()
                         };
-                        match client.batch_put_start(items, cfg).await {
+                        match client.batch_put_start_one_commit(items, cfg.clone()).await {
                             Ok(res) => {
                                 errors += res
                                     .iter()
@@ -325,13 +330,21 @@ async fn run_phase(
                                     .count();
                                 let ends = keys
                                     .iter()
-                                    .map(|k| pb::PutEndItem {
+                                    .zip(&ids)
+                                    .zip(&res)
+                                    .map(|((k, id), r)| pb::PutEndItem {
                                         key: k.clone(),
                                         checksum: 0,
-                                        put_id: 0,
+                                        put_id: *id,
+                                        placement: if r.pending {
+                                            r.replicas.clone()
+                                        } else {
+                                            Vec::new()
+                                        },
+                                        size,
                                     })
                                     .collect();
-                                match client.batch_put_end(ends).await {
+                                match client.batch_put_end_placed(ends, cfg).await {
                                     Ok(st) => errors += st.iter().filter(|s| !s.is_ok()).count(),
                                     Err(_) => errors += keys.len(),
                                 }

@@ -1,0 +1,221 @@
+//! One-commit puts on the node: placing under the leader lease, reserving
+//! space when a placement finds none, settling placements, and retiring
+//! reservations ([`super::placer`] holds the rules; this file the locks,
+//! the proposals and the clock).
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crescent_raft::state::{Op, PutId, ReplicateConfig, SegmentId};
+use crescent_raft::Response;
+
+use super::placer::{PlaceRequest, PlaceTimes, Placed};
+use super::{now_ms, MasterNode};
+
+/// Rounds of "reserve, then place again" per request: a batch larger than
+/// one reservation needs a few.
+const RESERVE_ROUNDS: usize = 4;
+
+impl MasterNode {
+    /// Places `items` (key, size, put id) of `client` for one commit each.
+    /// None when this node may not place now: it does not lead under a
+    /// lease (another leader may exist, and would not know these
+    /// placements), or is handing leadership over. Then the caller takes
+    /// the two-commit path, which gives the right refusal.
+    pub async fn place_one_commit(
+        &self,
+        client: &str,
+        items: &[(String, u64, PutId)],
+        config: &ReplicateConfig,
+    ) -> Option<Vec<Placed>> {
+        if self.transferring() {
+            return None;
+        }
+        let index = self.lease_read_index().await?;
+        self.wait_applied(index).await.ok()?;
+        let term = self.current_term();
+        let times = PlaceTimes {
+            now_ms: now_ms(),
+            discard_after_ms: self.config.put_start_discard_timeout.as_millis() as u64,
+            release_after_ms: self.config.put_start_release_timeout.as_millis() as u64,
+        };
+        let mut results: Vec<Option<Placed>> = (0..items.len()).map(|_| None).collect();
+        for round in 0..RESERVE_ROUNDS {
+            // Per segment: the bytes the items that found no room need, and
+            // what to reserve for them.
+            let mut wanted: Vec<(SegmentId, u64, u64)> = Vec::new();
+            {
+                let state = self.state();
+                let mut placer = self.placer.lock().expect("lock poisoned");
+                if placer.term() != term {
+                    // Leader memory not reset for this term yet.
+                    return None;
+                }
+                placer.sync(&state);
+                for (i, (key, size, put_id)) in items.iter().enumerate() {
+                    if results[i].is_some() {
+                        continue;
+                    }
+                    let order = self.placement_order(&state, &config.preferred_segments);
+                    let req = PlaceRequest {
+                        key,
+                        size: *size,
+                        client,
+                        put_id: *put_id,
+                        replica_num: config.replica_num,
+                        order: &order,
+                    };
+                    match placer.place(&state, &req, times) {
+                        Placed::NeedReservations(segs) if round + 1 < RESERVE_ROUNDS => {
+                            let need = crescent_raft::alloc::aligned_len(*size).unwrap_or(0);
+                            for sid in segs {
+                                match wanted.iter_mut().find(|(s, _, _)| *s == sid) {
+                                    Some(w) => w.1 = w.1.saturating_add(need),
+                                    None => {
+                                        let (cap, free) = state
+                                            .allocator(sid)
+                                            .map_or((0, 0), |a| (a.capacity(), a.largest_free()));
+                                        let most = placer.reservation_cap(cap).min(free);
+                                        wanted.push((sid, need, most));
+                                    }
+                                }
+                            }
+                        }
+                        Placed::NeedReservations(_) => results[i] = Some(Placed::TwoCommit),
+                        done => results[i] = Some(done),
+                    }
+                }
+            }
+            if wanted.is_empty() {
+                break;
+            }
+            let _one_at_a_time = self.reserving.lock().await;
+            for (segment_id, need, most) in wanted {
+                let cap = self
+                    .state()
+                    .allocator(segment_id)
+                    .map_or(0, |a| a.capacity());
+                let chunk = self
+                    .placer
+                    .lock()
+                    .expect("lock poisoned")
+                    .reservation_len(cap);
+                let len = need.max(chunk).min(most.max(chunk));
+                match self
+                    .propose(
+                        None,
+                        Op::Reserve {
+                            segment_id,
+                            len,
+                            term,
+                        },
+                    )
+                    .await
+                {
+                    Ok(Response::Reserved(Ok(_))) => {
+                        self.counters.reservations_made.fetch_add(1, Relaxed);
+                    }
+                    Ok(other) => {
+                        tracing::debug!(segment_id, ?other, "reservation refused");
+                    }
+                    Err(e) => {
+                        tracing::debug!(segment_id, error = %e, "reservation not committed");
+                        return None;
+                    }
+                }
+            }
+        }
+        let placed: Vec<Placed> = results
+            .into_iter()
+            .map(|r| r.unwrap_or(Placed::TwoCommit))
+            .collect();
+        for p in &placed {
+            match p {
+                Placed::Replicas(_) => self.counters.one_commit_placements.fetch_add(1, Relaxed),
+                Placed::TwoCommit => self.counters.two_commit_fallbacks.fetch_add(1, Relaxed),
+                _ => 0,
+            };
+        }
+        Some(placed)
+    }
+
+    /// Live segments that sign grants (have a key), preferred ones first,
+    /// the rest rotated at random so puts spread over stores.
+    fn placement_order(
+        &self,
+        state: &crescent_raft::MetaState,
+        preferred: &[String],
+    ) -> Vec<SegmentId> {
+        let usable = |s: &&crescent_raft::state::Segment| s.is_live() && !s.key.0.is_empty();
+        let mut order: Vec<SegmentId> = Vec::with_capacity(state.segments.len());
+        for name in preferred {
+            if let Some(s) = state.segment_by_name(name).filter(usable) {
+                if !order.contains(&s.id) {
+                    order.push(s.id);
+                }
+            }
+        }
+        let rest: Vec<SegmentId> = state
+            .segments
+            .values()
+            .filter(usable)
+            .filter(|s| !order.contains(&s.id))
+            .map(|s| s.id)
+            .collect();
+        if !rest.is_empty() {
+            let start = rand::random_range(0..rest.len());
+            order.extend(rest[start..].iter().chain(rest[..start].iter()));
+        }
+        order
+    }
+
+    /// Puts of `client` placed for one commit and not finished.
+    pub fn one_commit_inflight(&self, client: &str) -> u64 {
+        self.placer
+            .lock()
+            .expect("lock poisoned")
+            .inflight_of(client)
+    }
+
+    /// The put is finished (see [`super::placer::Placer::settle`]); false
+    /// when this leader did not place it.
+    pub fn settle_placement(
+        &self,
+        client: &str,
+        key: &str,
+        put_id: PutId,
+        committed: bool,
+    ) -> bool {
+        self.placer
+            .lock()
+            .expect("lock poisoned")
+            .settle(client, key, put_id, committed)
+    }
+
+    /// Leader upkeep, every second: frees placements past their release
+    /// time and retires reservations that are due.
+    pub async fn upkeep_reservations(&self) {
+        let now = now_ms();
+        let release = self.config.put_start_release_timeout.as_millis() as u64;
+        let due = {
+            let state = self.state();
+            let mut placer = self.placer.lock().expect("lock poisoned");
+            placer.sync(&state);
+            placer.expire(now);
+            placer.retirable(&state, now, release)
+        };
+        if due.is_empty() {
+            return;
+        }
+        match self
+            .propose(None, Op::RetireReservations { ids: due })
+            .await
+        {
+            Ok(Response::Count(n)) => {
+                self.counters.reservations_retired.fetch_add(n, Relaxed);
+                tracing::debug!(retired = n, "retired reservations");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "retiring reservations not committed"),
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! Where the leader puts one-commit puts: inside reservations of its own
+//! term, without a Raft commit per placement (issue 12, item 1; the argument
+//! is in docs/one-commit-puts.md).
+//!
+//! Owns the leader-memory half of one-commit puts: which ranges of its own
+//! reservations are promised to puts not committed yet, and which keys have
+//! such a put in flight. The replicated half (reservations, and the commit
+//! that takes a range out of one) is `crescent_raft::state`. Pure: no I/O and
+//! no clock; callers pass "now" (leader wall clock, ms).
+//!
+//! The fence: a leader places only inside reservations tagged with its own
+//! term. A reservation of an earlier term may hold ranges its leader promised
+//! to writers who are still writing; this leader knows nothing of them, so it
+//! never places there and retires such a reservation only after
+//! `--put-start-release-timeout` (the same wait a zombie two-commit put's space
+//! gets). `adopt_foreign` breaks exactly that rule; it exists so the chaos
+//! checker can show it catches the bug class.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crescent_raft::alloc::{aligned_len, Allocator};
+use crescent_raft::state::{MetaError, MetaState, PutId, Replica, ReservationId, SegmentId};
+
+/// A reservation this leader places in, with its own view of what is promised.
+struct Open {
+    segment_id: SegmentId,
+    base: u64,
+    /// Offsets relative to `base`; allocated = committed or promised.
+    alloc: Allocator,
+    inflight: u32,
+    /// A placement did not fit: no new ones go here; retired once `inflight` is 0.
+    full: bool,
+}
+
+/// A put placed and not committed, revoked or expired yet.
+struct Pending {
+    key: String,
+    client: String,
+    put_id: PutId,
+    ranges: Vec<(ReservationId, Replica)>,
+    discard_at_ms: u64,
+    release_at_ms: u64,
+}
+
+/// What one placement request came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Placed {
+    Replicas(Vec<Replica>),
+    /// The put cannot start (another put of the key in flight, or it exists).
+    Refused(MetaError),
+    /// Reserve on these segments, then ask again.
+    NeedReservations(Vec<SegmentId>),
+    /// Not placeable here (no room for a reservation, an item too large for
+    /// one, a two-commit put of the key unfinished): use the two-commit path.
+    TwoCommit,
+}
+
+/// One put to place.
+pub struct PlaceRequest<'a> {
+    pub key: &'a str,
+    pub size: u64,
+    pub client: &'a str,
+    pub put_id: PutId,
+    pub replica_num: u32,
+    /// Live segments in the order to try (preferred first).
+    pub order: &'a [SegmentId],
+}
+
+/// Timing of placements, from the master's flags.
+#[derive(Clone, Copy, Debug)]
+pub struct PlaceTimes {
+    pub now_ms: u64,
+    /// Until then another put of the key is refused; also the commit deadline
+    /// (the write grants expire then).
+    pub discard_after_ms: u64,
+    /// Until then the range stays promised if no commit or revoke comes.
+    pub release_after_ms: u64,
+}
+
+pub struct Placer {
+    term: u64,
+    since_ms: u64,
+    adopt_foreign: bool,
+    reservation_bytes: u64,
+    open: BTreeMap<ReservationId, Open>,
+    pending: HashMap<u64, Pending>,
+    by_key: HashMap<String, u64>,
+    per_client: HashMap<String, u64>,
+    next_pending: u64,
+}
+
+impl Placer {
+    pub fn new(term: u64, since_ms: u64, reservation_bytes: u64, adopt_foreign: bool) -> Self {
+        Self {
+            term,
+            since_ms,
+            adopt_foreign,
+            reservation_bytes,
+            open: BTreeMap::new(),
+            pending: HashMap::new(),
+            by_key: HashMap::new(),
+            per_client: HashMap::new(),
+            next_pending: 1,
+        }
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// Puts of `client` placed and not finished.
+    pub fn inflight_of(&self, client: &str) -> u64 {
+        self.per_client.get(client).copied().unwrap_or(0)
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// How much to reserve at least on a segment of `capacity` bytes: the
+    /// configured size, at most 1/64 of the segment (an earlier term's
+    /// reservations stay out of use for the release timeout, so each must be
+    /// small). Items larger than this take two commits (their transfer
+    /// dwarfs one more commit).
+    pub fn reservation_len(&self, capacity: u64) -> u64 {
+        let len = self.reservation_bytes.min(capacity / 64);
+        len & !(crescent_raft::alloc::ALIGNMENT - 1)
+    }
+
+    /// The most to reserve at once on a segment of `capacity` bytes, for a
+    /// batch that needs more than [`reservation_len`](Self::reservation_len).
+    pub fn reservation_cap(&self, capacity: u64) -> u64 {
+        (capacity / 8) & !(crescent_raft::alloc::ALIGNMENT - 1)
+    }
+
+    fn mine(&self, term: u64) -> bool {
+        term == self.term || self.adopt_foreign
+    }
+
+    /// Takes up reservations of this term that appeared in the state (this
+    /// leader's Reserve entries, applied) and forgets those that left it.
+    pub fn sync(&mut self, state: &MetaState) {
+        self.open
+            .retain(|id, _| state.reservations.contains_key(id));
+        for (id, res) in &state.reservations {
+            if self.open.contains_key(id) || !self.mine(res.term) {
+                continue;
+            }
+            let mut alloc = Allocator::new(res.len);
+            let mut cursor = res.base;
+            let end = res.base + res.len;
+            for (&off, &len) in &res.free {
+                if off > cursor {
+                    alloc.reserve(cursor - res.base, off - cursor);
+                }
+                cursor = off + len;
+            }
+            if cursor < end {
+                alloc.reserve(cursor - res.base, end - cursor);
+            }
+            self.open.insert(
+                *id,
+                Open {
+                    segment_id: res.segment_id,
+                    base: res.base,
+                    alloc,
+                    inflight: 0,
+                    full: false,
+                },
+            );
+        }
+    }
+
+    /// Places one put, or says what is missing. Call [`sync`](Self::sync) first.
+    pub fn place(&mut self, state: &MetaState, req: &PlaceRequest<'_>, t: PlaceTimes) -> Placed {
+        if let Some(pid) = self.by_key.get(req.key) {
+            match self.pending.get(pid) {
+                Some(p) if t.now_ms < p.discard_at_ms => {
+                    return Placed::Refused(MetaError::ReplicaNotReady(req.key.to_string()))
+                }
+                // Past its discard time another put may take the key; the
+                // old range stays promised until its release time.
+                _ => {
+                    self.by_key.remove(req.key);
+                }
+            }
+        }
+        match state.objects.get(req.key) {
+            Some(o) if o.is_complete() => {
+                return Placed::Refused(MetaError::ObjectAlreadyExists(req.key.to_string()))
+            }
+            Some(_) => return Placed::TwoCommit,
+            None => {}
+        }
+        let Some(size) = aligned_len(req.size) else {
+            return Placed::TwoCommit;
+        };
+        let need = req.replica_num.max(1) as usize;
+        let mut chosen: Vec<(ReservationId, Replica)> = Vec::with_capacity(need);
+        let mut missing: Vec<SegmentId> = Vec::new();
+        for &sid in req.order {
+            if chosen.len() + missing.len() == need {
+                break;
+            }
+            if let Some(placed) = self.allocate_on(sid, size, req.size) {
+                chosen.push(placed);
+                continue;
+            }
+            let Some(alloc) = state.allocator(sid) else {
+                continue;
+            };
+            let want = self.reservation_len(alloc.capacity());
+            if size > want {
+                // Too large for this segment's reservations: two commits.
+                self.undo(&chosen);
+                return Placed::TwoCommit;
+            }
+            if alloc.largest_free() >= want {
+                missing.push(sid);
+            }
+        }
+        if !missing.is_empty() {
+            self.undo(&chosen);
+            return Placed::NeedReservations(missing);
+        }
+        if chosen.len() < need {
+            self.undo(&chosen);
+            return Placed::TwoCommit;
+        }
+        for (rid, _) in &chosen {
+            if let Some(o) = self.open.get_mut(rid) {
+                o.inflight += 1;
+            }
+        }
+        let id = self.next_pending;
+        self.next_pending += 1;
+        let replicas = chosen.iter().map(|(_, r)| r.clone()).collect();
+        self.pending.insert(
+            id,
+            Pending {
+                key: req.key.to_string(),
+                client: req.client.to_string(),
+                put_id: req.put_id,
+                ranges: chosen,
+                discard_at_ms: t.now_ms.saturating_add(t.discard_after_ms),
+                release_at_ms: t.now_ms.saturating_add(t.release_after_ms),
+            },
+        );
+        self.by_key.insert(req.key.to_string(), id);
+        *self.per_client.entry(req.client.to_string()).or_insert(0) += 1;
+        Placed::Replicas(replicas)
+    }
+
+    /// A range of `size` (aligned) in an open, not full reservation on `sid`.
+    fn allocate_on(
+        &mut self,
+        sid: SegmentId,
+        size: u64,
+        len: u64,
+    ) -> Option<(ReservationId, Replica)> {
+        let mut placed = None;
+        for (id, o) in self.open.iter_mut() {
+            if o.segment_id != sid || o.full {
+                continue;
+            }
+            match o.alloc.allocate(size) {
+                Some(rel) => {
+                    placed = Some((
+                        *id,
+                        Replica {
+                            segment_id: sid,
+                            offset: o.base + rel,
+                            len,
+                        },
+                    ));
+                    break;
+                }
+                None => o.full = true,
+            }
+        }
+        placed
+    }
+
+    fn undo(&mut self, chosen: &[(ReservationId, Replica)]) {
+        for (rid, r) in chosen {
+            if let Some(o) = self.open.get_mut(rid) {
+                o.alloc.free(r.offset - o.base, r.len);
+            }
+        }
+    }
+
+    /// The put `put_id` of `client` for `key` is finished: committed (its
+    /// ranges now hold the object) or not (revoked, refused at commit: the
+    /// writer is done with them, so they are free again). False when this
+    /// leader placed no such put.
+    pub fn settle(&mut self, client: &str, key: &str, put_id: PutId, committed: bool) -> bool {
+        let is_it = |p: &Pending| p.key == key && p.client == client && p.put_id == put_id;
+        // The key's current placement, else (past its discard time another
+        // put may have taken the key) a scan.
+        let found = self
+            .by_key
+            .get(key)
+            .copied()
+            .filter(|id| self.pending.get(id).is_some_and(is_it))
+            .or_else(|| {
+                self.pending
+                    .iter()
+                    .find(|(_, p)| is_it(p))
+                    .map(|(id, _)| *id)
+            });
+        let Some(id) = found else {
+            return false;
+        };
+        self.drop_pending(id, !committed);
+        true
+    }
+
+    fn drop_pending(&mut self, id: u64, free: bool) {
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        if self.by_key.get(&p.key) == Some(&id) {
+            self.by_key.remove(&p.key);
+        }
+        if let Some(n) = self.per_client.get_mut(&p.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_client.remove(&p.client);
+            }
+        }
+        for (rid, r) in &p.ranges {
+            if let Some(o) = self.open.get_mut(rid) {
+                o.inflight = o.inflight.saturating_sub(1);
+                if free {
+                    o.alloc.free(r.offset - o.base, r.len);
+                }
+            }
+        }
+    }
+
+    /// Frees the ranges of placements neither committed nor revoked by their
+    /// release time (their writer can no longer be writing).
+    pub fn expire(&mut self, now_ms: u64) {
+        let due: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.release_at_ms <= now_ms)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.drop_pending(id, true);
+        }
+    }
+
+    /// Reservations to retire now: this leader's full ones with nothing in
+    /// flight, ones on segments no longer live, and an earlier term's once
+    /// `release_after_ms` has passed since this leader took over. Those of
+    /// its own it names take no placement from now on.
+    pub fn retirable(
+        &mut self,
+        state: &MetaState,
+        now_ms: u64,
+        release_after_ms: u64,
+    ) -> Vec<ReservationId> {
+        let foreign_due = now_ms >= self.since_ms.saturating_add(release_after_ms);
+        let due: Vec<ReservationId> = state
+            .reservations
+            .values()
+            .filter(|res| match self.open.get(&res.id) {
+                Some(o) => {
+                    o.inflight == 0
+                        && (o.full
+                            || !state
+                                .segments
+                                .get(&res.segment_id)
+                                .is_some_and(|s| s.is_live()))
+                }
+                None => !self.mine(res.term) && foreign_due,
+            })
+            .map(|res| res.id)
+            .collect();
+        for id in &due {
+            if let Some(o) = self.open.get_mut(id) {
+                o.full = true;
+            }
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crescent_raft::state::{Command, Op, Response, SegmentSpec};
+
+    const MB: u64 = 1 << 20;
+
+    fn apply(state: &mut MetaState, now: u64, op: Op) -> Response {
+        state.apply(&Command {
+            now_ms: now,
+            seed: 0,
+            origin: None,
+            op,
+        })
+    }
+
+    fn state_with_segment() -> MetaState {
+        let mut s = MetaState::new();
+        let r = apply(
+            &mut s,
+            1,
+            Op::MountSegment {
+                spec: SegmentSpec {
+                    name: "a".into(),
+                    endpoint: "a:1".into(),
+                    capacity: 512 * MB,
+                    ..Default::default()
+                },
+                owner: "o".into(),
+            },
+        );
+        assert_eq!(r, Response::Mounted(Ok(1)));
+        s
+    }
+
+    fn times(now_ms: u64) -> PlaceTimes {
+        PlaceTimes {
+            now_ms,
+            discard_after_ms: 30_000,
+            release_after_ms: 600_000,
+        }
+    }
+
+    fn req<'a>(key: &'a str, client: &'a str, put_id: PutId) -> PlaceRequest<'a> {
+        PlaceRequest {
+            key,
+            size: 4096,
+            client,
+            put_id,
+            replica_num: 1,
+            order: &[1],
+        }
+    }
+
+    fn reserve(s: &mut MetaState, term: u64) {
+        let r = apply(
+            s,
+            2,
+            Op::Reserve {
+                segment_id: 1,
+                len: 8 * MB,
+                term,
+            },
+        );
+        assert!(matches!(r, Response::Reserved(Ok(_))), "{r:?}");
+    }
+
+    #[test]
+    fn places_only_in_reservations_of_its_own_term() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 4);
+        let mut p = Placer::new(5, 10, 8 * MB, false);
+        p.sync(&s);
+        assert_eq!(
+            p.place(&s, &req("k", "c", 1), times(10)),
+            Placed::NeedReservations(vec![1]),
+            "a term-4 reservation must not be used by the term-5 leader"
+        );
+        reserve(&mut s, 5);
+        p.sync(&s);
+        let Placed::Replicas(r) = p.place(&s, &req("k", "c", 1), times(10)) else {
+            panic!("placed nothing")
+        };
+        let own = s.reservations.values().find(|r| r.term == 5).unwrap();
+        assert!(r[0].offset >= own.base && r[0].offset < own.base + own.len);
+        // The broken switch places in the foreign one too.
+        let mut broken = Placer::new(5, 10, 8 * MB, true);
+        broken.sync(&s);
+        assert_eq!(broken.open.len(), 2);
+    }
+
+    #[test]
+    fn a_key_in_flight_is_refused_until_its_discard_time() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 1);
+        let mut p = Placer::new(1, 0, 8 * MB, false);
+        p.sync(&s);
+        assert!(matches!(
+            p.place(&s, &req("k", "a", 1), times(0)),
+            Placed::Replicas(_)
+        ));
+        assert_eq!(
+            p.place(&s, &req("k", "b", 1), times(1)),
+            Placed::Refused(MetaError::ReplicaNotReady("k".into()))
+        );
+        assert!(matches!(
+            p.place(&s, &req("k", "b", 1), times(30_000)),
+            Placed::Replicas(_)
+        ));
+        assert_eq!(p.inflight(), 2, "the zombie's range stays promised");
+        p.expire(600_000);
+        assert_eq!(p.inflight(), 1);
+        assert_eq!(p.inflight_of("a"), 0);
+    }
+
+    #[test]
+    fn settled_ranges_return_only_when_not_committed() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 1);
+        let mut p = Placer::new(1, 0, 8 * MB, false);
+        p.sync(&s);
+        let Placed::Replicas(a) = p.place(&s, &req("a", "c", 1), times(0)) else {
+            panic!()
+        };
+        assert!(p.settle("c", "a", 1, false));
+        let Placed::Replicas(b) = p.place(&s, &req("b", "c", 2), times(0)) else {
+            panic!()
+        };
+        assert_eq!(a, b, "a revoked range is placed again");
+        assert!(p.settle("c", "b", 2, true));
+        let Placed::Replicas(c) = p.place(&s, &req("c", "c", 3), times(0)) else {
+            panic!()
+        };
+        assert_ne!(
+            b[0].offset, c[0].offset,
+            "a committed range is never placed again"
+        );
+        assert!(
+            !p.settle("other", "c", 3, true),
+            "only the writer settles its put"
+        );
+    }
+
+    #[test]
+    fn full_reservations_and_foreign_ones_are_retired_in_time() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 1);
+        reserve(&mut s, 2);
+        let mut p = Placer::new(2, 1_000, 8 * MB, false);
+        p.sync(&s);
+        let big = PlaceRequest {
+            size: 2 * MB,
+            ..req("k", "c", 1)
+        };
+        for i in 0..4 {
+            let key = format!("k{i}");
+            let r = PlaceRequest { key: &key, ..big };
+            assert!(matches!(p.place(&s, &r, times(1_000)), Placed::Replicas(_)));
+        }
+        let more = PlaceRequest { key: "k9", ..big };
+        assert_eq!(
+            p.place(&s, &more, times(1_000)),
+            Placed::NeedReservations(vec![1])
+        );
+        let own = s.reservations.values().find(|r| r.term == 2).unwrap().id;
+        assert!(p.retirable(&s, 1_000, 600_000).is_empty(), "puts in flight");
+        for i in 0..4 {
+            assert!(p.settle("c", &format!("k{i}"), 1, true));
+        }
+        assert_eq!(p.retirable(&s, 1_000, 600_000), vec![own]);
+        let foreign = s.reservations.values().find(|r| r.term == 1).unwrap().id;
+        let mut due = p.retirable(&s, 601_000, 600_000);
+        due.sort();
+        assert_eq!(due, vec![foreign.min(own), foreign.max(own)]);
+    }
+}
