@@ -754,6 +754,27 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
                 "{what}: {e}"
             );
         }
+        // Another key with this put's grants (the placement is real, but
+        // not this put's): committing it would let the leader later free a
+        // range that holds an object.
+        let e = client
+            .put_end_placed("other-key", 1, id, &p, 4096, &cfg(1))
+            .await
+            .expect_err("another key's placement");
+        assert!(
+            matches!(e, MasterRpcError::Status { code: ErrorCode::InvalidWrite, .. }),
+            "{e}"
+        );
+        assert!(!client.exists("other-key").await.unwrap());
+        // An absurd replica count is refused before any placement.
+        let e = client
+            .put_start_placed("huge", 4096, cfg(u32::MAX), client.new_put_id())
+            .await
+            .expect_err("replica_num u32::MAX");
+        assert!(
+            matches!(e, MasterRpcError::Status { code: ErrorCode::InvalidParams, .. }),
+            "{e}"
+        );
         assert!(!client.exists("forged").await.unwrap());
         client
             .put_end_placed("forged", 1, id, &p, 4096, &cfg(1))

@@ -199,8 +199,8 @@ pub struct MasterConfig {
     pub put_mode: PutMode,
 
     /// Space the leader reserves on a segment at a time for one-commit
-    /// puts (at most an eighth of the segment; items above a quarter of it
-    /// take two commits).
+    /// puts (at most 1/64 of the segment; a batch may reserve up to 1/8 at
+    /// once). Items larger than one reservation take two commits.
     #[arg(long, env = "CRESCENT_PUT_RESERVATION_SIZE", default_value = "64mb", value_parser = size)]
     pub put_reservation_size: u64,
 
@@ -353,12 +353,12 @@ impl MasterConfig {
             "--lease-read-margin must be below --election-timeout-max"
         );
         anyhow::ensure!(self.max_key_len > 0, "--max-key-len must be positive");
-        // A one-commit placement may be committed until its discard time and
-        // its range stays promised until its release time: the fence needs
-        // the first to end no later than the second.
+        // A one-commit placement may be committed until its discard time,
+        // by an entry that may take up to --write-timeout to apply; its range
+        // stays promised until its release time.
         anyhow::ensure!(
-            self.put_start_discard_timeout <= self.put_start_release_timeout,
-            "--put-start-discard-timeout must not exceed --put-start-release-timeout"
+            self.put_start_discard_timeout + self.write_timeout < self.put_start_release_timeout,
+            "--put-start-release-timeout must exceed --put-start-discard-timeout plus --write-timeout"
         );
         anyhow::ensure!(
             self.put_reservation_size >= 1 << 20,

@@ -24,6 +24,9 @@ type Rpc<T> = Result<TonicResponse<T>, TonicStatus>;
 const MAX_CLIENT_ID_LEN: usize = 256;
 const MAX_SEGMENT_NAME_LEN: usize = 256;
 const MAX_PREFERRED_SEGMENTS: usize = 64;
+/// Replicas a put may ask for: far above any deployment's segment count
+/// divided by a sane replication factor, and it bounds a placement's size.
+const MAX_REPLICA_NUM: u32 = 256;
 const MAX_REGEX_BYTES: usize = 4096;
 
 pub struct MasterApi {
@@ -360,6 +363,12 @@ impl MasterApi {
                 "replica_num must be at least 1",
             ));
         }
+        if c.replica_num > MAX_REPLICA_NUM {
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                format!("replica_num must be at most {MAX_REPLICA_NUM}"),
+            ));
+        }
         if c.preferred_segments.len() > MAX_PREFERRED_SEGMENTS {
             return Err(invalid(
                 ErrorCode::InvalidParams,
@@ -425,7 +434,7 @@ impl MasterApi {
                 let state = self.node.state();
                 for (i, p) in placed.into_iter().enumerate() {
                     match p {
-                        Placed::Replicas(reps) => {
+                        Placed::Replicas(reps) | Placed::Again(reps) => {
                             out[i] = Some(Started {
                                 replicas: Ok(reps
                                     .iter()
@@ -547,7 +556,6 @@ impl MasterApi {
         // range nobody placed it in.
         let mut refused: Vec<Option<MetaError>> = (0..n).map(|_| None).collect();
         let mut commits = Vec::with_capacity(n);
-        let mut placed: Vec<(String, PutId)> = Vec::new();
         {
             let state = self.node.state();
             for (i, item) in items.into_iter().enumerate() {
@@ -556,10 +564,26 @@ impl MasterApi {
                 } else {
                     match verified_placement(&state, &item.placement, item.size, config.replica_num)
                     {
-                        Ok(v) => {
-                            placed.push((item.key.clone(), item.put_id));
-                            v
+                        // In this leader's own reservations only its own
+                        // placement of this very put may be committed, one
+                        // commit at a time: its memory frees what a refused
+                        // commit leaves, and must never free what another
+                        // commit took.
+                        Ok(v)
+                            if !self.node.begin_commit(
+                                &origin.client_id,
+                                &item.key,
+                                item.put_id,
+                                &v.0,
+                            ) =>
+                        {
+                            refused[i] = Some(MetaError::InvalidWrite(format!(
+                                "{}: not a placement this leader made for this put, or its commit is already in flight",
+                                item.key
+                            )));
+                            (Vec::new(), 0)
                         }
+                        Ok(v) => v,
                         Err(why) => {
                             refused[i] =
                                 Some(MetaError::InvalidWrite(format!("{}: {why}", item.key)));
@@ -605,13 +629,17 @@ impl MasterApi {
             .node
             .propose_settled(Some(origin), op, move |node, outcome| {
                 // The placer learns each placed put's fate once it is known,
-                // even if this request is gone by then; a range is free again
-                // only when its commit was refused.
-                if let Ok(Response::Items(v)) = outcome {
-                    for (c, r) in commits.iter().zip(v) {
-                        if !c.replicas.is_empty() {
-                            node.settle_placement(&client, &c.key, c.put_id, r.is_ok());
-                        }
+                // even if this request is gone by then. Not applied, or
+                // refused: the placer frees what the state still has free.
+                let taken: Vec<bool> = match outcome {
+                    Ok(Response::Items(v)) if v.len() == commits.len() => {
+                        v.iter().map(Result::is_ok).collect()
+                    }
+                    _ => vec![false; commits.len()],
+                };
+                for (c, taken) in commits.iter().zip(taken) {
+                    if !c.replicas.is_empty() {
+                        node.end_commit(&client, &c.key, c.put_id, &c.replicas, taken);
                     }
                 }
             })
@@ -662,10 +690,7 @@ impl MasterApi {
         let origin = Self::batch_origin(header.clone(), n)?;
         let (in_memory, in_state): (Vec<usize>, Vec<usize>) = (0..n).partition(|&i| {
             let (key, put_id) = &items[i];
-            *put_id != 0
-                && self
-                    .node
-                    .settle_placement(&origin.client_id, key, *put_id, false)
+            *put_id != 0 && self.node.revoke_placement(&origin.client_id, key, *put_id)
         });
         if in_memory.is_empty() {
             return self.item_op(header, n, Op::PutRevokeNamed { items }).await;
@@ -946,8 +971,11 @@ fn verified_placement(
         ));
     }
     let mut deadline = u64::MAX;
-    let mut replicas = Vec::with_capacity(placement.len());
+    let mut replicas: Vec<Replica> = Vec::with_capacity(placement.len());
     for d in placement {
+        if replicas.iter().any(|r| r.segment_id == d.segment_id) {
+            return Err(format!("two replicas on segment {}", d.segment_id));
+        }
         if d.length != size {
             return Err(format!(
                 "a replica of {} bytes for an object of {size}",

@@ -220,7 +220,7 @@ impl Reservation {
     }
 
     /// The free range containing `[offset, offset+len)` (len aligned), if any.
-    fn free_range_holding(&self, offset: u64, len: u64) -> Option<(u64, u64)> {
+    pub fn free_range_holding(&self, offset: u64, len: u64) -> Option<(u64, u64)> {
         let len = crate::alloc::aligned_len(len)?;
         let end = offset.checked_add(len)?;
         let (&start, &flen) = self.free.range(..=offset).next_back()?;

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use crescent_raft::state::{Op, PutId, ReplicateConfig, SegmentId};
+use crescent_raft::state::{Op, PutId, Replica, ReplicateConfig, SegmentId};
 use crescent_raft::Response;
 
 use super::placer::{PlaceRequest, PlaceTimes, Placed};
@@ -27,27 +27,87 @@ impl MasterNode {
         items: &[(String, u64, PutId)],
         config: &ReplicateConfig,
     ) -> Option<Vec<Placed>> {
-        if self.transferring() {
-            return None;
-        }
-        let index = self.lease_read_index().await?;
-        self.wait_applied(index).await.ok()?;
-        let term = self.current_term();
         let times = PlaceTimes {
             now_ms: now_ms(),
             discard_after_ms: self.config.put_start_discard_timeout.as_millis() as u64,
             release_after_ms: self.config.put_start_release_timeout.as_millis() as u64,
         };
         let mut results: Vec<Option<Placed>> = (0..items.len()).map(|_| None).collect();
+        let outcome = self
+            .place_rounds(client, items, config, times, &mut results)
+            .await;
+        let all_placed = outcome.is_some()
+            && results.iter().all(|r| {
+                matches!(
+                    r,
+                    Some(Placed::Replicas(_) | Placed::Again(_) | Placed::Refused(_))
+                )
+            });
+        if !all_placed {
+            // The whole request takes the two-commit path: a request is
+            // either all placements (nothing in the log; a retry gets the
+            // same placements) or one entry (a retry gets its answer from
+            // the dedup table), never a mix.
+            let state = self.state();
+            let mut placer = self.placer.lock().expect("lock poisoned");
+            for (r, (key, _, put_id)) in results.iter().zip(items) {
+                if matches!(r, Some(Placed::Replicas(_))) {
+                    placer.revoke(&state, client, key, *put_id);
+                }
+            }
+            self.counters
+                .two_commit_fallbacks
+                .fetch_add(items.len() as u64, Relaxed);
+            return None;
+        }
+        let placed: Vec<Placed> = results
+            .into_iter()
+            .map(|r| r.unwrap_or(Placed::TwoCommit))
+            .collect();
+        let n = placed
+            .iter()
+            .filter(|p| matches!(p, Placed::Replicas(_)))
+            .count();
+        self.counters
+            .one_commit_placements
+            .fetch_add(n as u64, Relaxed);
+        Some(placed)
+    }
+
+    /// Whether this node may place for one commit now, and in which term:
+    /// it leads under its lease, with its state applied up to its read
+    /// index, and its placer belongs to this term.
+    async fn placing_term(&self) -> Option<u64> {
+        if self.transferring() {
+            return None;
+        }
+        let index = self.lease_read_index().await?;
+        self.wait_applied(index).await.ok()?;
+        let term = self.current_term();
+        (self.placer.lock().expect("lock poisoned").term() == term).then_some(term)
+    }
+
+    /// Places what it can, reserving between rounds; None when this node
+    /// stopped being allowed to place (the caller undoes what was placed).
+    async fn place_rounds(
+        &self,
+        client: &str,
+        items: &[(String, u64, PutId)],
+        config: &ReplicateConfig,
+        times: PlaceTimes,
+        results: &mut [Option<Placed>],
+    ) -> Option<()> {
         for round in 0..RESERVE_ROUNDS {
+            // Checked every round: a Reserve commit takes time, and the
+            // lease must hold whenever a placement is made.
+            let term = self.placing_term().await?;
             // Per segment: the bytes the items that found no room need, and
-            // what to reserve for them.
+            // the most to reserve for them.
             let mut wanted: Vec<(SegmentId, u64, u64)> = Vec::new();
             {
                 let state = self.state();
                 let mut placer = self.placer.lock().expect("lock poisoned");
                 if placer.term() != term {
-                    // Leader memory not reset for this term yet.
                     return None;
                 }
                 placer.sync(&state);
@@ -74,8 +134,9 @@ impl MasterNode {
                                         let (cap, free) = state
                                             .allocator(sid)
                                             .map_or((0, 0), |a| (a.capacity(), a.largest_free()));
-                                        let most = placer.reservation_cap(cap).min(free);
-                                        wanted.push((sid, need, most));
+                                        let chunk = placer.reservation_len(cap);
+                                        let most = placer.reservation_cap(cap).min(free).max(chunk);
+                                        wanted.push((sid, need.max(chunk), most));
                                     }
                                 }
                             }
@@ -86,20 +147,11 @@ impl MasterNode {
                 }
             }
             if wanted.is_empty() {
-                break;
+                return Some(());
             }
             let _one_at_a_time = self.reserving.lock().await;
             for (segment_id, need, most) in wanted {
-                let cap = self
-                    .state()
-                    .allocator(segment_id)
-                    .map_or(0, |a| a.capacity());
-                let chunk = self
-                    .placer
-                    .lock()
-                    .expect("lock poisoned")
-                    .reservation_len(cap);
-                let len = need.max(chunk).min(most.max(chunk));
+                let len = need.min(most);
                 match self
                     .propose(
                         None,
@@ -124,18 +176,7 @@ impl MasterNode {
                 }
             }
         }
-        let placed: Vec<Placed> = results
-            .into_iter()
-            .map(|r| r.unwrap_or(Placed::TwoCommit))
-            .collect();
-        for p in &placed {
-            match p {
-                Placed::Replicas(_) => self.counters.one_commit_placements.fetch_add(1, Relaxed),
-                Placed::TwoCommit => self.counters.two_commit_fallbacks.fetch_add(1, Relaxed),
-                _ => 0,
-            };
-        }
-        Some(placed)
+        Some(())
     }
 
     /// Live segments that sign grants (have a key), preferred ones first,
@@ -176,31 +217,67 @@ impl MasterNode {
             .inflight_of(client)
     }
 
-    /// The put is finished (see [`super::placer::Placer::settle`]); false
-    /// when this leader did not place it.
-    pub fn settle_placement(
+    /// See [`super::placer::Placer::owns_any`] and `begin_commit`: true when
+    /// `replicas` may be proposed for commit (outside this leader's own
+    /// reservations, or its own matching placement, now marked committing).
+    pub fn begin_commit(
         &self,
         client: &str,
         key: &str,
         put_id: PutId,
-        committed: bool,
+        replicas: &[Replica],
     ) -> bool {
+        let mut placer = self.placer.lock().expect("lock poisoned");
+        !placer.owns_any(replicas) || placer.begin_commit(client, key, put_id, replicas)
+    }
+
+    /// The commit of a placement is decided (see `Placer::end_commit`).
+    pub fn end_commit(
+        &self,
+        client: &str,
+        key: &str,
+        put_id: PutId,
+        replicas: &[Replica],
+        taken: bool,
+    ) {
+        let state = self.state();
         self.placer
             .lock()
             .expect("lock poisoned")
-            .settle(client, key, put_id, committed)
+            .end_commit(&state, client, key, put_id, replicas, taken);
+    }
+
+    /// Revokes a put this leader placed and nobody is committing; false
+    /// when it holds no such placement (or does not lead in its placer's term).
+    pub fn revoke_placement(&self, client: &str, key: &str, put_id: PutId) -> bool {
+        if !self.is_leader() {
+            return false;
+        }
+        let term = self.current_term();
+        let state = self.state();
+        let mut placer = self.placer.lock().expect("lock poisoned");
+        placer.term() == term && placer.revoke(&state, client, key, put_id)
     }
 
     /// Leader upkeep, every second: frees placements past their release
     /// time and retires reservations that are due.
     pub async fn upkeep_reservations(&self) {
+        // Only the leader of the placer's term retires: a loop of an earlier
+        // term still running, before this node's memory is reset for a new
+        // term, would take the newer term's reservations for foreign ones.
+        let Some(term) = self.placing_term().await else {
+            return;
+        };
         let now = now_ms();
         let release = self.config.put_start_release_timeout.as_millis() as u64;
         let due = {
             let state = self.state();
             let mut placer = self.placer.lock().expect("lock poisoned");
+            if placer.term() != term {
+                return;
+            }
             placer.sync(&state);
-            placer.expire(now);
+            placer.expire(&state, now);
             placer.retirable(&state, now, release)
         };
         if due.is_empty() {

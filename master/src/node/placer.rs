@@ -19,7 +19,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crescent_raft::alloc::{aligned_len, Allocator};
-use crescent_raft::state::{MetaError, MetaState, PutId, Replica, ReservationId, SegmentId};
+use crescent_raft::state::{
+    MetaError, MetaState, PutId, Replica, ReservationId, SegmentId, MAX_RESERVATIONS_PER_SEGMENT,
+};
 
 /// A reservation this leader places in, with its own view of what is promised.
 struct Open {
@@ -40,12 +42,20 @@ struct Pending {
     ranges: Vec<(ReservationId, Replica)>,
     discard_at_ms: u64,
     release_at_ms: u64,
+    /// A PutCommit naming exactly this placement is in flight: its outcome
+    /// decides, not a revoke or the release time.
+    committing: bool,
 }
+
+/// A writer's name for one of its puts, as the placer files placements.
+type PutKey = (String, String, PutId);
 
 /// What one placement request came to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Placed {
     Replicas(Vec<Replica>),
+    /// A retry of a put placed before: the same replicas.
+    Again(Vec<Replica>),
     /// The put cannot start (another put of the key in flight, or it exists).
     Refused(MetaError),
     /// Reserve on these segments, then ask again.
@@ -85,6 +95,9 @@ pub struct Placer {
     open: BTreeMap<ReservationId, Open>,
     pending: HashMap<u64, Pending>,
     by_key: HashMap<String, u64>,
+    /// (client, key, put id) -> its placements (more than one only after a
+    /// discard-time takeover by a retry of the same put).
+    by_put: HashMap<PutKey, Vec<u64>>,
     per_client: HashMap<String, u64>,
     next_pending: u64,
 }
@@ -99,6 +112,7 @@ impl Placer {
             open: BTreeMap::new(),
             pending: HashMap::new(),
             by_key: HashMap::new(),
+            by_put: HashMap::new(),
             per_client: HashMap::new(),
             next_pending: 1,
         }
@@ -175,6 +189,16 @@ impl Placer {
     pub fn place(&mut self, state: &MetaState, req: &PlaceRequest<'_>, t: PlaceTimes) -> Placed {
         if let Some(pid) = self.by_key.get(req.key) {
             match self.pending.get(pid) {
+                // A retry of the same put gets the same placement.
+                Some(p)
+                    if t.now_ms < p.discard_at_ms
+                        && p.client == req.client
+                        && p.put_id == req.put_id
+                        && req.put_id != 0
+                        && !p.committing =>
+                {
+                    return Placed::Again(p.ranges.iter().map(|(_, r)| r.clone()).collect())
+                }
                 Some(p) if t.now_ms < p.discard_at_ms => {
                     return Placed::Refused(MetaError::ReplicaNotReady(req.key.to_string()))
                 }
@@ -196,6 +220,9 @@ impl Placer {
             return Placed::TwoCommit;
         };
         let need = req.replica_num.max(1) as usize;
+        if need > req.order.len() {
+            return Placed::TwoCommit;
+        }
         let mut chosen: Vec<(ReservationId, Replica)> = Vec::with_capacity(need);
         let mut missing: Vec<SegmentId> = Vec::new();
         for &sid in req.order {
@@ -215,7 +242,12 @@ impl Placer {
                 self.undo(&chosen);
                 return Placed::TwoCommit;
             }
-            if alloc.largest_free() >= want {
+            let held = state
+                .reservations
+                .values()
+                .filter(|r| r.segment_id == sid)
+                .count();
+            if alloc.largest_free() >= want && held < MAX_RESERVATIONS_PER_SEGMENT {
                 missing.push(sid);
             }
         }
@@ -244,9 +276,14 @@ impl Placer {
                 ranges: chosen,
                 discard_at_ms: t.now_ms.saturating_add(t.discard_after_ms),
                 release_at_ms: t.now_ms.saturating_add(t.release_after_ms),
+                committing: false,
             },
         );
         self.by_key.insert(req.key.to_string(), id);
+        self.by_put
+            .entry((req.client.to_string(), req.key.to_string(), req.put_id))
+            .or_default()
+            .push(id);
         *self.per_client.entry(req.client.to_string()).or_insert(0) += 1;
         Placed::Replicas(replicas)
     }
@@ -289,38 +326,105 @@ impl Placer {
         }
     }
 
-    /// The put `put_id` of `client` for `key` is finished: committed (its
-    /// ranges now hold the object) or not (revoked, refused at commit: the
-    /// writer is done with them, so they are free again). False when this
-    /// leader placed no such put.
-    pub fn settle(&mut self, client: &str, key: &str, put_id: PutId, committed: bool) -> bool {
-        let is_it = |p: &Pending| p.key == key && p.client == client && p.put_id == put_id;
-        // The key's current placement, else (past its discard time another
-        // put may have taken the key) a scan.
-        let found = self
-            .by_key
-            .get(key)
-            .copied()
-            .filter(|id| self.pending.get(id).is_some_and(is_it))
-            .or_else(|| {
-                self.pending
-                    .iter()
-                    .find(|(_, p)| is_it(p))
-                    .map(|(id, _)| *id)
-            });
-        let Some(id) = found else {
-            return false;
-        };
-        self.drop_pending(id, !committed);
-        true
+    /// The placement of `client`'s put `put_id` of `key` with exactly
+    /// `replicas`, if this leader made it.
+    fn find(&self, client: &str, key: &str, put_id: PutId, replicas: &[Replica]) -> Option<u64> {
+        let ids = self
+            .by_put
+            .get(&(client.to_string(), key.to_string(), put_id))?;
+        ids.iter().copied().find(|id| {
+            self.pending.get(id).is_some_and(|p| {
+                p.ranges.len() == replicas.len()
+                    && p.ranges.iter().zip(replicas).all(|((_, a), b)| a == b)
+            })
+        })
     }
 
-    fn drop_pending(&mut self, id: u64, free: bool) {
+    /// Whether `replicas` lie in reservations this leader places in: then
+    /// only a commit of its own matching placement may take them.
+    pub fn owns_any(&self, replicas: &[Replica]) -> bool {
+        replicas.iter().any(|r| {
+            self.open.values().any(|o| {
+                o.segment_id == r.segment_id
+                    && r.offset >= o.base
+                    && r.offset < o.base + o.alloc.capacity()
+            })
+        })
+    }
+
+    /// A PutCommit of this placement is about to be proposed: from now on
+    /// only its outcome settles it. False (propose nothing) when this
+    /// leader made no such placement, or a commit of it is in flight.
+    pub fn begin_commit(
+        &mut self,
+        client: &str,
+        key: &str,
+        put_id: PutId,
+        replicas: &[Replica],
+    ) -> bool {
+        let Some(id) = self.find(client, key, put_id, replicas) else {
+            return false;
+        };
+        match self.pending.get_mut(&id) {
+            Some(p) if !p.committing => {
+                p.committing = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The commit begun by [`begin_commit`](Self::begin_commit) is decided:
+    /// applied (`taken`: its ranges hold the object now) or refused. A range
+    /// is free again only if the state still has it free in its reservation.
+    pub fn end_commit(
+        &mut self,
+        state: &MetaState,
+        client: &str,
+        key: &str,
+        put_id: PutId,
+        replicas: &[Replica],
+        taken: bool,
+    ) {
+        if let Some(id) = self.find(client, key, put_id, replicas) {
+            self.drop_pending(state, id, !taken);
+        }
+    }
+
+    /// The writer revoked its put: its ranges are free again, unless a
+    /// commit of it is in flight (then that decides). False when this
+    /// leader holds no such uncommitted placement.
+    pub fn revoke(&mut self, state: &MetaState, client: &str, key: &str, put_id: PutId) -> bool {
+        let Some(ids) = self
+            .by_put
+            .get(&(client.to_string(), key.to_string(), put_id))
+            .cloned()
+        else {
+            return false;
+        };
+        let mut found = false;
+        for id in ids {
+            if self.pending.get(&id).is_some_and(|p| !p.committing) {
+                self.drop_pending(state, id, true);
+                found = true;
+            }
+        }
+        found
+    }
+
+    fn drop_pending(&mut self, state: &MetaState, id: u64, free: bool) {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
         if self.by_key.get(&p.key) == Some(&id) {
             self.by_key.remove(&p.key);
+        }
+        let put = (p.client.clone(), p.key.clone(), p.put_id);
+        if let Some(ids) = self.by_put.get_mut(&put) {
+            ids.retain(|x| *x != id);
+            if ids.is_empty() {
+                self.by_put.remove(&put);
+            }
         }
         if let Some(n) = self.per_client.get_mut(&p.client) {
             *n = n.saturating_sub(1);
@@ -329,9 +433,15 @@ impl Placer {
             }
         }
         for (rid, r) in &p.ranges {
+            let still_free = state
+                .reservations
+                .get(rid)
+                .is_some_and(|res| res.free_range_holding(r.offset, r.len).is_some());
             if let Some(o) = self.open.get_mut(rid) {
                 o.inflight = o.inflight.saturating_sub(1);
-                if free {
+                // Freed only if no commit took it, whatever this placement's
+                // writer did: the replicated state is the judge.
+                if free && still_free {
                     o.alloc.free(r.offset - o.base, r.len);
                 }
             }
@@ -339,16 +449,17 @@ impl Placer {
     }
 
     /// Frees the ranges of placements neither committed nor revoked by their
-    /// release time (their writer can no longer be writing).
-    pub fn expire(&mut self, now_ms: u64) {
+    /// release time (their writer can no longer be writing). One whose
+    /// commit is in flight waits for its outcome.
+    pub fn expire(&mut self, state: &MetaState, now_ms: u64) {
         let due: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.release_at_ms <= now_ms)
+            .filter(|(_, p)| p.release_at_ms <= now_ms && !p.committing)
             .map(|(id, _)| *id)
             .collect();
         for id in due {
-            self.drop_pending(id, true);
+            self.drop_pending(state, id, true);
         }
     }
 
@@ -498,7 +609,7 @@ mod tests {
             Placed::Replicas(_)
         ));
         assert_eq!(p.inflight(), 2, "the zombie's range stays promised");
-        p.expire(600_000);
+        p.expire(&s, 600_000);
         assert_eq!(p.inflight(), 1);
         assert_eq!(p.inflight_of("a"), 0);
     }
@@ -512,12 +623,22 @@ mod tests {
         let Placed::Replicas(a) = p.place(&s, &req("a", "c", 1), times(0)) else {
             panic!()
         };
-        assert!(p.settle("c", "a", 1, false));
+        assert!(p.revoke(&s, "c", "a", 1));
         let Placed::Replicas(b) = p.place(&s, &req("b", "c", 2), times(0)) else {
             panic!()
         };
         assert_eq!(a, b, "a revoked range is placed again");
-        assert!(p.settle("c", "b", 2, true));
+        assert!(p.begin_commit("c", "b", 2, &b));
+        assert!(
+            !p.begin_commit("c", "b", 2, &b),
+            "one commit in flight at a time"
+        );
+        assert!(
+            !p.revoke(&s, "c", "b", 2),
+            "a revoke does not free a range being committed"
+        );
+        commit_to(&mut s, "b", &b);
+        p.end_commit(&s, "c", "b", 2, &b, true);
         let Placed::Replicas(c) = p.place(&s, &req("c", "c", 3), times(0)) else {
             panic!()
         };
@@ -526,9 +647,64 @@ mod tests {
             "a committed range is never placed again"
         );
         assert!(
-            !p.settle("other", "c", 3, true),
-            "only the writer settles its put"
+            !p.revoke(&s, "other", "c", 3),
+            "only the writer revokes its put"
         );
+        assert!(
+            !p.begin_commit("c", "other-key", 3, &c),
+            "a placement commits only for its own put"
+        );
+        // A range another entry took is not freed by a refused commit.
+        assert!(p.begin_commit("c", "c", 3, &c));
+        commit_to(&mut s, "stolen", &c);
+        p.end_commit(&s, "c", "c", 3, &c, false);
+        let Placed::Replicas(d) = p.place(&s, &req("d", "c", 4), times(0)) else {
+            panic!()
+        };
+        assert_ne!(
+            c[0].offset, d[0].offset,
+            "a range the state holds must stay taken"
+        );
+    }
+
+    #[test]
+    fn a_retried_place_of_the_same_put_gets_the_same_placement() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 1);
+        let mut p = Placer::new(1, 0, 8 * MB, false);
+        p.sync(&s);
+        let Placed::Replicas(first) = p.place(&s, &req("k", "c", 9), times(0)) else {
+            panic!()
+        };
+        assert_eq!(p.place(&s, &req("k", "c", 9), times(5)), Placed::Again(first));
+        assert_eq!(p.inflight(), 1);
+    }
+
+    fn commit_to(s: &mut MetaState, key: &str, replicas: &[Replica]) {
+        let r = apply(
+            s,
+            3,
+            Op::PutCommit {
+                items: vec![crescent_raft::state::CommitItem {
+                    key: key.into(),
+                    size: replicas[0].len,
+                    checksum: 0,
+                    put_id: 1,
+                    replicas: replicas.to_vec(),
+                    deadline_ms: u64::MAX,
+                }],
+                config: crescent_raft::state::ReplicateConfig {
+                    replica_num: 1,
+                    ..Default::default()
+                },
+                policy: crescent_raft::state::PutPolicy {
+                    discard_after_ms: 1,
+                    release_after_ms: 1,
+                    soft_pin_ttl_ms: 1,
+                },
+            },
+        );
+        assert_eq!(r, Response::Items(vec![Ok(())]));
     }
 
     #[test]
@@ -555,7 +731,7 @@ mod tests {
         let own = s.reservations.values().find(|r| r.term == 2).unwrap().id;
         assert!(p.retirable(&s, 1_000, 600_000).is_empty(), "puts in flight");
         for i in 0..4 {
-            assert!(p.settle("c", &format!("k{i}"), 1, true));
+            assert!(p.revoke(&s, "c", &format!("k{i}"), 1));
         }
         assert_eq!(p.retirable(&s, 1_000, 600_000), vec![own]);
         let foreign = s.reservations.values().find(|r| r.term == 1).unwrap().id;
