@@ -18,4 +18,5 @@ pub mod history;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod stall;
 pub mod workload;

@@ -31,7 +31,8 @@ enum Cmd {
         /// containers (a Docker engine and `make images` needed), processes, or auto.
         #[arg(long, env = "CRESCENT_CHAOS_MODE", value_enum, default_value = "auto")]
         mode: ModeChoice,
-        /// ci: the fixed short mix; soak: random faults until --duration.
+        /// ci: the fixed short mix; soak: random faults until --duration;
+        /// stalled-writers: only stalled writers across failovers.
         #[arg(
             long,
             env = "CRESCENT_CHAOS_SCHEDULE",
@@ -72,6 +73,12 @@ enum Cmd {
         /// the read-lease guarantee on purpose; the run must then fail.
         #[arg(long, hide = true)]
         unsafe_forget_leases: bool,
+        /// TEST ONLY: start masters with --unsafe-adopt-foreign-reservations:
+        /// a new leader places puts in the ranges an earlier term's leader
+        /// reserved, where that leader's writers may still write; the run
+        /// must then fail (use --schedule stalled-writers).
+        #[arg(long, hide = true)]
+        unsafe_adopt_foreign_reservations: bool,
     },
     /// Re-check a recorded run directory.
     Check { dir: PathBuf },
@@ -147,6 +154,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             allow_inconclusive,
             unsafe_ack_before_commit,
             unsafe_forget_leases,
+            unsafe_adopt_foreign_reservations,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             let mut master_flags = vec!["--client-ttl".to_string(), "3s".to_string()];
@@ -155,6 +163,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             if unsafe_forget_leases {
                 master_flags.push("--unsafe-forget-leases".into());
+            }
+            if unsafe_adopt_foreign_reservations {
+                master_flags.push("--unsafe-adopt-foreign-reservations".into());
             }
             let report = crescent_chaos::run::run(RunConfig {
                 mode,

@@ -17,7 +17,8 @@ use crate::deploy::{
 };
 use crate::history::{now_us, read_lines, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
-use crate::schedule::{ci_schedule, soak_schedule, Fault, FaultKind};
+use crate::schedule::{ci_schedule, soak_schedule, stalled_writer_schedule, Fault, FaultKind};
+use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ModeChoice {
@@ -34,6 +35,20 @@ pub enum ScheduleKind {
     Ci,
     /// Weighted random faults until --duration is up.
     Soak,
+    /// Only stalled writers across failovers, several of them (the test of
+    /// --unsafe-adopt-foreign-reservations).
+    StalledWriters,
+}
+
+impl ScheduleKind {
+    /// Its name on the command line and in run directories.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Ci => "ci",
+            ScheduleKind::Soak => "soak",
+            ScheduleKind::StalledWriters => "stalled-writers",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -75,11 +90,7 @@ pub fn fresh_run_dir(parent: &Path, schedule: ScheduleKind, seed: u64) -> anyhow
     // Absolute: container mode bind-mounts it into the workers.
     let parent = std::fs::canonicalize(parent)?;
     let stamp = chrono_like_utc(now_us() / 1_000_000);
-    let schedule = match schedule {
-        ScheduleKind::Ci => "ci",
-        ScheduleKind::Soak => "soak",
-    };
-    let base = format!("{stamp}-{schedule}-seed{seed}");
+    let base = format!("{stamp}-{}-seed{seed}", schedule.name());
     for n in 0..100 {
         let name = if n == 0 {
             base.clone()
@@ -146,6 +157,11 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     for i in 0..cfg.workers {
         let path = cfg.out.join(format!("history-{i}.jsonl"));
         ops.extend(read_lines::<Op>(&path)?);
+    }
+    // The stalled writer's operations (`recheck` reads every history-*).
+    let faults_history = cfg.out.join(FAULT_HISTORY);
+    if faults_history.exists() {
+        ops.extend(read_lines::<Op>(&faults_history)?);
     }
     let mut rec = Recorder::create(&cfg.out.join("roles.jsonl"))?;
     for s in &driven.samples {
@@ -254,6 +270,17 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         .map_err(|e| anyhow::anyhow!("cluster did not come up: {e}"))?;
     println!("chaos: cluster up (3 etcd members, 3 masters, 2 stores)");
 
+    let masters = addrs
+        .iter()
+        .map(|(_, a)| a.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let stall = StalledWriter::new(
+        &masters,
+        dep.client_token_file().as_deref(),
+        &cfg.out.join(FAULT_HISTORY),
+    )?;
+
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = tokio::spawn(sample_roles(probe.clone(), samples.clone()));
 
@@ -273,6 +300,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     let faults: Box<dyn Iterator<Item = Fault>> = match cfg.schedule {
         ScheduleKind::Ci => Box::new(ci_schedule(cfg.seed, network).into_iter()),
         ScheduleKind::Soak => Box::new(soak_schedule(cfg.seed, network)),
+        ScheduleKind::StalledWriters => Box::new(stalled_writer_schedule(cfg.seed).into_iter()),
     };
     let deadline = Instant::now() + cfg.duration;
     let mut records = Vec::new();
@@ -281,7 +309,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         if cfg.schedule == ScheduleKind::Soak && Instant::now() >= deadline {
             break;
         }
-        match inject(dep, &probe, &fault, &cfg.out).await {
+        match inject(dep, &probe, &stall, &fault, &cfg.out).await {
             Ok(rec) => {
                 println!(
                     "chaos: #{:<3} {:<20} {:<12} held {:>5} ms, recovered {}",
@@ -331,6 +359,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
 async fn inject(
     dep: &mut dyn Deployment,
     probe: &Prober,
+    stall: &StalledWriter,
     fault: &Fault,
     dir: &Path,
 ) -> anyhow::Result<FaultRecord> {
@@ -355,6 +384,14 @@ async fn inject(
                 anyhow::Ok(id)
             }
             .await;
+            let _ = std::fs::remove_file(&focus);
+            target = format!("master {}", killed?);
+        }
+        FaultKind::StalledWriterAcrossFailover => {
+            // The workers put hot values (the stalled puts' size) throughout.
+            let focus = focus_file(dir);
+            std::fs::write(&focus, b"focus")?;
+            let killed = stalled_writer_across_failover(dep, probe, stall, fault).await;
             let _ = std::fs::remove_file(&focus);
             target = format!("master {}", killed?);
         }
@@ -457,6 +494,49 @@ async fn inject(
     })
 }
 
+/// [`FaultKind::StalledWriterAcrossFailover`]: stalled puts placed by the
+/// leader, the leader SIGKILLed (restarted after `hold`, as a leader kill),
+/// the workers and a few victim puts served by the new leader for
+/// [`WORKERS_PUT_FOR`], then the stalled bytes and PutEnds, and every
+/// replica of the keys involved read back. Returns the killed master.
+async fn stalled_writer_across_failover(
+    dep: &mut dyn Deployment,
+    probe: &Prober,
+    stall: &StalledWriter,
+    fault: &Fault,
+) -> anyhow::Result<u64> {
+    probe.leader(Duration::from_secs(20)).await?;
+    let mut round = stall.round();
+    let placed = round.place_stalled().await;
+    // The leader that placed them (unless leadership moved meanwhile: then
+    // the one that leads now; the stalled puts still outlive a failover).
+    let (id, term) = probe.leader_term(Duration::from_secs(20)).await?;
+    dep.kill_master(id)?;
+    let killed = Instant::now();
+    // One step after another, never a Deployment call (which may block this
+    // thread on the container engine) beside requests in flight.
+    let new = probe.leader_after(term, RECOVERY_LIMIT).await;
+    let answered = Instant::now();
+    if new.is_ok() {
+        round.put_victims(WORKERS_PUT_FOR).await;
+    }
+    // Restarted after the hold, as a leader kill is (later only if the
+    // victims took longer).
+    tokio::time::sleep(fault.hold.saturating_sub(killed.elapsed())).await;
+    dep.start_master(id)?;
+    let new = new?;
+    tokio::time::sleep(WORKERS_PUT_FOR.saturating_sub(answered.elapsed())).await;
+    round.finish_stalled(placed).await;
+    round.read_back().await;
+    println!(
+        "chaos:      stalled writer (leader {id} of term {term}, then {} of term {}): {}",
+        new.0, new.1, round.summary
+    );
+    // The workers' own reads of the hot keys, after the stalled writes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(id)
+}
+
 async fn sample_roles(probe: Prober, out: Arc<Mutex<Vec<RoleSample>>>) {
     loop {
         let view = probe.poll().await;
@@ -522,6 +602,32 @@ impl Prober {
             }
             anyhow::ensure!(Instant::now() < deadline, "no leader within {within:?}");
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The leader of the highest term among the masters that answer, and that term.
+    async fn leader_term(&self, within: Duration) -> anyhow::Result<(u64, u64)> {
+        self.leader_after(0, within).await
+    }
+
+    /// A leader of a term after `term` (and that term), once one answers.
+    async fn leader_after(&self, term: u64, within: Duration) -> anyhow::Result<(u64, u64)> {
+        let deadline = Instant::now() + within;
+        loop {
+            let view = self.poll().await;
+            if let Some(s) = view
+                .iter()
+                .filter_map(|(_, s)| s.as_ref())
+                .filter(|s| s.role == pb::Role::Leader as i32 && s.term > term)
+                .max_by_key(|s| s.term)
+            {
+                return Ok((s.id, s.term));
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no leader of a term after {term} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -602,6 +708,7 @@ impl Prober {
                     key: k.clone(),
                     checksum: 0,
                     put_id: *id,
+                    ..Default::default()
                 })
                 .collect();
             let outcome = async {

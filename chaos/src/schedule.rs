@@ -41,10 +41,18 @@ pub enum FaultKind {
     /// leader's gRPC and HTTP ports and to every store's data port for
     /// `hold`, then close them.
     ConnectionFlood,
+    /// A client of the chaos process has the leader place a few puts of the
+    /// workers' hot size (without a commit, inside the leader's
+    /// reservation) and stalls; the leader is SIGKILLed (restarted after
+    /// `hold`); the workers put hot values on the new leader for a while;
+    /// then the stalled writer writes its bytes and sends its PutEnds. A new
+    /// leader that handed out the stalled ranges lets those late bytes
+    /// overwrite acknowledged objects (see [`crate::stall`]).
+    StalledWriterAcrossFailover,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -56,6 +64,7 @@ impl FaultKind {
         FaultKind::KillLeaderAmidRemoves,
         FaultKind::BigBatch,
         FaultKind::ConnectionFlood,
+        FaultKind::StalledWriterAcrossFailover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +80,7 @@ impl FaultKind {
             FaultKind::KillLeaderAmidRemoves => "kill leader amid removes",
             FaultKind::BigBatch => "big batch",
             FaultKind::ConnectionFlood => "connection flood",
+            FaultKind::StalledWriterAcrossFailover => "stalled writer across failover",
         }
     }
 
@@ -125,8 +135,8 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// The short CI schedule: 10 leader kills, 2 random-master kills, 2 pauses,
 /// 2 leader partitions and 1 follower partition (when the network can be
 /// controlled), a store kill, an etcd member kill, a rolling restart, 2
-/// leader kills amid removes, a big batch and a connection flood, in a
-/// seeded order.
+/// leader kills amid removes, a big batch, a connection flood and a stalled
+/// writer across a failover, in a seeded order.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -143,8 +153,23 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.extend([FaultKind::KillLeaderAmidRemoves; 2]);
     kinds.push(FaultKind::BigBatch);
     kinds.push(FaultKind::ConnectionFlood);
+    kinds.push(FaultKind::StalledWriterAcrossFailover);
     kinds.shuffle(&mut rng);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
+}
+
+/// How many faults [`stalled_writer_schedule`] has.
+pub const STALLED_WRITER_FAULTS: usize = 8;
+
+/// Only stalled writers across failovers, [`STALLED_WRITER_FAULTS`] of
+/// them: each is a chance for a leader that hands out an earlier term's
+/// reserved ranges to be caught (the test of
+/// `--unsafe-adopt-foreign-reservations`).
+pub fn stalled_writer_schedule(seed: u64) -> Vec<Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..STALLED_WRITER_FAULTS)
+        .map(|_| fault(&mut rng, FaultKind::StalledWriterAcrossFailover))
+        .collect()
 }
 
 /// An endless soak schedule: faults drawn with weights (leader faults most
@@ -163,6 +188,7 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::KillLeaderAmidRemoves, 3),
         (FaultKind::BigBatch, 1),
         (FaultKind::ConnectionFlood, 1),
+        (FaultKind::StalledWriterAcrossFailover, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -202,13 +228,28 @@ mod tests {
         assert_eq!(count(FaultKind::KillLeaderAmidRemoves), 2);
         assert_eq!(count(FaultKind::BigBatch), 1);
         assert_eq!(count(FaultKind::ConnectionFlood), 1);
-        assert_eq!(a.len(), 24);
+        assert_eq!(count(FaultKind::StalledWriterAcrossFailover), 1);
+        assert_eq!(a.len(), 25);
+        // Every kind is in the CI schedule.
+        for kind in FaultKind::ALL {
+            assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
+        }
         assert!(a
             .iter()
             .filter(|f| f.kind == FaultKind::PauseMaster)
             .all(|f| f.hold > Duration::from_millis(300)));
         let without = ci_schedule(7, false);
         assert!(without.iter().all(|f| !f.kind.needs_network_control()));
+    }
+
+    #[test]
+    fn the_stalled_writer_schedule_repeats_that_fault() {
+        let a = stalled_writer_schedule(5);
+        assert_eq!(a, stalled_writer_schedule(5));
+        assert_eq!(a.len(), STALLED_WRITER_FAULTS);
+        assert!(a
+            .iter()
+            .all(|f| f.kind == FaultKind::StalledWriterAcrossFailover));
     }
 
     #[test]

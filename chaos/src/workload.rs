@@ -8,9 +8,11 @@
 //! watermark: an evicted key would look like a lost write.
 //!
 //! Some gets are *slow reads*: look the key up, pause within the read lease
-//! (an engine busy elsewhere, a slow link), then read a replica. A forced
-//! remove and a new put in that pause must not hand the object's space to
-//! the new bytes. While the orchestrator's focus file exists, tasks favour
+//! (an engine busy elsewhere, a slow link), then read every replica. A
+//! forced remove and a new put in that pause must not hand the object's
+//! space to the new bytes, and no replica may hold other bytes than the
+//! master describes (a client get would fall back to an intact replica and
+//! hide one overwritten replica). While the orchestrator's focus file exists, tasks favour
 //! a few hot keys with puts, slow reads and removes, all on the same keys.
 
 use std::path::PathBuf;
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
-use crescent_proto::ErrorCode;
+use crescent_proto::{pb, ErrorCode};
 use crescent_store::protocol::Grant;
 use crescent_store::transport::TcpTransport;
 use rand::rngs::StdRng;
@@ -52,8 +54,10 @@ const SHARED_KEYS: u64 = 6;
 const OPS_PER_GENERATION: u64 = 150;
 const SHARED_EPOCH_US: u64 = 10_000_000;
 const HOT_KEYS: u64 = 2;
-/// Hot values have one size, so a freed range fits the next hot put exactly.
-const HOT_VALUE_LEN: usize = 4096;
+/// Hot values have one size, so a freed range fits the next hot put exactly
+/// (and so does the range of a stalled writer's put of the same size: see
+/// [`crate::stall`]).
+pub const HOT_VALUE_LEN: usize = 4096;
 /// Well inside the masters' 10 s read lease.
 const SLOW_READ_PAUSE_MS: std::ops::Range<u64> = 50..400;
 
@@ -101,6 +105,14 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     }
     client.close().await;
     Ok(())
+}
+
+/// The hot keys workers use at some moment of `[from_us, to_us]` (while the
+/// focus file exists).
+pub fn hot_keys_between(from_us: u64, to_us: u64) -> Vec<String> {
+    (from_us / SHARED_EPOCH_US..=to_us / SHARED_EPOCH_US)
+        .flat_map(|epoch| (0..HOT_KEYS).map(move |k| format!("hot-e{epoch}-k{k}")))
+        .collect()
 }
 
 async fn connect_with_retry(cfg: ClientConfig, within: Duration) -> anyhow::Result<Client> {
@@ -235,7 +247,7 @@ async fn hot_op(
     })
 }
 
-/// Looks `key` up, pauses within its read lease, then reads a replica
+/// Looks `key` up, pauses within its read lease, then reads every replica
 /// directly and checks its bytes against the checksum the master gave.
 async fn slow_get(
     client: &Client,
@@ -261,41 +273,64 @@ async fn slow_get(
             }
         };
         tokio::time::sleep(pause).await;
-        let mut buf = vec![0u8; found.size as usize];
-        let mut last = String::from("no replica");
-        for r in found.replicas.iter().filter(|r| r.length == found.size) {
-            let mut reads = [(Grant::from(r), r.offset, buf.as_mut_slice())];
-            match transport.read_checksummed(&r.endpoint, &mut reads).await {
-                Ok(crcs) if crcs.first() == Some(&found.checksum) => {
-                    return match decode_value(&buf) {
-                        Ok(value) => Outcome::Found { value },
-                        Err(detail) => Outcome::Corrupt { detail },
-                    }
-                }
-                // Past the lease the space may legitimately hold new bytes.
-                Ok(_) if asked.elapsed() >= Duration::from_millis(found.lease_ttl_ms) => {
-                    return Outcome::Fail {
-                        error: format!(
-                            "slow read finished after its {} ms lease",
-                            found.lease_ttl_ms
-                        ),
-                    }
-                }
-                Ok(_) => {
-                    return Outcome::Corrupt {
-                        detail: format!(
-                            "slow read after {pause:?}, within its lease: the replica on \
-                             segment {} no longer holds the bytes the master described",
-                            r.segment_id
-                        ),
-                    }
-                }
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Outcome::Fail { error: last }
+        read_every_replica(
+            transport,
+            &found,
+            asked,
+            &format!("slow read after {pause:?}"),
+        )
+        .await
     })
     .await
+}
+
+/// Reads every replica `found` lists and checks each one's bytes against
+/// the checksum the master gave. Within the read lease (counted from
+/// `asked`, before the lookup) every replica must hold the object: one that
+/// answers with other bytes is corrupt even when another replica is intact,
+/// which a client get would fall back to, hiding the overwrite. A replica
+/// that cannot be read proves nothing (a killed store's replicas are lost,
+/// and a restarted store refuses requests for its previous segment rather
+/// than answer them); past the lease the space may legitimately hold new
+/// bytes.
+pub(crate) async fn read_every_replica(
+    transport: &TcpTransport,
+    found: &pb::GetReplicaListResponse,
+    asked: std::time::Instant,
+    what: &str,
+) -> Outcome {
+    let mut value = None;
+    let mut last = String::from("no replica");
+    for r in found.replicas.iter().filter(|r| r.length == found.size) {
+        let mut buf = vec![0u8; found.size as usize];
+        let mut reads = [(Grant::from(r), r.offset, buf.as_mut_slice())];
+        match transport.read_checksummed(&r.endpoint, &mut reads).await {
+            Ok(crcs) if crcs.first() == Some(&found.checksum) => match decode_value(&buf) {
+                Ok(v) => value = value.or(Some(v)),
+                Err(detail) => return Outcome::Corrupt { detail },
+            },
+            // Past the lease the space may legitimately hold new bytes.
+            Ok(_) if asked.elapsed() >= Duration::from_millis(found.lease_ttl_ms) => {
+                return Outcome::Fail {
+                    error: format!("{what} finished after its {} ms lease", found.lease_ttl_ms),
+                }
+            }
+            Ok(_) => {
+                return Outcome::Corrupt {
+                    detail: format!(
+                        "{what}, within its lease: the replica on segment {} no longer holds \
+                         the bytes the master described",
+                        r.segment_id
+                    ),
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    match value {
+        Some(value) => Outcome::Found { value },
+        None => Outcome::Fail { error: last },
+    }
 }
 
 async fn timed(
@@ -326,7 +361,7 @@ async fn timed(
 /// machine refused it. Anything else may have committed. INVALID_PARAMS is
 /// not here: a retry older than the master's deduplication window gets it,
 /// and the original attempt may have been applied.
-fn definite_refusal(code: ErrorCode) -> bool {
+pub(crate) fn definite_refusal(code: ErrorCode) -> bool {
     matches!(
         code,
         ErrorCode::ReplicaIsNotReady

@@ -3,8 +3,9 @@
 //! - `ci_schedule_twice_into_one_out_dir_has_no_violations`: the short CI
 //!   schedule (10 leader kills, 2 random-master kills, 2 pauses, 2 leader
 //!   partitions and a follower partition in container mode, a store kill, an
-//!   etcd member kill, a rolling restart and 2 leader kills amid removes)
-//!   must end with 0 violations, twice into the same `--out` (issue 17: a
+//!   etcd member kill, a rolling restart, 2 leader kills amid removes, a big
+//!   batch, a connection flood and a stalled writer across a failover) must
+//!   end with 0 violations, twice into the same `--out` (issue 17: a
 //!   second run once found the first run's stop file and ran no workload).
 //!   Container mode when a Docker engine answers and `make images` built
 //!   `$CRESCENT_CHAOS_IMAGE` (default crescent:latest); otherwise processes
@@ -16,6 +17,12 @@
 //!   `--unsafe-forget-leases` let a forced remove hand a leased object's
 //!   space to the next put; the workload's slow readers must see wrong bytes
 //!   and the checker must fail the run.
+//! - `adopting_foreign_reservations_is_caught`: masters started with the
+//!   test-only `--unsafe-adopt-foreign-reservations` let a new leader place
+//!   puts in the ranges its predecessor reserved, where a stalled writer
+//!   placed by that predecessor still writes; over a schedule of stalled
+//!   writers across failovers, its late bytes must overwrite acknowledged
+//!   objects and the checker must fail the run.
 
 use std::process::Command;
 
@@ -142,6 +149,12 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
     assert_eq!(count("kill_leader_amid_removes"), 2);
     assert_eq!(count("big_batch"), 1, "{}", report["faults"]);
     assert_eq!(count("connection_flood"), 1, "{}", report["faults"]);
+    assert_eq!(
+        count("stalled_writer_across_failover"),
+        1,
+        "{}",
+        report["faults"]
+    );
     let engine = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -161,16 +174,21 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
     }
 }
 
-/// A CI-schedule run in processes mode with a test-only switch that breaks
-/// a guarantee: it must fail; its violation counts.
-fn broken_run(name: &str, seed: &str, switch: &str) -> serde_json::Map<String, serde_json::Value> {
+/// A run of `schedule` in processes mode with a test-only switch that
+/// breaks a guarantee: it must fail; its violation counts.
+fn broken_run(
+    name: &str,
+    schedule: &str,
+    seed: &str,
+    switch: &str,
+) -> serde_json::Map<String, serde_json::Value> {
     let out = out_dir(name);
     let (code, text) = chaos(&[
         "run",
         "--mode",
         "processes",
         "--schedule",
-        "ci",
+        schedule,
         "--seed",
         seed,
         "--out",
@@ -196,7 +214,7 @@ fn broken_run(name: &str, seed: &str, switch: &str) -> serde_json::Map<String, s
 
 #[test]
 fn acking_before_commit_is_caught() {
-    let counts = broken_run("chaos-unsafe", "7", "--unsafe-ack-before-commit");
+    let counts = broken_run("chaos-unsafe", "ci", "7", "--unsafe-ack-before-commit");
     assert!(
         counts.contains_key("lost_write") || counts.contains_key("not_linearizable"),
         "expected lost or non-linearizable writes, got {counts:?}"
@@ -205,9 +223,23 @@ fn acking_before_commit_is_caught() {
 
 #[test]
 fn forgetting_leases_is_caught() {
-    let counts = broken_run("chaos-forget-leases", "11", "--unsafe-forget-leases");
+    let counts = broken_run("chaos-forget-leases", "ci", "11", "--unsafe-forget-leases");
     assert!(
         counts.contains_key("wrong_bytes"),
         "expected slow readers to see wrong bytes, got {counts:?}"
+    );
+}
+
+#[test]
+fn adopting_foreign_reservations_is_caught() {
+    let counts = broken_run(
+        "chaos-adopt-reservations",
+        "stalled-writers",
+        "13",
+        "--unsafe-adopt-foreign-reservations",
+    );
+    assert!(
+        counts.contains_key("wrong_bytes"),
+        "expected reads of objects the stalled writer overwrote to see wrong bytes, got {counts:?}"
     );
 }

@@ -1,0 +1,487 @@
+//! The stalled writer of [`FaultKind::StalledWriterAcrossFailover`]: a
+//! client of the chaos process (its own client id) that has the leader place
+//! a few puts without a commit (one-commit puts, inside the leader's
+//! reservation), is then cut off from them by a failover, and writes its
+//! bytes and sends its PutEnds only after the new leader has served the
+//! workers for a while.
+//!
+//! The new leader must not hand out the ranges the stalled puts were placed
+//! in (it never places puts in an earlier term's reservations): the stalled
+//! PutEnds then commit or fail, and nobody else's bytes are touched. A
+//! leader that adopts the old term's reservations (the test-only
+//! `--unsafe-adopt-foreign-reservations`) gives those ranges to other puts
+//! of the same size; the stalled bytes then overwrite acknowledged objects,
+//! which the reads after the stalled writes see as replicas that no longer
+//! hold what the master describes ([`Outcome::Corrupt`], a wrong-bytes
+//! violation).
+//!
+//! To make the stalled ranges exact holes (best fit gives a same-size put
+//! exactly such a hole), each stalled put is followed by a *filler*: a put
+//! of the same size finished at once, so it is committed and the new leader
+//! sees it as taken. After the failover the writer also makes a few
+//! *victim* puts of that size itself (workers' hot puts compete for the
+//! holes too), and after the stalled writes it reads every replica of its
+//! own keys and of the workers' hot keys. Every operation is recorded in
+//! [`FAULT_HISTORY`] as workers record theirs, so the checker checks these
+//! keys like any other: an acknowledged stalled put must be readable later.
+//!
+//! [`FaultKind::StalledWriterAcrossFailover`]: crate::schedule::FaultKind::StalledWriterAcrossFailover
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crescent_client::master::Placement;
+use crescent_client::{MasterClient, MasterRpcError};
+use crescent_proto::{pb, ErrorCode};
+use crescent_store::protocol::Grant;
+use crescent_store::transport::TcpTransport;
+
+use crate::history::{now_us, value_bytes, Op, OpKind, Outcome, Recorder};
+use crate::workload::{definite_refusal, hot_keys_between, read_every_replica, HOT_VALUE_LEN};
+
+/// The history file of the operations faults make (next to the workers'
+/// `history-<n>.jsonl`).
+pub const FAULT_HISTORY: &str = "history-faults.jsonl";
+
+/// Process ids of the stalled writer's rounds: far above the workers'
+/// (100 × worker + task), so the report never takes them for a worker.
+/// Round `n` uses `BASE + 3n` (stalled puts), `+ 1` (fillers and victims)
+/// and `+ 2` (reads). Value ids are `process << 40 | counter`, as workers'.
+const PROCESS_BASE: u32 = 1_000_000;
+
+/// Puts placed and then stalled across the failover, per round.
+pub const STALLED_PUTS: usize = 3;
+/// Puts of the same size the new leader places without a commit (so in a
+/// reservation, where the stalled ranges are), per round, made as soon as it
+/// answers ...
+const VICTIM_PUTS: usize = 4;
+/// ... trying at most this many (a new leader places two-commit puts until it
+/// holds its lease and has taken up its term's reservations).
+const MAX_VICTIM_TRIES: usize = 40;
+/// How long the workers (and victims) put before the stalled writer writes.
+pub const WORKERS_PUT_FOR: Duration = Duration::from_secs(2);
+/// One step of an operation (an RPC, a transfer) that takes longer is
+/// recorded as of unknown outcome, as the workers' operation timeout does.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct StalledWriter {
+    client: MasterClient,
+    transport: TcpTransport,
+    recorder: Mutex<Recorder>,
+    rounds: std::sync::atomic::AtomicU32,
+}
+
+/// A put the leader placed, not yet written nor ended.
+pub struct Placed {
+    key: String,
+    process: u32,
+    value: u64,
+    put_id: u64,
+    placement: Placement,
+    invoke_us: u64,
+}
+
+/// What one round did, for the run's output.
+#[derive(Debug, Default)]
+pub struct RoundSummary {
+    pub stalled: usize,
+    /// Stalled puts the leader placed without a commit (in a reservation):
+    /// only those exercise the fence.
+    pub stalled_pending: usize,
+    pub fillers_ok: usize,
+    pub victims: usize,
+    /// Victims the new leader placed without a commit.
+    pub victims_pending: usize,
+    pub victims_ok: usize,
+    pub stalled_ends: Outcomes,
+    pub reads: Outcomes,
+}
+
+#[derive(Debug, Default)]
+pub struct Outcomes {
+    pub ok: usize,
+    pub missing: usize,
+    pub corrupt: usize,
+    pub failed: usize,
+    pub unknown: usize,
+}
+
+impl Outcomes {
+    fn count(&mut self, o: &Outcome) {
+        match o {
+            Outcome::Ok | Outcome::Found { .. } | Outcome::Present { .. } => self.ok += 1,
+            Outcome::Missing => self.missing += 1,
+            Outcome::Corrupt { .. } => self.corrupt += 1,
+            Outcome::Fail { .. } => self.failed += 1,
+            Outcome::Unknown { .. } => self.unknown += 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Outcomes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ok, {} missing, {} corrupt, {} failed, {} unknown",
+            self.ok, self.missing, self.corrupt, self.failed, self.unknown
+        )
+    }
+}
+
+impl std::fmt::Display for RoundSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} stalled puts placed ({} without a commit), {} fillers acknowledged; \
+             {} victims ({} placed without a commit, {} acknowledged); \
+             stalled PutEnds: {}; reads: {}",
+            self.stalled,
+            self.stalled_pending,
+            self.fillers_ok,
+            self.victims,
+            self.victims_pending,
+            self.victims_ok,
+            self.stalled_ends,
+            self.reads
+        )
+    }
+}
+
+impl StalledWriter {
+    /// `masters`: the masters' addresses, comma-separated; `history`: the
+    /// file its operations are recorded in.
+    pub fn new(masters: &str, token_file: Option<&Path>, history: &Path) -> anyhow::Result<Self> {
+        let token = crescent_auth::BearerToken::from_optional_file(token_file)?;
+        Ok(Self {
+            client: MasterClient::new(masters)?.with_token(token),
+            // The chaos suite runs the data port in clear text.
+            transport: TcpTransport::new(),
+            recorder: Mutex::new(Recorder::create(history)?),
+            rounds: Default::default(),
+        })
+    }
+
+    /// A new round: fresh keys (`stall-<time>-…`, which no worker uses) and
+    /// process ids.
+    pub fn round(&self) -> Round<'_> {
+        let n = self
+            .rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let started_us = now_us();
+        Round {
+            w: self,
+            tag: started_us,
+            process: PROCESS_BASE + 3 * n,
+            counter: 0,
+            started_us,
+            summary: RoundSummary::default(),
+        }
+    }
+
+    fn record(&self, op: &Op) {
+        if let Err(e) = self.recorder.lock().expect("lock poisoned").record(op) {
+            // The run's check would miss this operation; say so loudly.
+            eprintln!("chaos: cannot record a stalled writer's operation: {e:#}");
+        }
+    }
+}
+
+pub struct Round<'a> {
+    w: &'a StalledWriter,
+    tag: u64,
+    /// The stalled puts' process; `+ 1` fillers and victims, `+ 2` reads.
+    process: u32,
+    counter: u64,
+    started_us: u64,
+    pub summary: RoundSummary,
+}
+
+fn config() -> pb::ReplicateConfig {
+    pb::ReplicateConfig {
+        // As the workers put: a replica on each store.
+        replica_num: 2,
+        ..Default::default()
+    }
+}
+
+/// A put's outcome from a master's error, as the workload classifies a
+/// client put's errors: refusals certainly had no effect, anything else may
+/// have committed.
+fn put_failure(e: MasterRpcError) -> Outcome {
+    match e {
+        MasterRpcError::Status { code, message } if definite_refusal(code) => Outcome::Fail {
+            error: format!("{}: {message}", code.as_str_name()),
+        },
+        e => Outcome::Unknown {
+            error: e.to_string(),
+        },
+    }
+}
+
+async fn step<T>(
+    f: impl std::future::Future<Output = Result<T, MasterRpcError>>,
+) -> Result<T, MasterRpcError> {
+    tokio::time::timeout(STEP_TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| {
+            Err(MasterRpcError::Unavailable(format!(
+                "no answer within {STEP_TIMEOUT:?}"
+            )))
+        })
+}
+
+impl Round<'_> {
+    fn key(&self, what: &str, i: usize) -> String {
+        format!("stall-{}-{what}{i}", self.tag)
+    }
+
+    fn next_value(&mut self, process: u32) -> u64 {
+        self.counter += 1;
+        (u64::from(process) << 40) | self.counter
+    }
+
+    /// Before the failover: has the leader place [`STALLED_PUTS`] puts of
+    /// the workers' hot size, each followed by a finished filler of that
+    /// size, so each stalled range is a hole between committed objects.
+    pub async fn place_stalled(&mut self) -> Vec<Placed> {
+        let mut placed = Vec::new();
+        for i in 0..STALLED_PUTS {
+            let key = self.key("s", i);
+            if let Some(p) = self.place(key, self.process).await {
+                self.summary.stalled += 1;
+                if p.placement.pending {
+                    self.summary.stalled_pending += 1;
+                }
+                placed.push(p);
+            }
+            let filler = self.key("f", i);
+            if self.put_now(filler).await.0 == Outcome::Ok {
+                self.summary.fillers_ok += 1;
+            }
+        }
+        placed
+    }
+
+    /// Right after the failover, for at most `within`: puts of the same
+    /// size that best fit places in the stalled ranges if the new leader
+    /// hands them out, until [`VICTIM_PUTS`] of them were placed without a
+    /// commit (only those can land in a reservation).
+    pub async fn put_victims(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.summary.victims_pending < VICTIM_PUTS
+            && self.summary.victims < MAX_VICTIM_TRIES
+            && Instant::now() < deadline
+        {
+            let key = self.key("v", self.summary.victims);
+            self.summary.victims += 1;
+            let (outcome, pending) = self.put_now(key).await;
+            if pending {
+                self.summary.victims_pending += 1;
+            } else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if outcome == Outcome::Ok {
+                self.summary.victims_ok += 1;
+            }
+        }
+    }
+
+    /// Writes the stalled puts' bytes and sends their PutEnds.
+    pub async fn finish_stalled(&mut self, placed: Vec<Placed>) {
+        for p in placed {
+            let outcome = self.finish(p).await;
+            self.summary.stalled_ends.count(&outcome);
+        }
+    }
+
+    /// Reads every replica of this round's keys and of the workers' hot
+    /// keys since the round began, and records each read.
+    pub async fn read_back(&mut self) {
+        let mut keys: Vec<String> = Vec::new();
+        let victims = self.summary.victims;
+        for (what, n) in [("s", STALLED_PUTS), ("f", STALLED_PUTS), ("v", victims)] {
+            keys.extend((0..n).map(|i| self.key(what, i)));
+        }
+        keys.extend(hot_keys_between(self.started_us, now_us()));
+        for key in keys {
+            let op = self.read(key).await;
+            self.summary.reads.count(&op.outcome);
+            self.w.record(&op);
+        }
+    }
+
+    /// PutStart (one commit asked for). A refused or failed start is
+    /// recorded at once; a placed put is returned for [`finish`](Self::finish).
+    async fn place(&mut self, key: String, process: u32) -> Option<Placed> {
+        let value = self.next_value(process);
+        let invoke_us = now_us();
+        let put_id = self.w.client.new_put_id();
+        let started = step(self.w.client.put_start_placed(
+            &key,
+            HOT_VALUE_LEN as u64,
+            config(),
+            put_id,
+        ))
+        .await;
+        let outcome = match started {
+            Ok(placement) => {
+                return Some(Placed {
+                    key,
+                    process,
+                    value,
+                    put_id,
+                    placement,
+                    invoke_us,
+                })
+            }
+            // Objects are immutable: "already exists" is success (fresh
+            // keys, so only a retried PutStart could see it).
+            Err(MasterRpcError::Status {
+                code: ErrorCode::ObjectAlreadyExists,
+                ..
+            }) => Outcome::Ok,
+            Err(e) => put_failure(e),
+        };
+        self.w.record(&Op {
+            process,
+            key,
+            kind: OpKind::Put { value },
+            invoke_us,
+            complete_us: now_us(),
+            outcome,
+        });
+        None
+    }
+
+    /// Writes a placed put's bytes to every replica, then PutEnd with the
+    /// placement; records the put (invoked at its PutStart).
+    async fn finish(&mut self, p: Placed) -> Outcome {
+        let bytes = value_bytes(p.value, HOT_VALUE_LEN);
+        let mut written = Ok(());
+        for r in &p.placement.replicas {
+            if r.length != bytes.len() as u64 {
+                written = Err(format!(
+                    "replica length {} for a {}-byte value",
+                    r.length,
+                    bytes.len()
+                ));
+                break;
+            }
+            let writes = [(Grant::from(r), r.offset, bytes.as_slice())];
+            let sent =
+                tokio::time::timeout(STEP_TIMEOUT, self.w.transport.write(&r.endpoint, &writes))
+                    .await;
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.w.transport.forget(&r.endpoint);
+                    written = Err(e.to_string());
+                    break;
+                }
+                Err(_) => {
+                    self.w.transport.forget(&r.endpoint);
+                    written = Err(format!("write not done within {STEP_TIMEOUT:?}"));
+                    break;
+                }
+            }
+        }
+        let outcome = match written {
+            // As the client library does: nothing half-written may become
+            // readable. The put never ends; a transfer failure is of
+            // unknown outcome for the workload too.
+            Err(error) => {
+                let _ = step(self.w.client.put_revoke_named(&p.key, p.put_id)).await;
+                Outcome::Unknown {
+                    error: format!("TRANSFER_FAIL: {error}"),
+                }
+            }
+            Ok(()) => {
+                let ended = step(self.w.client.put_end_placed(
+                    &p.key,
+                    crc32c::crc32c(&bytes),
+                    p.put_id,
+                    &p.placement,
+                    HOT_VALUE_LEN as u64,
+                    &config(),
+                ))
+                .await;
+                match ended {
+                    Ok(()) => Outcome::Ok,
+                    // As the client library: another put of the key committed
+                    // first (placed by an earlier leader); the key exists.
+                    Err(MasterRpcError::Status {
+                        code: ErrorCode::ObjectAlreadyExists,
+                        ..
+                    }) if p.placement.pending => Outcome::Ok,
+                    Err(e) => put_failure(e),
+                }
+            }
+        };
+        self.w.record(&Op {
+            process: p.process,
+            key: p.key,
+            kind: OpKind::Put { value: p.value },
+            invoke_us: p.invoke_us,
+            complete_us: now_us(),
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    /// A put finished at once (fillers, victims), and whether the leader
+    /// placed it without a commit.
+    async fn put_now(&mut self, key: String) -> (Outcome, bool) {
+        match self.place(key, self.process + 1).await {
+            Some(p) => {
+                let pending = p.placement.pending;
+                (self.finish(p).await, pending)
+            }
+            // Recorded already; only its success matters to the caller.
+            None => (
+                Outcome::Fail {
+                    error: "not placed".into(),
+                },
+                false,
+            ),
+        }
+    }
+
+    /// Looks `key` up and reads every replica at once (well within the
+    /// read lease): each must hold the bytes the master describes.
+    async fn read(&mut self, key: String) -> Op {
+        let invoke_us = now_us();
+        let outcome = tokio::time::timeout(STEP_TIMEOUT, async {
+            let asked = Instant::now();
+            match self.w.client.get_replica_list(&key).await {
+                Ok(found) => {
+                    read_every_replica(
+                        &self.w.transport,
+                        &found,
+                        asked,
+                        "a read after the stalled writes",
+                    )
+                    .await
+                }
+                Err(e) => match e.code() {
+                    ErrorCode::ObjectNotFound | ErrorCode::ReplicaIsNotReady => Outcome::Missing,
+                    _ => Outcome::Fail {
+                        error: e.to_string(),
+                    },
+                },
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Outcome::Unknown {
+            error: format!("no answer within {STEP_TIMEOUT:?}"),
+        });
+        Op {
+            process: self.process + 2,
+            key,
+            kind: OpKind::Get,
+            invoke_us,
+            complete_us: now_us(),
+            outcome,
+        }
+    }
+}
