@@ -762,7 +762,13 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
             .await
             .expect_err("another key's placement");
         assert!(
-            matches!(e, MasterRpcError::Status { code: ErrorCode::InvalidWrite, .. }),
+            matches!(
+                e,
+                MasterRpcError::Status {
+                    code: ErrorCode::InvalidWrite,
+                    ..
+                }
+            ),
             "{e}"
         );
         assert!(!client.exists("other-key").await.unwrap());
@@ -772,7 +778,13 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
             .await
             .expect_err("replica_num u32::MAX");
         assert!(
-            matches!(e, MasterRpcError::Status { code: ErrorCode::InvalidParams, .. }),
+            matches!(
+                e,
+                MasterRpcError::Status {
+                    code: ErrorCode::InvalidParams,
+                    ..
+                }
+            ),
             "{e}"
         );
         assert!(!client.exists("forged").await.unwrap());

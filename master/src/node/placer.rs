@@ -676,7 +676,10 @@ mod tests {
         let Placed::Replicas(first) = p.place(&s, &req("k", "c", 9), times(0)) else {
             panic!()
         };
-        assert_eq!(p.place(&s, &req("k", "c", 9), times(5)), Placed::Again(first));
+        assert_eq!(
+            p.place(&s, &req("k", "c", 9), times(5)),
+            Placed::Again(first)
+        );
         assert_eq!(p.inflight(), 1);
     }
 
