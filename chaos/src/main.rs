@@ -157,7 +157,21 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_adopt_foreign_reservations,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
-            let mut master_flags = vec!["--client-ttl".to_string(), "3s".to_string()];
+            // Short put timeouts: with the defaults (30 s, 600 s) an earlier
+            // term's reservations wait ten minutes to be retired, so under a
+            // failover every few seconds segments would soon hold their 16
+            // reservations and puts would fall back to two commits; these
+            // keep the one-commit path, and the retiring, in play.
+            let mut master_flags: Vec<String> = [
+                "--client-ttl",
+                "3s",
+                "--put-start-discard-timeout",
+                "10s",
+                "--put-start-release-timeout",
+                "30s",
+            ]
+            .map(String::from)
+            .to_vec();
             if unsafe_ack_before_commit {
                 master_flags.push("--unsafe-ack-before-commit".into());
             }

@@ -209,6 +209,19 @@ async fn lease_sweep_loop(node: Arc<MasterNode>) {
 /// Frees one-commit placements past their release time and retires
 /// reservations that are due (see `node/placer.rs`).
 async fn reservation_loop(node: Arc<MasterNode>) {
+    // First the term's start, which lets earlier terms' reservations be
+    // retired a release timeout after it (retried: the loop dies with the
+    // leadership, so this ends).
+    let term = node.current_term();
+    loop {
+        match node.propose(None, Op::LeaderStart { term }).await {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "LeaderStart not committed; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;

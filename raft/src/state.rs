@@ -176,7 +176,19 @@ pub enum Op {
         config: ReplicateConfig,
         policy: PutPolicy,
     },
+    /// Proposed by a new leader when it takes over: the entry's time bounds
+    /// when every earlier term's placements were made (each earlier leader
+    /// placed only under a lease that ended before this term's election),
+    /// so their reservations may be retired a release timeout later.
+    LeaderStart {
+        term: u64,
+    },
 }
+
+/// Term starts kept (the latest): a reservation older than all of them is
+/// judged by the earliest kept, which is later than its real bound, so
+/// forgetting errs on the side of waiting.
+pub const TERM_STARTS_KEPT: usize = 64;
 
 pub type ReservationId = u64;
 
@@ -469,6 +481,8 @@ pub struct MetaState {
     /// Leaders' reservations for puts placed without a commit.
     pub reservations: BTreeMap<ReservationId, Reservation>,
     pub next_reservation_id: ReservationId,
+    /// Term -> the time of its leader's first `LeaderStart` entry.
+    pub term_starts: BTreeMap<u64, u64>,
     /// Derived from `objects`, `pending_release` and `reservations`; rebuilt after a snapshot install.
     #[serde(skip)]
     allocators: BTreeMap<SegmentId, Allocator>,
@@ -596,6 +610,15 @@ impl MetaState {
         } else {
             self.total_allocated().saturating_sub(self.reserved_free()) as f64 / cap as f64
         }
+    }
+
+    /// When a term after `term` started (its leader's first entry): every
+    /// placement of `term`'s leader was made before then.
+    pub fn later_term_started_ms(&self, term: u64) -> Option<u64> {
+        self.term_starts
+            .range(term.saturating_add(1)..)
+            .next()
+            .map(|(_, ms)| *ms)
     }
 
     /// Bytes reserved for leaders' placements and not yet holding an object.
@@ -772,6 +795,13 @@ impl MetaState {
                 term,
             } => Response::Reserved(self.reserve(now, *segment_id, *len, *term)),
             Op::RetireReservations { ids } => Response::Count(self.retire_reservations(ids)),
+            Op::LeaderStart { term } => {
+                self.term_starts.entry(*term).or_insert(now);
+                while self.term_starts.len() > TERM_STARTS_KEPT {
+                    self.term_starts.pop_first();
+                }
+                Response::Empty
+            }
             Op::PutCommit {
                 items,
                 config,

@@ -473,7 +473,12 @@ impl Placer {
         now_ms: u64,
         release_after_ms: u64,
     ) -> Vec<ReservationId> {
-        let foreign_due = now_ms >= self.since_ms.saturating_add(release_after_ms);
+        // An earlier term's placements were all made before this leader
+        // took over, and before any later term's recorded start.
+        let due_after = |start: u64| now_ms >= start.saturating_add(release_after_ms);
+        let foreign_due = |term: u64| {
+            due_after(self.since_ms) || state.later_term_started_ms(term).is_some_and(due_after)
+        };
         let due: Vec<ReservationId> = state
             .reservations
             .values()
@@ -486,7 +491,7 @@ impl Placer {
                                 .get(&res.segment_id)
                                 .is_some_and(|s| s.is_live()))
                 }
-                None => !self.mine(res.term) && foreign_due,
+                None => !self.mine(res.term) && foreign_due(res.term),
             })
             .map(|res| res.id)
             .collect();
@@ -741,5 +746,16 @@ mod tests {
         let mut due = p.retirable(&s, 601_000, 600_000);
         due.sort();
         assert_eq!(due, vec![foreign.min(own), foreign.max(own)]);
+        // A later term's recorded start also bounds the foreign one, earlier
+        // than this leader's own start.
+        apply(&mut s, 500, Op::LeaderStart { term: 2 });
+        let mut p = Placer::new(3, 900_000, 8 * MB, false);
+        p.sync(&s);
+        assert!(p.retirable(&s, 600_499, 600_000).is_empty());
+        assert_eq!(
+            p.retirable(&s, 600_500, 600_000),
+            vec![foreign],
+            "term 1 is bounded by term 2's start; term 2 only by this leader's own"
+        );
     }
 }
