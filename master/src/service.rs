@@ -432,9 +432,15 @@ impl MasterApi {
             {
                 two_commit.clear();
                 let state = self.node.state();
-                for (i, p) in placed.into_iter().enumerate() {
+                for (i, (p, again_expiry)) in placed.into_iter().enumerate() {
                     match p {
                         Placed::Replicas(reps) | Placed::Again(reps) => {
+                            // A placement given again keeps its first grants'
+                            // expiry: its commit deadline must not move.
+                            let terms = again_expiry.map_or(terms, |expiry_ms| GrantTerms {
+                                access: Access::Write,
+                                expiry_ms,
+                            });
                             out[i] = Some(Started {
                                 replicas: Ok(reps
                                     .iter()
@@ -564,25 +570,6 @@ impl MasterApi {
                 } else {
                     match verified_placement(&state, &item.placement, item.size, config.replica_num)
                     {
-                        // In this leader's own reservations only its own
-                        // placement of this very put may be committed, one
-                        // commit at a time: its memory frees what a refused
-                        // commit leaves, and must never free what another
-                        // commit took.
-                        Ok(v)
-                            if !self.node.begin_commit(
-                                &origin.client_id,
-                                &item.key,
-                                item.put_id,
-                                &v.0,
-                            ) =>
-                        {
-                            refused[i] = Some(MetaError::InvalidWrite(format!(
-                                "{}: not a placement this leader made for this put, or its commit is already in flight",
-                                item.key
-                            )));
-                            (Vec::new(), 0)
-                        }
                         Ok(v) => v,
                         Err(why) => {
                             refused[i] =
@@ -599,6 +586,34 @@ impl MasterApi {
                     replicas,
                     deadline_ms,
                 });
+            }
+        }
+        // In this leader's own reservations only its own placement of this
+        // very put may be committed, one commit at a time: its memory frees
+        // what a refused commit leaves, and must never free what another
+        // commit took. A retry of a request already applied skips this and
+        // gets the first attempt's answer from the dedup table.
+        if !self.already_applied(&origin) {
+            let asked: Vec<(&str, PutId, &[Replica])> = commits
+                .iter()
+                .zip(&refused)
+                .filter(|(c, r)| r.is_none() && !c.replicas.is_empty())
+                .map(|(c, _)| (c.key.as_str(), c.put_id, c.replicas.as_slice()))
+                .collect();
+            let allowed = self
+                .node
+                .begin_commits(&origin.client_id, &asked)
+                // A commit of one of these placements is in flight: retry
+                // later with the same request id and find its outcome.
+                .map_err(|_| node_status(&NodeError::Timeout))?;
+            let mut allowed = allowed.into_iter();
+            for (c, r) in commits.iter().zip(refused.iter_mut()) {
+                if r.is_none() && !c.replicas.is_empty() && allowed.next() == Some(false) {
+                    *r = Some(MetaError::InvalidWrite(format!(
+                        "{}: not a placement this leader made for this put",
+                        c.key
+                    )));
+                }
             }
         }
         // Refused items are left out of the entry; their answer is the refusal.
@@ -629,13 +644,16 @@ impl MasterApi {
             .node
             .propose_settled(Some(origin), op, move |node, outcome| {
                 // The placer learns each placed put's fate once it is known,
-                // even if this request is gone by then. Not applied, or
-                // refused: the placer frees what the state still has free.
+                // even if this request is gone by then. Only a refusal in
+                // the applied entry, or an entry never proposed, frees a
+                // range (and only what the state still has free); any other
+                // outcome may yet commit, so the range stays held.
                 let taken: Vec<bool> = match outcome {
                     Ok(Response::Items(v)) if v.len() == commits.len() => {
                         v.iter().map(Result::is_ok).collect()
                     }
-                    _ => vec![false; commits.len()],
+                    Err(NodeError::TooLarge { .. }) => vec![false; commits.len()],
+                    _ => vec![true; commits.len()],
                 };
                 for (c, taken) in commits.iter().zip(taken) {
                     if !c.replicas.is_empty() {

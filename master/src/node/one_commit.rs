@@ -8,8 +8,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use crescent_raft::state::{Op, PutId, Replica, ReplicateConfig, SegmentId};
 use crescent_raft::Response;
 
-use super::placer::{PlaceRequest, PlaceTimes, Placed};
+use super::placer::{CommitStatus, PlaceRequest, PlaceTimes, Placed, Tracked};
 use super::{now_ms, MasterNode};
+
+/// A PutEnd names a placement whose commit is already in flight.
+#[derive(Debug)]
+pub struct CommitInFlight;
 
 /// Rounds of "reserve, then place again" per request: a batch larger than
 /// one reservation needs a few.
@@ -26,52 +30,68 @@ impl MasterNode {
         client: &str,
         items: &[(String, u64, PutId)],
         config: &ReplicateConfig,
-    ) -> Option<Vec<Placed>> {
+    ) -> Option<Vec<(Placed, Option<u64>)>> {
         let times = PlaceTimes {
             now_ms: now_ms(),
             discard_after_ms: self.config.put_start_discard_timeout.as_millis() as u64,
             release_after_ms: self.config.put_start_release_timeout.as_millis() as u64,
         };
-        let mut results: Vec<Option<Placed>> = (0..items.len()).map(|_| None).collect();
-        let outcome = self
+        let mut results: Vec<Option<(Placed, Tracked)>> = (0..items.len()).map(|_| None).collect();
+        let term = self
             .place_rounds(client, items, config, times, &mut results)
             .await;
-        let all_placed = outcome.is_some()
+        let created: Vec<u64> = results
+            .iter()
+            .filter_map(|r| match r {
+                Some((_, Tracked::Created(id))) => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let all_placed = term.is_some()
             && results.iter().all(|r| {
                 matches!(
                     r,
-                    Some(Placed::Replicas(_) | Placed::Again(_) | Placed::Refused(_))
+                    Some((
+                        Placed::Replicas(_) | Placed::Again(_) | Placed::Refused(_),
+                        _
+                    ))
                 )
             });
-        if !all_placed {
-            // The whole request takes the two-commit path: a request is
-            // either all placements (nothing in the log; a retry gets the
-            // same placements) or one entry (a retry gets its answer from
-            // the dedup table), never a mix.
+        {
             let state = self.state();
             let mut placer = self.placer.lock().expect("lock poisoned");
-            for (r, (key, _, put_id)) in results.iter().zip(items) {
-                if matches!(r, Some(Placed::Replicas(_))) {
-                    placer.revoke(&state, client, key, *put_id);
+            let same_term = term.is_some_and(|t| placer.term() == t);
+            if all_placed && same_term {
+                placer.mark_answered(&created);
+            } else {
+                // The whole request takes the two-commit path: a request is
+                // either all placements (nothing in the log; a retry gets the
+                // same placements once this answer is given) or one entry (a
+                // retry gets its answer from the dedup table), never a mix.
+                // Only what this request made, and only in its own term's
+                // memory, is undone.
+                if same_term {
+                    placer.undo_placements(&state, &created);
                 }
+                self.counters
+                    .two_commit_fallbacks
+                    .fetch_add(items.len() as u64, Relaxed);
+                return None;
             }
-            self.counters
-                .two_commit_fallbacks
-                .fetch_add(items.len() as u64, Relaxed);
-            return None;
         }
-        let placed: Vec<Placed> = results
-            .into_iter()
-            .map(|r| r.unwrap_or(Placed::TwoCommit))
-            .collect();
-        let n = placed
-            .iter()
-            .filter(|p| matches!(p, Placed::Replicas(_)))
-            .count();
         self.counters
             .one_commit_placements
-            .fetch_add(n as u64, Relaxed);
-        Some(placed)
+            .fetch_add(created.len() as u64, Relaxed);
+        Some(
+            results
+                .into_iter()
+                .map(|r| match r {
+                    Some((p, Tracked::Again { grant_expiry_ms })) => (p, Some(grant_expiry_ms)),
+                    Some((p, _)) => (p, None),
+                    None => (Placed::TwoCommit, None),
+                })
+                .collect(),
+        )
     }
 
     /// Whether this node may place for one commit now, and in which term:
@@ -87,20 +107,26 @@ impl MasterNode {
         (self.placer.lock().expect("lock poisoned").term() == term).then_some(term)
     }
 
-    /// Places what it can, reserving between rounds; None when this node
-    /// stopped being allowed to place (the caller undoes what was placed).
+    /// Places what it can, reserving between rounds; the term it placed
+    /// in, or None when this node stopped being allowed to place (the caller
+    /// undoes what was placed).
     async fn place_rounds(
         &self,
         client: &str,
         items: &[(String, u64, PutId)],
         config: &ReplicateConfig,
         times: PlaceTimes,
-        results: &mut [Option<Placed>],
-    ) -> Option<()> {
+        results: &mut [Option<(Placed, Tracked)>],
+    ) -> Option<u64> {
+        let mut placed_in = None;
         for round in 0..RESERVE_ROUNDS {
             // Checked every round: a Reserve commit takes time, and the
             // lease must hold whenever a placement is made.
             let term = self.placing_term().await?;
+            if placed_in.is_some_and(|t| t != term) {
+                return None;
+            }
+            placed_in = Some(term);
             // Per segment: the bytes the items that found no room need, and
             // the most to reserve for them.
             let mut wanted: Vec<(SegmentId, u64, u64)> = Vec::new();
@@ -124,8 +150,8 @@ impl MasterNode {
                         replica_num: config.replica_num,
                         order: &order,
                     };
-                    match placer.place(&state, &req, times) {
-                        Placed::NeedReservations(segs) if round + 1 < RESERVE_ROUNDS => {
+                    match placer.place_tracked(&state, &req, times) {
+                        (Placed::NeedReservations(segs), _) if round + 1 < RESERVE_ROUNDS => {
                             let need = crescent_raft::alloc::aligned_len(*size).unwrap_or(0);
                             for sid in segs {
                                 match wanted.iter_mut().find(|(s, _, _)| *s == sid) {
@@ -141,13 +167,15 @@ impl MasterNode {
                                 }
                             }
                         }
-                        Placed::NeedReservations(_) => results[i] = Some(Placed::TwoCommit),
+                        (Placed::NeedReservations(_), _) => {
+                            results[i] = Some((Placed::TwoCommit, Tracked::Nothing))
+                        }
                         done => results[i] = Some(done),
                     }
                 }
             }
             if wanted.is_empty() {
-                return Some(());
+                return placed_in;
             }
             let _one_at_a_time = self.reserving.lock().await;
             for (segment_id, need, most) in wanted {
@@ -176,7 +204,7 @@ impl MasterNode {
                 }
             }
         }
-        Some(())
+        placed_in
     }
 
     /// Live segments that sign grants (have a key), preferred ones first,
@@ -217,18 +245,30 @@ impl MasterNode {
             .inflight_of(client)
     }
 
-    /// See [`super::placer::Placer::owns_any`] and `begin_commit`: true when
-    /// `replicas` may be proposed for commit (outside this leader's own
-    /// reservations, or its own matching placement, now marked committing).
-    pub fn begin_commit(
+    /// Marks the placements of a PutEnd committing, all or none: per item,
+    /// whether it may be proposed (outside this leader's own reservations,
+    /// or its own placement of this very put); Err when a commit of one of
+    /// them is already in flight (a retry under a new request id: it should
+    /// retry later and find the first commit's outcome).
+    pub fn begin_commits(
         &self,
         client: &str,
-        key: &str,
-        put_id: PutId,
-        replicas: &[Replica],
-    ) -> bool {
+        items: &[(&str, PutId, &[Replica])],
+    ) -> Result<Vec<bool>, CommitInFlight> {
         let mut placer = self.placer.lock().expect("lock poisoned");
-        !placer.owns_any(replicas) || placer.begin_commit(client, key, put_id, replicas)
+        let in_flight = items.iter().any(|(key, put_id, reps)| {
+            placer.owns_any(reps)
+                && placer.commit_status(client, key, *put_id, reps) == CommitStatus::InFlight
+        });
+        if in_flight {
+            return Err(CommitInFlight);
+        }
+        Ok(items
+            .iter()
+            .map(|(key, put_id, reps)| {
+                !placer.owns_any(reps) || placer.begin_commit(client, key, *put_id, reps)
+            })
+            .collect())
     }
 
     /// The commit of a placement is decided (see `Placer::end_commit`).

@@ -45,6 +45,34 @@ struct Pending {
     /// A PutCommit naming exactly this placement is in flight: its outcome
     /// decides, not a revoke or the release time.
     committing: bool,
+    /// Its PutStart was answered with it: only then may a retry of the same
+    /// put be given it again (a placement the request then undid must not
+    /// reach a writer).
+    answered: bool,
+}
+
+/// What [`Placer::place_tracked`] did besides answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tracked {
+    /// Made a new placement with this id (undo it by id if the request
+    /// falls back; mark it answered if not).
+    Created(u64),
+    /// Gave an answered placement again; its grants must expire when the
+    /// first answer's did.
+    Again {
+        grant_expiry_ms: u64,
+    },
+    Nothing,
+}
+
+/// Whether a placement may be committed (see [`Placer::commit_status`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitStatus {
+    Ready,
+    /// A commit of it is in flight (a retry with a new request id).
+    InFlight,
+    /// This leader holds no such placement.
+    Unknown,
 }
 
 /// A writer's name for one of its puts, as the placer files placements.
@@ -187,20 +215,40 @@ impl Placer {
 
     /// Places one put, or says what is missing. Call [`sync`](Self::sync) first.
     pub fn place(&mut self, state: &MetaState, req: &PlaceRequest<'_>, t: PlaceTimes) -> Placed {
+        self.place_tracked(state, req, t).0
+    }
+
+    /// [`place`](Self::place), saying which placement it made or gave again.
+    pub fn place_tracked(
+        &mut self,
+        state: &MetaState,
+        req: &PlaceRequest<'_>,
+        t: PlaceTimes,
+    ) -> (Placed, Tracked) {
         if let Some(pid) = self.by_key.get(req.key) {
             match self.pending.get(pid) {
-                // A retry of the same put gets the same placement.
+                // A retry of the same put gets the same placement, once its
+                // first request answered with it.
                 Some(p)
                     if t.now_ms < p.discard_at_ms
                         && p.client == req.client
                         && p.put_id == req.put_id
                         && req.put_id != 0
-                        && !p.committing =>
+                        && !p.committing
+                        && p.answered =>
                 {
-                    return Placed::Again(p.ranges.iter().map(|(_, r)| r.clone()).collect())
+                    return (
+                        Placed::Again(p.ranges.iter().map(|(_, r)| r.clone()).collect()),
+                        Tracked::Again {
+                            grant_expiry_ms: p.discard_at_ms,
+                        },
+                    );
                 }
                 Some(p) if t.now_ms < p.discard_at_ms => {
-                    return Placed::Refused(MetaError::ReplicaNotReady(req.key.to_string()))
+                    return (
+                        Placed::Refused(MetaError::ReplicaNotReady(req.key.to_string())),
+                        Tracked::Nothing,
+                    )
                 }
                 // Past its discard time another put may take the key; the
                 // old range stays promised until its release time.
@@ -211,17 +259,20 @@ impl Placer {
         }
         match state.objects.get(req.key) {
             Some(o) if o.is_complete() => {
-                return Placed::Refused(MetaError::ObjectAlreadyExists(req.key.to_string()))
+                return (
+                    Placed::Refused(MetaError::ObjectAlreadyExists(req.key.to_string())),
+                    Tracked::Nothing,
+                )
             }
-            Some(_) => return Placed::TwoCommit,
+            Some(_) => return (Placed::TwoCommit, Tracked::Nothing),
             None => {}
         }
         let Some(size) = aligned_len(req.size) else {
-            return Placed::TwoCommit;
+            return (Placed::TwoCommit, Tracked::Nothing);
         };
         let need = req.replica_num.max(1) as usize;
         if need > req.order.len() {
-            return Placed::TwoCommit;
+            return (Placed::TwoCommit, Tracked::Nothing);
         }
         let mut chosen: Vec<(ReservationId, Replica)> = Vec::with_capacity(need);
         let mut missing: Vec<SegmentId> = Vec::new();
@@ -240,7 +291,7 @@ impl Placer {
             if size > want {
                 // Too large for this segment's reservations: two commits.
                 self.undo(&chosen);
-                return Placed::TwoCommit;
+                return (Placed::TwoCommit, Tracked::Nothing);
             }
             let held = state
                 .reservations
@@ -253,11 +304,11 @@ impl Placer {
         }
         if !missing.is_empty() {
             self.undo(&chosen);
-            return Placed::NeedReservations(missing);
+            return (Placed::NeedReservations(missing), Tracked::Nothing);
         }
         if chosen.len() < need {
             self.undo(&chosen);
-            return Placed::TwoCommit;
+            return (Placed::TwoCommit, Tracked::Nothing);
         }
         for (rid, _) in &chosen {
             if let Some(o) = self.open.get_mut(rid) {
@@ -277,6 +328,7 @@ impl Placer {
                 discard_at_ms: t.now_ms.saturating_add(t.discard_after_ms),
                 release_at_ms: t.now_ms.saturating_add(t.release_after_ms),
                 committing: false,
+                answered: false,
             },
         );
         self.by_key.insert(req.key.to_string(), id);
@@ -285,7 +337,7 @@ impl Placer {
             .or_default()
             .push(id);
         *self.per_client.entry(req.client.to_string()).or_insert(0) += 1;
-        Placed::Replicas(replicas)
+        (Placed::Replicas(replicas), Tracked::Created(id))
     }
 
     /// A range of `size` (aligned) in an open, not full reservation on `sid`.
@@ -374,6 +426,24 @@ impl Placer {
         }
     }
 
+    /// Whether a commit of this placement may be proposed now.
+    pub fn commit_status(
+        &self,
+        client: &str,
+        key: &str,
+        put_id: PutId,
+        replicas: &[Replica],
+    ) -> CommitStatus {
+        match self
+            .find(client, key, put_id, replicas)
+            .and_then(|id| self.pending.get(&id))
+        {
+            None => CommitStatus::Unknown,
+            Some(p) if p.committing => CommitStatus::InFlight,
+            Some(_) => CommitStatus::Ready,
+        }
+    }
+
     /// The commit begun by [`begin_commit`](Self::begin_commit) is decided:
     /// applied (`taken`: its ranges hold the object now) or refused. A range
     /// is free again only if the state still has it free in its reservation.
@@ -444,6 +514,28 @@ impl Placer {
                 if free && still_free {
                     o.alloc.free(r.offset - o.base, r.len);
                 }
+            }
+        }
+    }
+
+    /// The request that made these placements answered with them.
+    pub fn mark_answered(&mut self, ids: &[u64]) {
+        for id in ids {
+            if let Some(p) = self.pending.get_mut(id) {
+                p.answered = true;
+            }
+        }
+    }
+
+    /// Undoes placements a request made and did not answer with.
+    pub fn undo_placements(&mut self, state: &MetaState, ids: &[u64]) {
+        for &id in ids {
+            if self
+                .pending
+                .get(&id)
+                .is_some_and(|p| !p.committing && !p.answered)
+            {
+                self.drop_pending(state, id, true);
             }
         }
     }
@@ -678,13 +770,27 @@ mod tests {
         reserve(&mut s, 1);
         let mut p = Placer::new(1, 0, 8 * MB, false);
         p.sync(&s);
-        let Placed::Replicas(first) = p.place(&s, &req("k", "c", 9), times(0)) else {
+        let (Placed::Replicas(first), Tracked::Created(id)) =
+            p.place_tracked(&s, &req("k", "c", 9), times(0))
+        else {
             panic!()
         };
         assert_eq!(
-            p.place(&s, &req("k", "c", 9), times(5)),
-            Placed::Again(first)
+            p.place(&s, &req("k", "c", 9), times(1)),
+            Placed::Refused(MetaError::ReplicaNotReady("k".into())),
+            "not given again before its request answered with it"
         );
+        p.mark_answered(&[id]);
+        assert_eq!(
+            p.place_tracked(&s, &req("k", "c", 9), times(5)),
+            (
+                Placed::Again(first),
+                Tracked::Again {
+                    grant_expiry_ms: 30_000
+                }
+            )
+        );
+        p.undo_placements(&s, &[id]);
         assert_eq!(p.inflight(), 1);
     }
 
