@@ -177,6 +177,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             if unsafe_forget_leases {
                 master_flags.push("--unsafe-forget-leases".into());
+                // One-commit puts go into reservations carved whole from
+                // free space, so a removed object's few KiB are reused only
+                // by two-commit puts: with one commit the broken run rarely
+                // hands a leased object's space to a new put and passes.
+                // Two commits reuse it at once, as the bug class needs.
+                master_flags.extend(["--put-mode".to_string(), "two-commit".to_string()]);
             }
             if unsafe_adopt_foreign_reservations {
                 master_flags.push("--unsafe-adopt-foreign-reservations".into());

@@ -1432,6 +1432,11 @@ impl MasterService for MasterApi {
             Ok(o) => o,
             Err(s) => return fail(s),
         };
+        // Only the leader judges, from everything committed: a follower's
+        // state may not hold a segment mounted a moment ago.
+        if let Err(e) = self.node.linearizable_read().await {
+            return fail(node_status(&e));
+        }
         let allowed = {
             let state = self.node.state();
             state.segments.get(&r.segment_id).map(|s| {
