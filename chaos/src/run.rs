@@ -589,20 +589,7 @@ impl Prober {
 
     /// The leader of the highest term among the masters that answer.
     async fn leader(&self, within: Duration) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + within;
-        loop {
-            let view = self.poll().await;
-            if let Some(s) = view
-                .iter()
-                .filter_map(|(_, s)| s.as_ref())
-                .filter(|s| s.role == pb::Role::Leader as i32)
-                .max_by_key(|s| s.term)
-            {
-                return Ok(s.id);
-            }
-            anyhow::ensure!(Instant::now() < deadline, "no leader within {within:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        Ok(self.leader_term(within).await?.0)
     }
 
     /// The leader of the highest term among the masters that answer, and that term.
