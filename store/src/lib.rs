@@ -1,21 +1,24 @@
 //! Crescent's data plane.
 //!
-//! Owns memory segments ([`segment`]), the transfer wire format
-//! ([`protocol`]), the TCP server that serves a segment ([`server`]), the
-//! pooled, pipelined TCP client ([`transport`]) and the RDMA transport
-//! ([`rdma`]: one-sided reads/writes, behind the `rdma` feature).
+//! Owns segments ([`segment`]: memory, or a file on local disk whose format
+//! and opening are in [`disk`]), the transfer wire format ([`protocol`]), the
+//! TCP server that serves a segment ([`server`]), the pooled, pipelined TCP
+//! client ([`transport`]) and the RDMA transport ([`rdma`]: one-sided
+//! reads/writes of memory segments, behind the `rdma` feature).
 //!
 //! It must not talk to masters or hold metadata: which bytes belong to which
 //! object is the master's business; this crate only moves bytes to and from
 //! `(segment, offset, length)` ranges it is handed. Registration of a segment
 //! with the masters lives in `crescent-client`.
 
+pub mod disk;
 pub mod protocol;
 pub mod rdma;
 pub mod segment;
 pub mod server;
 pub mod transport;
 
+pub use disk::{DiskIdentity, DiskOpened};
 pub use segment::{Segment, ShmMapping};
 pub use server::TransferStats;
 pub use transport::{TcpTransport, TransferError};

@@ -1,7 +1,12 @@
-//! A memory segment: page-aligned memory a store contributes to the pool.
+//! A segment: the bytes a store contributes to the pool.
 //!
-//! Either anonymous memory (huge pages requested with `MADV_HUGEPAGE`), or a
-//! file in `/dev/shm` that same-host clients map to copy without a socket.
+//! Memory: either anonymous memory (huge pages requested with
+//! `MADV_HUGEPAGE`), or a file in `/dev/shm` that same-host clients map to
+//! copy without a socket. Disk: one pre-allocated file on local storage
+//! (see [`crate::disk`]), moved with pread/pwrite and kept across restarts.
+//! A disk segment's bytes have no address: [`Segment::slice`] and
+//! [`Segment::slice_mut`] refuse it, and its bytes move only through
+//! [`Segment::read_at`] and [`Segment::write_at`] (blocking calls).
 //!
 //! A shared-memory file outlives a store killed with SIGKILL (or by the OOM
 //! killer), and tmpfs keeps its touched pages in RAM until it is removed. So
@@ -22,6 +27,8 @@ use std::sync::Arc;
 
 use memmap2::{MmapMut, MmapOptions};
 
+use crate::disk::{DiskFile, DiskIdentity, DiskOpened, HEADER_LEN};
+
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
     #[error("segment size must be a positive multiple of the page size ({page}), got {size}")]
@@ -35,6 +42,29 @@ pub enum SegmentError {
     },
     #[error("range [{offset}, +{len}) is outside the {size}-byte segment")]
     OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("the write grant expired before this piece arrived; nothing more is written")]
+    GrantExpired,
+    #[error("the segment is on disk ({path}): its bytes have no address in memory")]
+    NotInMemory { path: PathBuf },
+    #[error("cannot {op} disk segment {path}: {source}")]
+    DiskIo {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "disk segment {path} is in use by another live store (it holds the file's lock); \
+         give each store its own directory"
+    )]
+    DiskInUse { path: PathBuf },
+    #[error("no room for disk segment {path} ({needed} bytes): {source}")]
+    DiskFull {
+        path: PathBuf,
+        needed: u64,
+        source: std::io::Error,
+    },
+    #[error("a disk segment's name is at most {max} bytes, got {len}")]
+    DiskName { len: usize, max: usize },
 }
 
 pub fn page_size() -> u64 {
@@ -67,13 +97,22 @@ const SHM_PREFIX: &str = "crescent-";
 const SWEEP_LIMIT: usize = 4096;
 
 pub struct Segment {
-    map: MmapMut,
-    ptr: *mut u8,
+    backing: Backing,
+    /// Data bytes (for a disk segment, its capacity: the header not included).
     len: u64,
-    shm: Option<ShmFile>,
     /// The master-assigned id this segment is mounted under and the key its
     /// grants are signed with (None until mounted: nothing is served).
     mounted: std::sync::RwLock<Option<Mounted>>,
+}
+
+/// Where a segment's bytes are.
+enum Backing {
+    Memory {
+        map: MmapMut,
+        ptr: *mut u8,
+        shm: Option<ShmFile>,
+    },
+    Disk(DiskFile),
 }
 
 /// What the transfer server checks requests against.
@@ -84,7 +123,8 @@ pub struct Mounted {
 }
 
 // SAFETY: the mapping lives as long as the Segment; access goes through raw
-// pointers into disjoint ranges (see the module comment).
+// pointers into disjoint ranges (see the module comment). A disk segment's
+// file is Send and Sync itself (pread/pwrite take no shared cursor).
 unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
@@ -108,12 +148,45 @@ impl Segment {
         advise_huge(&map);
         let ptr = map.as_mut_ptr();
         Arc::new(Self {
-            map,
-            ptr,
+            backing: Backing::Memory { map, ptr, shm },
             len: size,
-            shm,
             mounted: Default::default(),
         })
+    }
+
+    /// The disk segment in `dir` (file [`crate::disk::DISK_FILE`]) of
+    /// `capacity` data bytes, a positive multiple of 4096: reused if a valid
+    /// one of that capacity is there (keeping its bytes, name and disk id),
+    /// else created or reformatted under `name_if_new` with a new disk id
+    /// (what happened is the [`DiskOpened`]). Locked for the segment's
+    /// lifetime: a second open of `dir` meanwhile is
+    /// [`SegmentError::DiskInUse`]. Blocking (may fsync and allocate).
+    pub fn disk(
+        dir: &Path,
+        name_if_new: &str,
+        capacity: u64,
+    ) -> Result<(Arc<Self>, DiskOpened), SegmentError> {
+        let (disk, opened) = crate::disk::open(dir, name_if_new, capacity)?;
+        let segment = Arc::new(Self {
+            backing: Backing::Disk(disk),
+            len: capacity,
+            mounted: Default::default(),
+        });
+        Ok((segment, opened))
+    }
+
+    /// The disk segment's name, disk id and capacity (None in memory).
+    pub fn disk_identity(&self) -> Option<&DiskIdentity> {
+        match &self.backing {
+            Backing::Disk(d) => Some(&d.identity),
+            Backing::Memory { .. } => None,
+        }
+    }
+
+    /// Whether the bytes are on disk (no address; moved with
+    /// [`Self::read_at`] / [`Self::write_at`] only).
+    pub fn is_disk(&self) -> bool {
+        matches!(self.backing, Backing::Disk(_))
     }
 
     /// Anonymous memory; pages are allocated on first touch.
@@ -192,7 +265,20 @@ impl Segment {
     }
 
     pub fn shm_path(&self) -> Option<&Path> {
-        self.shm.as_ref().map(|f| f.path.as_path())
+        match &self.backing {
+            Backing::Memory { shm, .. } => shm.as_ref().map(|f| f.path.as_path()),
+            Backing::Disk(_) => None,
+        }
+    }
+
+    /// The start of a memory segment's bytes; an error for a disk segment.
+    fn memory_ptr(&self) -> Result<*mut u8, SegmentError> {
+        match &self.backing {
+            Backing::Memory { ptr, .. } => Ok(*ptr),
+            Backing::Disk(d) => Err(SegmentError::NotInMemory {
+                path: d.path.clone(),
+            }),
+        }
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), SegmentError> {
@@ -206,57 +292,108 @@ impl Segment {
         }
     }
 
-    /// Bytes at `[offset, offset+len)`.
+    /// Bytes at `[offset, offset+len)` of a memory segment
+    /// ([`SegmentError::NotInMemory`] for a disk segment).
     ///
     /// # Safety
     /// No other thread may write these bytes while the slice is alive; the
     /// allocator's disjoint ranges guarantee it for well-behaved peers.
     pub unsafe fn slice(&self, offset: u64, len: u64) -> Result<&[u8], SegmentError> {
+        let ptr = self.memory_ptr()?;
         self.check(offset, len)?;
         Ok(std::slice::from_raw_parts(
-            self.ptr.add(offset as usize),
+            ptr.add(offset as usize),
             len as usize,
         ))
     }
 
-    /// Mutable bytes at `[offset, offset+len)`.
+    /// Mutable bytes at `[offset, offset+len)` of a memory segment
+    /// ([`SegmentError::NotInMemory`] for a disk segment).
     ///
     /// # Safety
     /// No other thread may access these bytes while the slice is alive.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut(&self, offset: u64, len: u64) -> Result<&mut [u8], SegmentError> {
+        let ptr = self.memory_ptr()?;
         self.check(offset, len)?;
         Ok(std::slice::from_raw_parts_mut(
-            self.ptr.add(offset as usize),
+            ptr.add(offset as usize),
             len as usize,
         ))
     }
 
-    /// Copies out of the segment (range-checked).
+    /// Copies out of the segment (range-checked). For a disk segment a
+    /// blocking pread: call it off the async runtime's threads.
     pub fn read_at(&self, offset: u64, dst: &mut [u8]) -> Result<(), SegmentError> {
+        if let Backing::Disk(d) = &self.backing {
+            use std::os::unix::fs::FileExt;
+            self.check(offset, dst.len() as u64)?;
+            // No overflow: offset + len <= capacity <= i64::MAX - HEADER_LEN.
+            return d
+                .file
+                .read_exact_at(dst, HEADER_LEN + offset)
+                .map_err(|source| SegmentError::DiskIo {
+                    op: "read",
+                    path: d.path.clone(),
+                    source,
+                });
+        }
         // SAFETY: a copy of bytes; see the module comment on concurrency.
         let src = unsafe { self.slice(offset, dst.len() as u64)? };
         dst.copy_from_slice(src);
         Ok(())
     }
 
-    /// Copies into the segment (range-checked).
+    /// Copies into the segment (range-checked). For a disk segment a
+    /// blocking pwrite (not fsynced: see [`crate::disk`]).
     pub fn write_at(&self, offset: u64, src: &[u8]) -> Result<(), SegmentError> {
+        if let Backing::Disk(d) = &self.backing {
+            use std::os::unix::fs::FileExt;
+            self.check(offset, src.len() as u64)?;
+            // No overflow: as in `read_at`.
+            return d
+                .file
+                .write_all_at(src, HEADER_LEN + offset)
+                .map_err(|source| SegmentError::DiskIo {
+                    op: "write",
+                    path: d.path.clone(),
+                    source,
+                });
+        }
         // SAFETY: as above.
         let dst = unsafe { self.slice_mut(offset, src.len() as u64)? };
         dst.copy_from_slice(src);
         Ok(())
     }
 
-    /// Keeps the mapping referenced (it is only used through `ptr`).
+    /// Makes a disk segment's written bytes durable (`fdatasync`: the data
+    /// and the extents a first write into pre-allocated space converts);
+    /// nothing to do for memory.
+    pub fn sync_disk(&self) -> Result<(), SegmentError> {
+        if let Backing::Disk(d) = &self.backing {
+            d.file.sync_data().map_err(|source| SegmentError::DiskIo {
+                op: "sync",
+                path: d.path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the mapping referenced (it is only used through `ptr`); 0 for
+    /// a disk segment, which has none.
     pub fn mapping_len(&self) -> usize {
-        self.map.len()
+        match &self.backing {
+            Backing::Memory { map, .. } => map.len(),
+            Backing::Disk(_) => 0,
+        }
     }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if let Some(f) = &self.shm {
+        // A disk segment's file is kept: its bytes are meant to outlive us.
+        if let Backing::Memory { shm: Some(f), .. } = &self.backing {
             let _ = std::fs::remove_file(&f.path);
         }
     }
@@ -273,7 +410,9 @@ fn sweep_dead_shm_files(dir: &Path) -> usize {
         let name = entry.file_name().to_string_lossy().into_owned();
         // Also half-created files of a store that died before its rename
         // (locked, like the others, while their creator lives).
-        let is_ours = name.starts_with(SHM_PREFIX)
+        // A disk segment's file shares the prefix but is meant to outlive
+        // its store: never swept, should a disk directory be the shm one.
+        let is_ours = (name.starts_with(SHM_PREFIX) && name != crate::disk::DISK_FILE)
             || (name.starts_with(&format!(".{SHM_PREFIX}")) && name.ends_with(".new"));
         let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
         if !is_ours || !is_file {

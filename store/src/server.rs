@@ -25,6 +25,13 @@
 //! connection slots and must finish within [`ServeLimits::handshake_timeout`].
 //! Requests are then served by the same code as in clear text, over the
 //! decrypted stream.
+//!
+//! A disk segment ([`Segment::is_disk`]) has no memory to move bytes to or
+//! from: its payloads go through a buffer of at most [`DISK_PIECE`] bytes,
+//! filled or written out by pread/pwrite on tokio's blocking pool (a disk
+//! can stall for milliseconds; the runtime's few threads must keep serving
+//! the other connections meanwhile). A disk error closes the connection
+//! (the client sees a failed transfer) and is logged; nothing panics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,11 +41,15 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWrit
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::protocol::{Op, ProtocolError, Request, Response, Status, REQUEST_LEN};
-use crate::segment::Segment;
+use crate::segment::{Segment, SegmentError};
 use crescent_auth::capability::Refusal;
 use crescent_auth::tls::ServingTls;
 
 const IO_BUFFER: usize = 64 * 1024;
+/// Most bytes of a disk segment one pread or pwrite moves: what a transfer
+/// to or from disk holds in memory, whatever its length (up to
+/// [`crate::protocol::MAX_TRANSFER`]).
+pub const DISK_PIECE: usize = 1 << 20;
 
 /// Counters for metrics.
 #[derive(Default, Debug)]
@@ -57,6 +68,21 @@ pub struct TransferStats {
     pub tls_refused: AtomicU64,
     /// Time to serve one request (from its header to its answer being written).
     pub transfer_latency: crescent_proto::metrics::Histogram,
+    /// Bytes read from a disk segment (also counted in `bytes_read`).
+    pub disk_bytes_read: AtomicU64,
+    /// Bytes written to a disk segment (also counted in `bytes_written`).
+    pub disk_bytes_written: AtomicU64,
+    /// preads of a disk segment (one per piece of at most [`DISK_PIECE`]
+    /// bytes of a request).
+    pub disk_reads: AtomicU64,
+    /// pwrites to a disk segment (likewise per piece).
+    pub disk_writes: AtomicU64,
+    /// preads and pwrites that failed (each closed its connection).
+    pub disk_errors: AtomicU64,
+    /// Time of one pread of a disk segment.
+    pub disk_read_latency: crescent_proto::metrics::Histogram,
+    /// Time of one pwrite to a disk segment.
+    pub disk_write_latency: crescent_proto::metrics::Histogram,
 }
 
 /// Bounds on each transfer connection.
@@ -226,6 +252,8 @@ enum ConnError {
          --data-tls; the client sets data_tls): sent it a TLS alert"
     )]
     TlsOnClearText,
+    #[error("request {request_id}: {reason}")]
+    Disk { request_id: u64, reason: String },
 }
 
 /// Most payload bytes of a refused write read and dropped before closing.
@@ -352,7 +380,7 @@ where
 
 /// Serves one decoded request: checks it, moves its bytes, writes the answer.
 async fn serve_one<R, W>(
-    segment: &Segment,
+    segment: &Arc<Segment>,
     req: &Request,
     r: &mut R,
     w: &mut W,
@@ -413,6 +441,14 @@ where
             });
         }
         match req.op {
+            Op::Read if segment.is_disk() => disk_read(segment, req, w, stats).await?,
+            Op::Write if segment.is_disk() => {
+                let until = req
+                    .grant
+                    .expiry_ms
+                    .saturating_add(limits.grant_clock_skew.as_millis() as u64);
+                disk_write(segment, req, until, r, w, stats).await?
+            }
             Op::Read => {
                 let resp = Response {
                     status: Status::Ok,
@@ -451,6 +487,173 @@ where
         }
         stats.transfer_latency.observe(started.elapsed());
     }
+    Ok(())
+}
+
+/// Which way a disk piece moves.
+#[derive(Clone, Copy)]
+enum DiskOp {
+    Read,
+    Write,
+}
+
+/// Runs one pread (into `buf`, all of it) or pwrite (of `buf`) at `offset`
+/// of the disk segment on the blocking pool, and counts it. `buf` is moved
+/// there and handed back: a request cut short by its deadline leaves the
+/// blocking call running on memory it owns.
+#[allow(clippy::too_many_arguments)]
+async fn disk_piece(
+    segment: &Arc<Segment>,
+    op: DiskOp,
+    offset: u64,
+    mut buf: Vec<u8>,
+    request_id: u64,
+    write_until_ms: u64,
+    stats: &TransferStats,
+) -> Result<Vec<u8>, ConnError> {
+    let seg = segment.clone();
+    let started = std::time::Instant::now();
+    let done = tokio::task::spawn_blocking(move || {
+        let moved = match op {
+            DiskOp::Read => seg.read_at(offset, &mut buf),
+            // The grant is checked when a write starts, but its bytes may
+            // arrive much later (a stalled link, a stalled writer): no piece
+            // is written once the grant has expired, because the masters may
+            // have given the range to another object since (a demotion's
+            // range is freed a while after its write grant expires).
+            DiskOp::Write if unix_ms() > write_until_ms => Err(SegmentError::GrantExpired),
+            DiskOp::Write => seg.write_at(offset, &buf),
+        };
+        (moved, buf)
+    })
+    .await;
+    let reason = match done {
+        Ok((Ok(()), buf)) => {
+            let n = buf.len() as u64;
+            match op {
+                DiskOp::Read => {
+                    stats.disk_reads.fetch_add(1, Ordering::Relaxed);
+                    stats.disk_bytes_read.fetch_add(n, Ordering::Relaxed);
+                    stats.disk_read_latency.observe(started.elapsed());
+                }
+                DiskOp::Write => {
+                    stats.disk_writes.fetch_add(1, Ordering::Relaxed);
+                    stats.disk_bytes_written.fetch_add(n, Ordering::Relaxed);
+                    stats.disk_write_latency.observe(started.elapsed());
+                }
+            }
+            return Ok(buf);
+        }
+        Ok((Err(e), _)) => e.to_string(),
+        // The closure panicked, or the runtime is shutting down.
+        Err(e) => format!("disk I/O task failed: {e}"),
+    };
+    stats.disk_errors.fetch_add(1, Ordering::Relaxed);
+    tracing::error!(request_id, offset, error = %reason, "disk segment I/O failed; closing the connection");
+    Err(ConnError::Disk { request_id, reason })
+}
+
+/// Serves a READ of a disk segment (range and grant already checked): the
+/// answer, then the bytes piece by piece. A failed pread closes the
+/// connection mid-payload, which the client sees as a failed transfer.
+async fn disk_read<W>(
+    segment: &Arc<Segment>,
+    req: &Request,
+    w: &mut W,
+    stats: &TransferStats,
+) -> Result<(), ConnError>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let resp = Response {
+        status: Status::Ok,
+        request_id: req.request_id,
+        len: req.len,
+    };
+    w.write_all(&resp.encode()).await?;
+    let mut buf = Vec::new();
+    let mut done = 0u64;
+    while done < req.len {
+        // At most DISK_PIECE: fits a usize.
+        let n = (req.len - done).min(DISK_PIECE as u64) as usize;
+        buf.resize(n, 0);
+        let offset = req.offset + done;
+        buf = disk_piece(
+            segment,
+            DiskOp::Read,
+            offset,
+            buf,
+            req.request_id,
+            u64::MAX,
+            stats,
+        )
+        .await?;
+        w.write_all(&buf).await?;
+        done += n as u64;
+    }
+    stats.bytes_read.fetch_add(req.len, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Serves a WRITE to a disk segment (range and grant already checked): the
+/// payload piece by piece, each written before the next is read, then the
+/// answer.
+async fn disk_write<R, W>(
+    segment: &Arc<Segment>,
+    req: &Request,
+    write_until_ms: u64,
+    r: &mut R,
+    w: &mut W,
+    stats: &TransferStats,
+) -> Result<(), ConnError>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = Vec::new();
+    let mut done = 0u64;
+    while done < req.len {
+        let n = (req.len - done).min(DISK_PIECE as u64) as usize;
+        buf.resize(n, 0);
+        r.read_exact(&mut buf).await?;
+        let offset = req.offset + done;
+        buf = disk_piece(
+            segment,
+            DiskOp::Write,
+            offset,
+            buf,
+            req.request_id,
+            write_until_ms,
+            stats,
+        )
+        .await?;
+        done += n as u64;
+    }
+    // Durable before it is acknowledged: the masters record a disk replica
+    // once its write is answered, and a restarted store's disk objects are
+    // taken back on the strength of its file's identity alone.
+    let seg = segment.clone();
+    let synced = tokio::task::spawn_blocking(move || seg.sync_disk()).await;
+    let failure = match synced {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(format!("disk sync task failed: {e}")),
+    };
+    if let Some(reason) = failure {
+        stats.disk_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(request_id = req.request_id, error = %reason, "disk segment sync failed; closing the connection");
+        return Err(ConnError::Disk {
+            request_id: req.request_id,
+            reason,
+        });
+    }
+    let resp = Response {
+        status: Status::Ok,
+        request_id: req.request_id,
+        len: 0,
+    };
+    w.write_all(&resp.encode()).await?;
+    stats.bytes_written.fetch_add(req.len, Ordering::Relaxed);
     Ok(())
 }
 
@@ -661,6 +864,101 @@ mod tests {
         };
         let st = status_of(&addr, request_under(Op::Read, 12, 4096, 8, other), &[]).await;
         assert_eq!(st, Status::WrongSegment);
+    }
+
+    #[tokio::test]
+    async fn a_disk_segment_is_served_under_grants_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 8 << 20;
+        let (segment, _) = Segment::disk(dir.path(), "disk", size).unwrap();
+        segment.set_mounted(SEGMENT_ID, &KEY);
+        let (addr, stats) = serve_segment(
+            segment.clone(),
+            ServeLimits {
+                max_connections: 64,
+                ..tls_limits()
+            },
+        )
+        .await;
+        let transport = crate::TcpTransport::new();
+        // 1 MiB (one piece) at an odd offset, then a transfer of several
+        // pieces ending at the segment's last byte.
+        let mib: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let got = round_trip(&transport, &addr, 12_345, &mib).await.unwrap();
+        assert!(got == mib, "bytes differ");
+        let tail: Vec<u8> = (0..(3 * DISK_PIECE + 17)).map(|i| (i % 13) as u8).collect();
+        let at = size - tail.len() as u64;
+        let got = round_trip(&transport, &addr, at, &tail).await.unwrap();
+        assert!(got == tail, "bytes differ");
+        // On disk, where the segment says.
+        let mut direct = vec![0u8; mib.len()];
+        segment.read_at(12_345, &mut direct).unwrap();
+        assert!(direct == mib, "bytes on disk differ");
+        let moved = (mib.len() + tail.len()) as u64;
+        assert_eq!(stats.disk_bytes_written.load(Ordering::Relaxed), moved);
+        assert_eq!(stats.disk_bytes_read.load(Ordering::Relaxed), moved);
+        assert_eq!(stats.bytes_read.load(Ordering::Relaxed), moved);
+        assert_eq!(stats.disk_reads.load(Ordering::Relaxed), 1 + 4);
+        assert_eq!(stats.disk_writes.load(Ordering::Relaxed), 1 + 4);
+        assert_eq!(stats.disk_errors.load(Ordering::Relaxed), 0);
+
+        // Out of range under a grant for that range: refused, nothing read.
+        for (id, offset, len) in [(1, size - 4, 8), (2, size, 1)] {
+            let st = status_of(&addr, request(Op::Read, id, offset, len), &[]).await;
+            assert_eq!(st, Status::OutOfRange, "[{offset}, +{len})");
+        }
+        // A range that wraps around u64 is refused by the grant check first.
+        let st = status_of(&addr, request(Op::Read, 3, u64::MAX - 2, 8), &[]).await;
+        assert_eq!(st, Status::Forbidden);
+        let st = status_of(&addr, request(Op::Write, 4, size - 1, 2), b"xx").await;
+        assert_eq!(st, Status::OutOfRange);
+        assert_eq!(stats.disk_bytes_read.load(Ordering::Relaxed), moved);
+        assert_eq!(stats.disk_bytes_written.load(Ordering::Relaxed), moved);
+        // Without a valid grant: forbidden, as for memory.
+        let foreign = grant(&SegmentKey::generate(), Op::Read, 0, 8, unix_ms() + 60_000);
+        let st = status_of(&addr, request_under(Op::Read, 5, 0, 8, foreign), &[]).await;
+        assert_eq!(st, Status::Forbidden);
+    }
+
+    /// A disk write whose grant expires while its bytes are still arriving
+    /// stops writing: the masters may have given the range away since.
+    #[tokio::test]
+    async fn a_disk_write_stops_at_its_grant_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let (segment, _) = Segment::disk(dir.path(), "disk", 8 << 20).unwrap();
+        segment.set_mounted(SEGMENT_ID, &KEY);
+        let (addr, stats) = serve_segment(
+            segment.clone(),
+            ServeLimits {
+                grant_clock_skew: Duration::ZERO,
+                ..tls_limits()
+            },
+        )
+        .await;
+        let len = 2 * DISK_PIECE as u64;
+        let g = grant(&KEY, Op::Write, 0, len, unix_ms() + 1_000);
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request_under(Op::Write, 1, 0, len, g))
+            .await
+            .unwrap();
+        // The first piece in time, the second after the expiry.
+        s.write_all(&vec![1u8; DISK_PIECE]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let _ = s.write_all(&vec![2u8; DISK_PIECE]).await;
+        assert!(
+            closed_by_the_store(&mut s).await,
+            "no answer after an expired piece"
+        );
+        let mut first = vec![0u8; DISK_PIECE];
+        segment.read_at(0, &mut first).unwrap();
+        assert!(
+            first.iter().all(|&b| b == 1),
+            "the piece in time was written"
+        );
+        let mut second = vec![0u8; DISK_PIECE];
+        segment.read_at(DISK_PIECE as u64, &mut second).unwrap();
+        assert!(second.iter().all(|&b| b == 0), "the late piece was written");
+        assert_eq!(stats.disk_errors.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]

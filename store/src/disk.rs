@@ -1,0 +1,586 @@
+//! The on-disk format of a disk segment and the logic that opens it.
+//!
+//! A disk segment is one pre-allocated file, `DIR/crescent-disk.seg`:
+//!
+//! ```text
+//! offset 0     header (HEADER_LEN = 4096 bytes, the rest zeros):
+//!                magic b"CRESDISK" | version u32 | capacity u64
+//!                | disk id [u8; 16] | name length u16 | name (UTF-8, <= 1024 bytes)
+//!                | crc32c u32 of every header byte before it
+//! offset 4096  `capacity` data bytes: segment offset `o` is file offset 4096 + o
+//! ```
+//! All integers little-endian.
+//!
+//! Why a header: the file outlives the store (its bytes are the point of a
+//! disk tier), so a restarted store must tell its own file, of the size it was
+//! asked for, from a stranger's, a half-written one or one resized while it
+//! was down. The disk id names one formatting of the file: it changes
+//! whenever the bytes cannot be trusted to be what they were (reformatted),
+//! so whoever kept metadata about the old bytes can tell they are gone.
+//!
+//! The open file holds an exclusive `flock` for the segment's lifetime: two
+//! live stores on one directory would overwrite each other's objects. The
+//! kernel drops the lock when its holder dies (even by SIGKILL), so a
+//! restarted store takes its file back.
+//!
+//! Writes are not fsynced: the bytes survive the store process dying (they
+//! are in the page cache), not necessarily the machine crashing; objects are
+//! checksummed, so a reader detects what a crash lost.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::segment::SegmentError;
+
+/// The file's name in the segment directory.
+pub const DISK_FILE: &str = "crescent-disk.seg";
+/// Bytes before the data; segment offsets start after it.
+pub const HEADER_LEN: u64 = 4096;
+/// Capacities are multiples of this (the usual SSD and page-cache block).
+pub const DISK_BLOCK: u64 = 4096;
+/// Longest segment name the header holds, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+const MAGIC: [u8; 8] = *b"CRESDISK";
+const VERSION: u32 = 1;
+// Field positions in the header.
+const AT_VERSION: usize = 8;
+const AT_CAPACITY: usize = 12;
+const AT_DISK_ID: usize = 20;
+const AT_NAME_LEN: usize = 36;
+const AT_NAME: usize = 38;
+
+/// Who a disk segment is: what the masters are told about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskIdentity {
+    /// The segment name (as first created; kept across restarts).
+    pub name: String,
+    /// 32 lowercase hex digits; new whenever the file is (re)formatted.
+    pub disk_id: String,
+    /// Data bytes (the header not included).
+    pub capacity: u64,
+}
+
+/// What opening a disk segment found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskOpened {
+    /// There was no file (or an empty one): a new, zeroed segment.
+    Created,
+    /// A valid file of the requested capacity: its bytes, name and disk id
+    /// are kept.
+    Reused,
+    /// A file that could not be reused (the reason in `why`): formatted
+    /// anew, with a new disk id; its previous bytes are gone.
+    Reformatted { why: String },
+}
+
+/// An open, locked disk segment file.
+pub(crate) struct DiskFile {
+    /// Holds the lock; closed (and unlocked) with the segment.
+    pub(crate) file: File,
+    pub(crate) path: PathBuf,
+    pub(crate) identity: DiskIdentity,
+}
+
+/// Opens (creating, reusing or reformatting) the disk segment in `dir`.
+pub(crate) fn open(
+    dir: &Path,
+    name_if_new: &str,
+    capacity: u64,
+) -> Result<(DiskFile, DiskOpened), SegmentError> {
+    // The whole file's length must fit an off_t for posix_fallocate.
+    if capacity == 0
+        || !capacity.is_multiple_of(DISK_BLOCK)
+        || capacity > i64::MAX as u64 - HEADER_LEN
+    {
+        return Err(SegmentError::BadSize {
+            size: capacity,
+            page: DISK_BLOCK,
+        });
+    }
+    if name_if_new.len() > MAX_NAME_LEN {
+        return Err(SegmentError::DiskName {
+            len: name_if_new.len(),
+            max: MAX_NAME_LEN,
+        });
+    }
+    let path = dir.join(DISK_FILE);
+    let io_err = |op: &'static str| {
+        let path = path.clone();
+        move |source: io::Error| SegmentError::DiskIo {
+            op,
+            path: path.clone(),
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|source| SegmentError::DiskIo {
+        op: "create the directory of",
+        path: path.clone(),
+        source,
+    })?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(io_err("open"))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(SegmentError::DiskInUse { path });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io_err("lock")(e)),
+    }
+    let file_len = file.metadata().map_err(io_err("stat"))?.len();
+    let opened = if file_len == 0 {
+        DiskOpened::Created
+    } else {
+        match check_existing(&file, file_len, capacity).map_err(io_err("read the header of"))? {
+            Ok(identity) => {
+                let disk = DiskFile {
+                    file,
+                    path,
+                    identity,
+                };
+                return Ok((disk, DiskOpened::Reused));
+            }
+            Err(why) => DiskOpened::Reformatted { why },
+        }
+    };
+    let identity = DiskIdentity {
+        name: name_if_new.to_string(),
+        disk_id: hex(&new_disk_id().map_err(io_err("draw a disk id for"))?),
+        capacity,
+    };
+    format(&file, &path, &identity)?;
+    let disk = DiskFile {
+        file,
+        path,
+        identity,
+    };
+    Ok((disk, opened))
+}
+
+/// The identity in a non-empty file's header if the file can be reused as a
+/// segment of `capacity` bytes; otherwise why not. I/O errors are errors.
+fn check_existing(
+    file: &File,
+    file_len: u64,
+    capacity: u64,
+) -> io::Result<Result<DiskIdentity, String>> {
+    if file_len < HEADER_LEN {
+        return Ok(Err(format!(
+            "the file is {file_len} bytes, shorter than its {HEADER_LEN}-byte header"
+        )));
+    }
+    let mut header = vec![0u8; HEADER_LEN as usize];
+    file.read_exact_at(&mut header, 0)?;
+    let identity = match decode_header(&header) {
+        Ok(identity) => identity,
+        Err(why) => return Ok(Err(why)),
+    };
+    if identity.capacity != capacity {
+        return Ok(Err(format!(
+            "its capacity is {} bytes, {capacity} were asked for",
+            identity.capacity
+        )));
+    }
+    let expected = HEADER_LEN + capacity;
+    if file_len != expected {
+        return Ok(Err(format!(
+            "the file is {file_len} bytes, {expected} expected for its capacity \
+             (truncated or extended while no store held it)"
+        )));
+    }
+    Ok(Ok(identity))
+}
+
+/// The header's identity, or why it is not a valid header.
+fn decode_header(h: &[u8]) -> Result<DiskIdentity, String> {
+    if h[..MAGIC.len()] != MAGIC {
+        return Err("bad magic: not a Crescent disk segment".into());
+    }
+    let version = u32::from_le_bytes(array(&h[AT_VERSION..]));
+    if version != VERSION {
+        return Err(format!(
+            "unknown format version {version} (this store writes {VERSION})"
+        ));
+    }
+    let name_len = u16::from_le_bytes(array(&h[AT_NAME_LEN..])) as usize;
+    if name_len > MAX_NAME_LEN {
+        return Err(format!("corrupt header: a name of {name_len} bytes"));
+    }
+    let crc_at = AT_NAME + name_len;
+    let stored = u32::from_le_bytes(array(&h[crc_at..]));
+    if crc32c::crc32c(&h[..crc_at]) != stored {
+        return Err("header checksum mismatch".into());
+    }
+    let name = std::str::from_utf8(&h[AT_NAME..crc_at])
+        .map_err(|_| "corrupt header: the name is not UTF-8".to_string())?;
+    Ok(DiskIdentity {
+        name: name.to_string(),
+        disk_id: hex(&h[AT_DISK_ID..AT_DISK_ID + 16]),
+        capacity: u64::from_le_bytes(array(&h[AT_CAPACITY..])),
+    })
+}
+
+/// The header for `identity` (whose disk id is 32 hex digits and whose
+/// name is at most [`MAX_NAME_LEN`] bytes, as `open` makes them).
+fn encode_header(identity: &DiskIdentity) -> Vec<u8> {
+    let mut h = vec![0u8; HEADER_LEN as usize];
+    h[..MAGIC.len()].copy_from_slice(&MAGIC);
+    h[AT_VERSION..AT_CAPACITY].copy_from_slice(&VERSION.to_le_bytes());
+    h[AT_CAPACITY..AT_DISK_ID].copy_from_slice(&identity.capacity.to_le_bytes());
+    h[AT_DISK_ID..AT_NAME_LEN].copy_from_slice(&unhex(&identity.disk_id));
+    let name = identity.name.as_bytes();
+    h[AT_NAME_LEN..AT_NAME].copy_from_slice(&(name.len() as u16).to_le_bytes());
+    let crc_at = AT_NAME + name.len();
+    h[AT_NAME..crc_at].copy_from_slice(name);
+    let crc = crc32c::crc32c(&h[..crc_at]);
+    h[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Makes `file` a zeroed segment for `identity`, durably.
+fn format(file: &File, path: &Path, identity: &DiskIdentity) -> Result<(), SegmentError> {
+    let io_err = |op: &'static str| {
+        move |source: io::Error| SegmentError::DiskIo {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let total = HEADER_LEN + identity.capacity;
+    // Emptied first: no byte of a previous format survives into this one
+    // (and a crash from here on leaves no valid header behind).
+    file.set_len(0).map_err(io_err("truncate"))?;
+    // Space is reserved now, so a full disk is a clear error at start
+    // rather than a failed write in the middle of serving. Checked first
+    // because where the filesystem cannot fallocate, glibc emulates it by
+    // writing every block: that must not fill the disk to find out.
+    let available = available_bytes(file).map_err(io_err("statfs"))?;
+    if available < total {
+        return Err(SegmentError::DiskFull {
+            path: path.to_path_buf(),
+            needed: total,
+            source: io::Error::other(format!("{available} bytes available on its filesystem")),
+        });
+    }
+    if let Err(e) = fallocate(file, total) {
+        // Give back what a partial allocation took.
+        let _ = file.set_len(0);
+        return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+            SegmentError::DiskFull {
+                path: path.to_path_buf(),
+                needed: total,
+                source: e,
+            }
+        } else {
+            io_err("allocate")(e)
+        });
+    }
+    file.write_all_at(&encode_header(identity), 0)
+        .map_err(io_err("write the header of"))?;
+    file.sync_all().map_err(io_err("fsync"))?;
+    // The directory too, so a new file's name survives a crash.
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync the directory of"))?;
+    }
+    Ok(())
+}
+
+/// Bytes an unprivileged writer may still allocate on `file`'s filesystem.
+fn available_bytes(file: &File) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero statvfs is valid; fstatvfs only writes into it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is open for the call; `st` is a valid pointer.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Allocates `[0, len)` of `file` (extending it to `len`).
+fn fallocate(file: &File, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(len).map_err(io::Error::other)?;
+    loop {
+        // SAFETY: plain syscall wrapper on an open descriptor.
+        // posix_fallocate returns the error number instead of setting errno.
+        match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+/// 16 random bytes from the kernel.
+fn new_disk_id() -> io::Result<[u8; 16]> {
+    let mut id = [0u8; 16];
+    let mut filled = 0;
+    while filled < id.len() {
+        let rest = &mut id[filled..];
+        // SAFETY: writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += n as usize;
+    }
+    Ok(id)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The 16 bytes of a disk id made by [`hex`] (zeros where it is not hex).
+fn unhex(id: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (o, pair) in out.iter_mut().zip(id.as_bytes().chunks(2)) {
+        *o = std::str::from_utf8(pair)
+            .ok()
+            .and_then(|p| u8::from_str_radix(p, 16).ok())
+            .unwrap_or(0);
+    }
+    out
+}
+
+/// The first N bytes of `b` (callers index within the fixed-size header).
+fn array<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&b[..N]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_detects_corruption() {
+        let identity = DiskIdentity {
+            name: "store-a/disk".into(),
+            disk_id: hex(&[0xab; 16]),
+            capacity: 1 << 30,
+        };
+        let mut h = encode_header(&identity);
+        assert_eq!(h.len(), HEADER_LEN as usize);
+        assert_eq!(decode_header(&h).unwrap(), identity);
+        h[AT_CAPACITY] ^= 1;
+        assert!(decode_header(&h).unwrap_err().contains("checksum"));
+        h[AT_CAPACITY] ^= 1;
+        h[0] = b'X';
+        assert!(decode_header(&h).unwrap_err().contains("magic"));
+        let longest = DiskIdentity {
+            name: "n".repeat(MAX_NAME_LEN),
+            ..identity
+        };
+        assert_eq!(decode_header(&encode_header(&longest)).unwrap(), longest);
+    }
+
+    // Through the segment, as a store uses it.
+    use crate::segment::Segment;
+    use std::sync::Arc;
+
+    const CAP: u64 = 16 * DISK_BLOCK;
+
+    fn open_disk(dir: &Path, name: &str, capacity: u64) -> (Arc<Segment>, DiskOpened) {
+        Segment::disk(dir, name, capacity).unwrap()
+    }
+
+    fn identity(s: &Segment) -> DiskIdentity {
+        s.disk_identity().unwrap().clone()
+    }
+
+    #[test]
+    fn a_disk_segment_keeps_its_bytes_name_and_id_across_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, opened) = open_disk(dir.path(), "store-a", CAP);
+        assert_eq!(opened, DiskOpened::Created);
+        let first = identity(&s);
+        assert_eq!(first.name, "store-a");
+        assert_eq!(first.capacity, CAP);
+        assert_eq!(first.disk_id.len(), 32);
+        assert!(s.is_disk());
+        assert_eq!(s.len(), CAP);
+        let file = dir.path().join(DISK_FILE);
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), HEADER_LEN + CAP);
+        s.write_at(0, b"first bytes").unwrap();
+        s.write_at(CAP - 4, b"last").unwrap();
+        drop(s);
+
+        let (s, opened) = open_disk(dir.path(), "ignored", CAP);
+        assert_eq!(opened, DiskOpened::Reused);
+        assert_eq!(identity(&s), first);
+        let mut got = [0u8; 11];
+        s.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"first bytes");
+        let mut got = [0u8; 4];
+        s.read_at(CAP - 4, &mut got).unwrap();
+        assert_eq!(&got, b"last");
+        // Data starts after the header in the file.
+        let raw = std::fs::read(&file).unwrap();
+        assert_eq!(&raw[HEADER_LEN as usize..][..11], b"first bytes");
+    }
+
+    #[test]
+    fn a_disk_segment_gives_out_no_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = open_disk(dir.path(), "d", CAP);
+        // SAFETY: never dereferenced: both must refuse.
+        assert!(matches!(
+            unsafe { s.slice(0, 8) },
+            Err(SegmentError::NotInMemory { .. })
+        ));
+        assert!(matches!(
+            unsafe { s.slice_mut(0, 8) },
+            Err(SegmentError::NotInMemory { .. })
+        ));
+        assert!(s.shm_path().is_none());
+        assert_eq!(s.mapping_len(), 0);
+        let memory = Segment::anonymous(CAP).unwrap();
+        assert!(!memory.is_disk());
+        assert!(memory.disk_identity().is_none());
+    }
+
+    #[test]
+    fn a_disk_segment_that_cannot_be_reused_is_reformatted_with_a_new_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(DISK_FILE);
+        let (s, _) = open_disk(dir.path(), "a", CAP);
+        let mut ids = vec![identity(&s).disk_id];
+        drop(s);
+        let reformatted = |capacity: u64, expect: &str, ids: &mut Vec<String>| {
+            let (s, opened) = open_disk(dir.path(), "b", capacity);
+            match opened {
+                DiskOpened::Reformatted { why } => assert!(why.contains(expect), "{why}"),
+                other => panic!("expected a reformat ({expect}), got {other:?}"),
+            }
+            let id = identity(&s);
+            assert_eq!((id.name.as_str(), id.capacity), ("b", capacity));
+            assert!(!ids.contains(&id.disk_id), "disk id reused");
+            ids.push(id.disk_id);
+            assert_eq!(
+                std::fs::metadata(&file).unwrap().len(),
+                HEADER_LEN + capacity
+            );
+            s
+        };
+
+        // Another capacity: the old bytes are gone.
+        let (s, _) = open_disk(dir.path(), "a", CAP);
+        s.write_at(0, b"old").unwrap();
+        drop(s);
+        let s = reformatted(2 * CAP, "capacity", &mut ids);
+        let mut got = [9u8; 3];
+        s.read_at(0, &mut got).unwrap();
+        assert_eq!(got, [0; 3], "a previous format's bytes survived");
+        drop(s);
+
+        // Truncated, and extended, while no store held it.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&file)
+            .unwrap();
+        f.set_len(HEADER_LEN + CAP).unwrap();
+        drop(reformatted(2 * CAP, "truncated", &mut ids));
+        f.set_len(HEADER_LEN + 3 * CAP).unwrap();
+        drop(reformatted(2 * CAP, "extended", &mut ids));
+        f.set_len(100).unwrap();
+        drop(reformatted(2 * CAP, "shorter than its", &mut ids));
+
+        // One flipped header byte (in the name).
+        let mut byte = [0u8; 1];
+        f.read_exact_at(&mut byte, AT_NAME as u64).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x20], AT_NAME as u64).unwrap();
+        drop(reformatted(2 * CAP, "checksum", &mut ids));
+        // Not ours at all.
+        f.write_all_at(b"NOTADISK", 0).unwrap();
+        drop(reformatted(2 * CAP, "magic", &mut ids));
+        // And the last format is reused as it is.
+        let (s, opened) = open_disk(dir.path(), "c", 2 * CAP);
+        assert_eq!(opened, DiskOpened::Reused);
+        assert_eq!(&identity(&s).disk_id, ids.last().unwrap());
+    }
+
+    #[test]
+    fn a_second_open_of_a_live_disk_segment_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = open_disk(dir.path(), "a", CAP);
+        let err = Segment::disk(dir.path(), "a", CAP).err().unwrap();
+        assert!(matches!(err, SegmentError::DiskInUse { .. }), "{err}");
+        assert!(err.to_string().contains(DISK_FILE), "{err}");
+        // Even with another capacity: nothing is reformatted under it.
+        let err = Segment::disk(dir.path(), "a", 2 * CAP).err().unwrap();
+        assert!(matches!(err, SegmentError::DiskInUse { .. }), "{err}");
+        let id = identity(&s);
+        drop(s);
+        let (s, opened) = open_disk(dir.path(), "a", CAP);
+        assert_eq!(opened, DiskOpened::Reused);
+        assert_eq!(identity(&s), id);
+    }
+
+    #[test]
+    fn bad_directories_sizes_and_names_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("a-file");
+        std::fs::write(&plain, b"x").unwrap();
+        let under_a_file = plain.join("disk");
+        let err = Segment::disk(&under_a_file, "a", CAP).err().unwrap();
+        assert!(matches!(err, SegmentError::DiskIo { .. }), "{err}");
+        assert!(err.to_string().contains("a-file"), "{err}");
+        for bad in [0, DISK_BLOCK + 1, u64::MAX - DISK_BLOCK + 1] {
+            let err = Segment::disk(dir.path(), "a", bad).err().unwrap();
+            assert!(matches!(err, SegmentError::BadSize { .. }), "{bad}: {err}");
+        }
+        let long = "n".repeat(MAX_NAME_LEN + 1);
+        let err = Segment::disk(dir.path(), &long, CAP).err().unwrap();
+        assert!(matches!(err, SegmentError::DiskName { .. }), "{err}");
+        // More than the filesystem holds: refused before anything is written.
+        let err = Segment::disk(dir.path(), "a", 1 << 60).err().unwrap();
+        assert!(matches!(err, SegmentError::DiskFull { .. }), "{err}");
+        let len = std::fs::metadata(dir.path().join(DISK_FILE)).unwrap().len();
+        assert_eq!(len, 0, "a failed format keeps no space");
+    }
+
+    #[test]
+    fn out_of_range_disk_reads_and_writes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = open_disk(dir.path(), "a", CAP);
+        let mut buf = [0u8; 4];
+        for offset in [CAP - 3, CAP, u64::MAX, u64::MAX - 2, u64::MAX - HEADER_LEN] {
+            let read = s.read_at(offset, &mut buf);
+            assert!(
+                matches!(read, Err(SegmentError::OutOfRange { .. })),
+                "{offset}"
+            );
+            let write = s.write_at(offset, &buf);
+            assert!(
+                matches!(write, Err(SegmentError::OutOfRange { .. })),
+                "{offset}"
+            );
+        }
+        // The file did not grow.
+        let len = std::fs::metadata(dir.path().join(DISK_FILE)).unwrap().len();
+        assert_eq!(len, HEADER_LEN + CAP);
+        // The last bytes are in range.
+        s.write_at(CAP - 4, b"edge").unwrap();
+        s.read_at(CAP - 4, &mut buf).unwrap();
+        assert_eq!(&buf, b"edge");
+    }
+}
