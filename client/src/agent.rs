@@ -1,6 +1,7 @@
-//! Contributes one memory segment to the pool: serves it over TCP, mounts it
-//! on the masters, heartbeats, and re-mounts when told NEED_REMOUNT. Used by
-//! the `crescent-store` binary and by clients with `global_segment_size > 0`.
+//! Contributes one segment to the pool: serves it over TCP, mounts it on the
+//! masters, heartbeats, and re-mounts when told NEED_REMOUNT. Used by the
+//! `crescent-store` binary (a memory segment, and a disk segment with
+//! `--disk-path`) and by clients with `global_segment_size > 0`.
 //!
 //! While no master answers, the segment keeps being served (readers holding
 //! descriptors still get their bytes) and the agent keeps retrying.
@@ -40,6 +41,9 @@ pub struct AgentConfig {
     /// Mutual TLS on the transfer port (the process's `--tls-*` files,
     /// reloadable) when `--data-tls`/`data_tls` asks; `None`: clear text.
     pub tls: Option<Arc<crescent_auth::tls::ServingTls>>,
+    /// Serve a disk segment in this directory instead of memory: a file of
+    /// `segment_size` bytes that keeps its objects across a restart.
+    pub disk_path: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -55,6 +59,7 @@ impl Default for AgentConfig {
             heartbeat_interval: Duration::from_secs(1),
             limits: Default::default(),
             tls: None,
+            disk_path: None,
         }
     }
 }
@@ -116,10 +121,43 @@ impl StoreAgent {
         } else {
             cfg.name.clone()
         };
-        let segment = if cfg.shm {
-            Segment::shared(&cfg.shm_dir, &name, size)?
+        let (segment, name, kind, disk_id) = if let Some(dir) = &cfg.disk_path {
+            let (segment, opened) = Segment::disk(dir, &name, size)?;
+            let identity = segment.disk_identity().cloned().ok_or_else(|| {
+                AgentError::Segment(crescent_store::segment::SegmentError::NotInMemory {
+                    path: dir.clone(),
+                })
+            })?;
+            match &opened {
+                crescent_store::DiskOpened::Reformatted { why } => tracing::warn!(
+                    path = %dir.display(),
+                    why,
+                    "disk segment reformatted: the objects it held are gone"
+                ),
+                other => {
+                    tracing::info!(path = %dir.display(), ?other, name = identity.name, "disk segment opened")
+                }
+            }
+            (
+                segment,
+                identity.name,
+                pb::ReplicaKind::Disk,
+                identity.disk_id,
+            )
+        } else if cfg.shm {
+            (
+                Segment::shared(&cfg.shm_dir, &name, size)?,
+                name,
+                pb::ReplicaKind::Memory,
+                String::new(),
+            )
         } else {
-            Segment::anonymous(size)?
+            (
+                Segment::anonymous(size)?,
+                name,
+                pb::ReplicaKind::Memory,
+                String::new(),
+            )
         };
         if let Some(tls) = &cfg.tls {
             // Clients check the certificate against the host advertised
@@ -145,6 +183,8 @@ impl StoreAgent {
                 .shm_path()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
+            kind: kind as i32,
+            disk_id,
         };
         let agent = Arc::new(Self {
             segment,
@@ -164,6 +204,7 @@ impl StoreAgent {
             name = agent.name,
             endpoint = agent.endpoint,
             size,
+            disk = cfg.disk_path.is_some(),
             shm = cfg.shm,
             tls = cfg.tls.is_some(),
             "segment serving"
@@ -197,7 +238,9 @@ impl StoreAgent {
         if let Some(h) = self.heartbeat.lock().expect("lock poisoned").take() {
             h.abort();
         }
-        if let Some(id) = self.segment_id() {
+        // A disk segment stays mounted: it expires, and a restart on the
+        // same file takes it back with its objects (unmounting would drop them).
+        if let Some(id) = self.segment_id().filter(|_| !self.segment.is_disk()) {
             if let Err(e) = self.master.unmount_segment(id, &self.key).await {
                 tracing::warn!(error = %e, "unmount on shutdown failed; the master will expire the segment");
             }

@@ -205,6 +205,7 @@ async fn outsiders_and_clients_cannot_wipe_take_over_or_forge() {
                     capacity: 1 << 40,
                     hostname: "attacker".into(),
                     shm_path: String::new(),
+                    ..Default::default()
                 }),
                 segment_key: vec![7; 32],
             })

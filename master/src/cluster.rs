@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crescent_proto::pb::{self, cluster_service_server::ClusterService};
 use crescent_proto::ErrorCode;
+use crescent_raft::state::Tier;
 use crescent_raft::NodeId;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
@@ -137,11 +138,26 @@ impl ClusterService for ClusterApi {
 
     async fn get_status(&self, _r: Request<pb::GetStatusRequest>) -> Rpc<pb::GetStatusResponse> {
         let m = self.node.metrics();
-        let (keys, segments) = {
+        let (keys, segments, memory, disk, disk_keys) = {
             let state = self.node.state();
+            // A scan of every object, only when a disk tier exists.
+            let disk_tier = state.tier_usage(Tier::Disk).0 > 0;
+            let disk_keys = state
+                .objects
+                .values()
+                .take_while(|_| disk_tier)
+                .filter(|o| {
+                    o.replicas
+                        .iter()
+                        .any(|r| state.tier_of(r.segment_id) == Tier::Disk)
+                })
+                .count() as u64;
             (
                 state.objects.len() as u64,
                 state.live_segment_count() as u64,
+                state.tier_usage(Tier::Memory),
+                state.tier_usage(Tier::Disk),
+                disk_keys,
             )
         };
         Ok(Response::new(pb::GetStatusResponse {
@@ -166,6 +182,11 @@ impl ClusterService for ClusterApi {
             key_count: keys,
             segment_count: segments,
             millis_since_quorum_ack: m.millis_since_quorum_ack.map(|v| v as i64).unwrap_or(-1),
+            memory_capacity: memory.0,
+            memory_allocated: memory.1,
+            disk_capacity: disk.0,
+            disk_allocated: disk.1,
+            disk_key_count: disk_keys,
         }))
     }
 

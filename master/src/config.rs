@@ -178,6 +178,30 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_EVICTION_HIGH_WATERMARK", default_value_t = 0.90, value_parser = ratio)]
     pub eviction_high_watermark: f64,
 
+    /// Disk-tier usage (0..1) above which the leader drops objects from
+    /// disk for good. Below it, memory eviction moves objects to disk
+    /// segments (when any is mounted) instead of dropping them.
+    #[arg(long, env = "CRESCENT_DISK_EVICTION_HIGH_WATERMARK", default_value_t = 0.95, value_parser = ratio)]
+    pub disk_eviction_high_watermark: f64,
+
+    /// An expired disk segment not re-mounted within this grace is removed
+    /// for good, with the objects only it held: a store restarted on its
+    /// disk path within it gets its disk objects back.
+    #[arg(long, env = "CRESCENT_DISK_SEGMENT_GRACE", default_value = "1h", value_parser = duration)]
+    pub disk_segment_grace: Duration,
+
+    /// How long a demotion's disk range stays reserved without its end: the
+    /// leader's write grant for the copy expires a third of it before, so
+    /// a stalled leader cannot write into a range given away since.
+    #[arg(long, env = "CRESCENT_DEMOTION_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub demotion_timeout: Duration,
+
+    /// Speak mutual TLS (--tls-cert/--tls-key/--tls-ca) to the stores' data
+    /// ports when copying demoted objects, as stores started with
+    /// --data-tls require.
+    #[arg(long, env = "CRESCENT_DATA_TLS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub data_tls: bool,
+
     /// Share of objects evicted per round.
     #[arg(long, env = "CRESCENT_EVICTION_RATIO", default_value_t = 0.05, value_parser = ratio)]
     pub eviction_ratio: f64,
@@ -359,6 +383,16 @@ impl MasterConfig {
         anyhow::ensure!(
             self.put_start_discard_timeout + self.write_timeout < self.put_start_release_timeout,
             "--put-start-release-timeout must exceed --put-start-discard-timeout plus --write-timeout"
+        );
+        // The copy's grant lives a third of it; stores tolerate a few
+        // seconds of clock skew (--grant-clock-skew, 2s by default).
+        anyhow::ensure!(
+            self.demotion_timeout >= Duration::from_secs(15),
+            "--demotion-timeout must be at least 15s"
+        );
+        anyhow::ensure!(
+            !self.data_tls || self.tls_cert.is_some(),
+            "--data-tls needs --tls-cert, --tls-key and --tls-ca"
         );
         anyhow::ensure!(
             self.put_reservation_size >= 1 << 20,

@@ -122,6 +122,54 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "Capacity of all mounted segments.",
             st.total_capacity(),
         );
+        let (mem_cap, mem_used) = st.tier_usage(crescent_raft::state::Tier::Memory);
+        let (disk_cap, disk_used) = st.tier_usage(crescent_raft::state::Tier::Disk);
+        sample(
+            &mut out,
+            "master_memory_capacity_bytes",
+            "gauge",
+            "Capacity of memory segments.",
+            mem_cap,
+        );
+        sample(
+            &mut out,
+            "master_memory_allocated_bytes",
+            "gauge",
+            "Bytes allocated in memory segments.",
+            mem_used,
+        );
+        sample(
+            &mut out,
+            "master_disk_capacity_bytes",
+            "gauge",
+            "Capacity of disk segments.",
+            disk_cap,
+        );
+        sample(
+            &mut out,
+            "master_disk_allocated_bytes",
+            "gauge",
+            "Bytes allocated in disk segments.",
+            disk_used,
+        );
+        // A scan of every object, only when a disk tier exists.
+        let on_disk = st
+            .objects
+            .values()
+            .take_while(|_| disk_cap > 0)
+            .filter(|o| {
+                o.replicas
+                    .iter()
+                    .any(|r| st.tier_of(r.segment_id) == crescent_raft::state::Tier::Disk)
+            })
+            .count();
+        sample(
+            &mut out,
+            "master_disk_key_count",
+            "gauge",
+            "Objects with a disk replica.",
+            on_disk,
+        );
         sample(
             &mut out,
             "master_segment_count",
@@ -210,6 +258,26 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "master_eviction_rounds_total",
             "Eviction rounds run by this node as leader.",
             &mm.eviction_rounds,
+        ),
+        (
+            "master_demotions_total",
+            "Objects this node as leader moved from memory to a disk segment.",
+            &mm.demotions,
+        ),
+        (
+            "master_demotion_bytes_total",
+            "Bytes this node as leader copied from memory to disk.",
+            &mm.demotion_bytes,
+        ),
+        (
+            "master_demotion_failures_total",
+            "Demotion copies that failed (the object stays in memory).",
+            &mm.demotion_failures,
+        ),
+        (
+            "master_disk_evicted_key_count_total",
+            "Objects this node as leader dropped from disk at the disk watermark.",
+            &mm.disk_evictions,
         ),
         (
             "master_lease_reads_total",

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use crescent_raft::state::Op;
 use crescent_raft::Response;
+use crescent_store::TcpTransport;
 use openraft::ServerState;
 use tokio::task::JoinSet;
 
+use crate::demote;
 use crate::node::{now_ms, MasterNode};
 
 /// Watches Raft metrics and runs the leader tasks for as long as this node leads.
@@ -79,10 +81,24 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
 }
 
 async fn eviction_loop(node: Arc<MasterNode>) {
+    // For demotion copies (`demote`): TLS to the data ports when asked.
+    let tls = if node.config().data_tls {
+        node.config().tls().ok().flatten()
+    } else {
+        None
+    };
+    let transport = Arc::new(match TcpTransport::with_tls(tls.as_ref()) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot set up TLS to the data ports; demotion copies will fail");
+            TcpTransport::new()
+        }
+    });
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        evict_from_disk(&node).await;
         let Some((victims, failures)) = node.claim_eviction_victims() else {
             continue;
         };
@@ -90,6 +106,35 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         node.counters()
             .eviction_rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Below the disk watermark, what a disk segment has room for moves
+        // there instead of being dropped; it is not evicted, so its doom
+        // mark is taken back at once (reads go on during the copy). What
+        // cannot be moved after all is evicted, as without a disk tier.
+        let (mut to_disk, mut victims) = node.split_for_demotion(victims);
+        if to_disk.len() > demote::MAX_DEMOTIONS_PER_ROUND {
+            let later = to_disk.split_off(demote::MAX_DEMOTIONS_PER_ROUND);
+            node.undoom(&later);
+        }
+        let mut demoted = 0;
+        if !to_disk.is_empty() {
+            node.undoom(&to_disk);
+            let chosen = to_disk.len();
+            let round = demote::demote(&node, &transport, to_disk).await;
+            demoted = round.moved;
+            tracing::info!(
+                demoted,
+                chosen,
+                failed = round.failed.len(),
+                usage_before = format!("{usage_before:.3}"),
+                usage_after = format!("{:.3}", usage(&node)),
+                "demotion round"
+            );
+            if !round.failed.is_empty() {
+                if let Some(again) = node.doom_unleased(&round.failed) {
+                    victims.extend(again);
+                }
+            }
+        }
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {
@@ -115,7 +160,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                         "eviction round"
                     );
                 }
-                if victims.is_empty() {
+                if victims.is_empty() && demoted == 0 {
                     // Nothing evictable: do not spin at 10 ms on a full pool.
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
@@ -126,6 +171,34 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+    }
+}
+
+/// At the disk watermark, drops the coldest disk-only objects for good.
+async fn evict_from_disk(node: &Arc<MasterNode>) {
+    let Some(victims) = node.claim_disk_eviction_victims() else {
+        return;
+    };
+    if victims.is_empty() {
+        // Nothing evictable on a full disk: do not rescan every 10 ms.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return;
+    }
+    let chosen = victims.clone();
+    match node
+        .propose_settled(None, Op::Evict { keys: victims }, move |node, _| {
+            node.settle_eviction(&chosen)
+        })
+        .await
+    {
+        Ok(Response::Count(n)) => {
+            node.counters()
+                .disk_evictions
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(evicted = n, "disk eviction round");
+        }
+        Ok(other) => tracing::warn!(?other, "unexpected disk eviction result"),
+        Err(e) => tracing::warn!(error = %e, "disk eviction proposal failed"),
     }
 }
 
@@ -146,6 +219,7 @@ async fn liveness_loop(node: Arc<MasterNode>) {
         let gone = node.state().expired_segments(
             crate::node::now_ms(),
             node.config().expired_segment_grace.as_millis() as u64,
+            node.config().disk_segment_grace.as_millis() as u64,
         );
         for segment_id in gone {
             match node.propose(None, Op::UnmountSegment { segment_id }).await {

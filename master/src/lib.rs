@@ -11,13 +11,15 @@
 //! methods (or `node::LeaderMemory`'s), so no handler takes its locks.
 //!
 //! It must not decide metadata outside Raft: every change goes through a
-//! committed log entry. It never touches object bytes (the data plane is the
-//! stores' and clients'), and it keeps no wall-clock time or randomness out of
-//! the commands it proposes.
+//! committed log entry. It touches object bytes only to demote them from
+//! memory to a disk segment (`demote`: the leader copies them over the
+//! stores' data port); every other byte moves between stores and clients. It
+//! keeps no wall-clock time or randomness out of the commands it proposes.
 
 pub mod auth_layer;
 pub mod cluster;
 pub mod config;
+pub mod demote;
 pub mod etcd;
 pub mod http;
 pub mod leader;

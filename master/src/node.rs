@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
-use crescent_raft::eviction::{select_victims, should_evict, AccessInfo};
+use crescent_raft::eviction::{select_victims_in, should_evict, should_evict_disk, AccessInfo};
 use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
 use crescent_raft::sizing;
-use crescent_raft::state::{Command, MetaError, MetaState, ObjectView, Op, Origin};
+use crescent_raft::state::{Command, MetaError, MetaState, ObjectView, Op, Origin, Tier};
 use crescent_raft::store::{SharedState, SmData};
 use crescent_raft::{BasicNode, NodeId, Raft, Response};
 use openraft::error::{ClientWriteError, RaftError};
@@ -57,6 +57,12 @@ pub struct MasterMetrics {
     pub two_commit_fallbacks: AtomicU64,
     pub reservations_made: AtomicU64,
     pub reservations_retired: AtomicU64,
+    /// Objects moved from memory to disk, bytes copied, copies that failed,
+    /// and objects dropped from disk at the disk watermark.
+    pub demotions: AtomicU64,
+    pub demotion_bytes: AtomicU64,
+    pub demotion_failures: AtomicU64,
+    pub disk_evictions: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }
@@ -1012,6 +1018,28 @@ impl MasterNode {
     /// watermark with no failed put since the last round, or a predecessor's
     /// leases may still be in force.
     pub fn claim_eviction_victims(&self) -> Option<(Vec<String>, u64)> {
+        self.claim_victims_in(Tier::Memory)
+    }
+
+    /// As [`claim_eviction_victims`](Self::claim_eviction_victims), for the
+    /// disk tier at its own watermark: objects only on disk, dropped for good.
+    pub fn claim_disk_eviction_victims(&self) -> Option<Vec<String>> {
+        self.claim_victims_in(Tier::Disk).map(|(v, _)| v)
+    }
+
+    /// Of eviction `victims`, those that can move to a disk segment now
+    /// (a live one has room), and the rest.
+    pub fn split_for_demotion(&self, victims: Vec<String>) -> (Vec<String>, Vec<String>) {
+        let sm = self.shared.sm.read().expect("state lock poisoned");
+        let state = &sm.state;
+        victims.into_iter().partition(|k| {
+            state.objects.get(k).is_some_and(|o| {
+                o.size <= crate::demote::MAX_DEMOTED_SIZE && state.disk_room_for(o.size)
+            })
+        })
+    }
+
+    fn claim_victims_in(&self, tier: Tier) -> Option<(Vec<String>, u64)> {
         let term = self.current_term();
         let sm = self.shared.sm.read().expect("state lock poisoned");
         let state = &sm.state;
@@ -1020,13 +1048,19 @@ impl MasterNode {
         if self.honours_predecessor_leases(&mem, term) {
             return None;
         }
-        let failure_seen = mem.alloc_failures_unseen(state.alloc_failures);
-        if !should_evict(state, self.config.eviction_high_watermark, failure_seen) {
+        let due = match tier {
+            Tier::Memory => {
+                let failure_seen = mem.alloc_failures_unseen(state.alloc_failures);
+                should_evict(state, self.config.eviction_high_watermark, failure_seen)
+            }
+            Tier::Disk => should_evict_disk(state, self.config.disk_eviction_high_watermark),
+        };
+        if !due {
             return None;
         }
         let now = Instant::now();
         let now_ms = now_ms();
-        let mut victims = select_victims(state, now_ms, self.config.eviction_ratio, |k| {
+        let mut victims = select_victims_in(state, tier, now_ms, self.config.eviction_ratio, |k| {
             mem.access_info(k, now)
         });
         // One log entry per round: the rest is chosen again next round.
@@ -1083,6 +1117,26 @@ impl MasterNode {
     /// with it.
     pub fn doom(&self, keys: &[String]) {
         self.leader_mem.lock().expect("lock poisoned").doom(keys);
+    }
+
+    /// Of `keys` (eviction victims whose demotion failed, their doom marks
+    /// taken back meanwhile), dooms and returns those no read lease covers
+    /// now, so they can be evicted as if just chosen; None while this
+    /// leader may still owe its predecessor's leases.
+    pub fn doom_unleased(&self, keys: &[String]) -> Option<Vec<String>> {
+        let term = self.current_term();
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        if self.honours_predecessor_leases(&mem, term) {
+            return None;
+        }
+        let now = Instant::now();
+        let free: Vec<String> = keys
+            .iter()
+            .filter(|k| !mem.access_info(k, now).leased)
+            .cloned()
+            .collect();
+        mem.doom(&free);
+        Some(free)
     }
 
     /// Takes back one doom mark on each of `keys` and wakes the lookups

@@ -10,7 +10,7 @@ use crescent_proto::pb::{self, master_service_server::MasterService};
 use crescent_proto::ErrorCode;
 use crescent_raft::state::{
     CommitItem, MetaError, MetaState, Op, Origin, PutId, PutPolicy, Replica, ReplicateConfig,
-    SegmentKeyBytes, SegmentSpec,
+    SegmentKeyBytes, SegmentSpec, Tier,
 };
 use crescent_raft::{sizing, Response};
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
@@ -135,6 +135,11 @@ fn replica_pb(state: &MetaState, r: &Replica, terms: GrantTerms) -> pb::ReplicaD
         shm_path: seg.map(|s| s.spec.shm_path.clone()).unwrap_or_default(),
         grant_expiry_ms: terms.expiry_ms,
         grant_mac: sign_grant(seg, r, terms),
+        kind: if seg.is_some_and(|s| s.is_disk()) {
+            pb::ReplicaKind::Disk as i32
+        } else {
+            pb::ReplicaKind::Memory as i32
+        },
     }
 }
 
@@ -1388,17 +1393,46 @@ impl MasterService for MasterApi {
         if let Err(s) = self.check_segment_quota(&seg.name, &origin.client_id) {
             return fail(s);
         }
+        let tier = match pb::ReplicaKind::try_from(seg.kind) {
+            Ok(pb::ReplicaKind::Memory) => Tier::Memory,
+            Ok(pb::ReplicaKind::Disk) => Tier::Disk,
+            Err(_) => {
+                return fail(invalid(
+                    ErrorCode::InvalidParams,
+                    format!("unknown segment kind {}", seg.kind),
+                ))
+            }
+        };
+        if tier == Tier::Disk && !seg.shm_path.is_empty() {
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                "a disk segment has no shared-memory path",
+            ));
+        }
         let owner = origin.client_id.clone();
-        let op = Op::MountSegmentKeyed {
-            spec: SegmentSpec {
-                name: seg.name.clone(),
-                endpoint: seg.endpoint,
-                capacity: seg.capacity,
-                hostname: seg.hostname,
-                shm_path: seg.shm_path,
+        let spec = SegmentSpec {
+            name: seg.name.clone(),
+            endpoint: seg.endpoint,
+            capacity: seg.capacity,
+            hostname: seg.hostname,
+            shm_path: seg.shm_path,
+        };
+        let key = SegmentKeyBytes(r.segment_key);
+        // A memory mount keeps its older entry, so logs stay readable by
+        // the build before the disk tier.
+        let op = match tier {
+            Tier::Memory if seg.disk_id.is_empty() => Op::MountSegmentKeyed {
+                spec,
+                owner: owner.clone(),
+                key,
             },
-            owner: owner.clone(),
-            key: SegmentKeyBytes(r.segment_key),
+            _ => Op::MountTieredSegment {
+                spec,
+                owner: owner.clone(),
+                key,
+                tier,
+                disk_id: seg.disk_id,
+            },
         };
         match self.node.propose(Some(origin), op).await {
             Ok(Response::Mounted(Ok(id))) => {
@@ -1409,6 +1443,7 @@ impl MasterService for MasterApi {
                     name = seg.name,
                     owner,
                     capacity = seg.capacity,
+                    ?tier,
                     "segment mounted"
                 );
                 ok(pb::MountSegmentResponse {

@@ -6,7 +6,7 @@
 //! hard-pinned objects and unfinished puts. Access times and leases are the
 //! leader's memory, passed in as a function so this stays deterministic.
 
-use crate::state::MetaState;
+use crate::state::{MetaState, Object, Tier};
 
 /// What the leader knows about one key that the replicated state does not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -18,20 +18,59 @@ pub struct AccessInfo {
 
 /// True when usage has reached the high watermark or a put recently failed for space.
 pub fn should_evict(state: &MetaState, high_watermark: f64, alloc_failure_seen: bool) -> bool {
-    state.total_capacity() > 0 && (alloc_failure_seen || state.usage_ratio() >= high_watermark)
+    state.tier_usage(Tier::Memory).0 > 0
+        && (alloc_failure_seen || state.eviction_usage_ratio() >= high_watermark)
 }
 
-/// Keys to evict, oldest access first. `ratio` of all objects, at least one when any is evictable.
+/// True when the disk tier has reached its own high watermark: only then are
+/// objects dropped from disk for good.
+pub fn should_evict_disk(state: &MetaState, disk_high_watermark: f64) -> bool {
+    state.disk_usage_ratio() >= disk_high_watermark
+}
+
+/// Keys to evict from memory, oldest access first. `ratio` of the objects
+/// in memory, at least one when any is evictable.
 pub fn select_victims<F>(state: &MetaState, now_ms: u64, ratio: f64, access: F) -> Vec<String>
 where
     F: Fn(&str) -> AccessInfo,
 {
-    let target = ((state.objects.len() as f64) * ratio.clamp(0.0, 1.0)).ceil() as usize;
+    select_victims_in(state, Tier::Memory, now_ms, ratio, access)
+}
+
+/// Whether `obj` holds space in `tier`: memory when any replica is in
+/// memory (demoting or evicting it frees memory); disk when it is only on
+/// disk (an object still in memory is the memory tier's business).
+fn holds(state: &MetaState, obj: &Object, tier: Tier) -> bool {
+    let mut tiers = obj.replicas.iter().map(|r| state.tier_of(r.segment_id));
+    match tier {
+        Tier::Memory => tiers.any(|t| t == Tier::Memory),
+        Tier::Disk => tiers.all(|t| t == Tier::Disk),
+    }
+}
+
+/// Keys to drop or move out of `tier`, oldest access first: `ratio` of the
+/// objects holding space there, at least one when any is evictable.
+pub fn select_victims_in<F>(
+    state: &MetaState,
+    tier: Tier,
+    now_ms: u64,
+    ratio: f64,
+    access: F,
+) -> Vec<String>
+where
+    F: Fn(&str) -> AccessInfo,
+{
+    let in_tier = state
+        .objects
+        .values()
+        .filter(|o| holds(state, o, tier))
+        .count();
+    let target = ((in_tier as f64) * ratio.clamp(0.0, 1.0)).ceil() as usize;
     let target = target.max(1);
     let mut unpinned: Vec<(u64, &str)> = Vec::new();
     let mut soft_pinned: Vec<(u64, &str)> = Vec::new();
     for (key, obj) in &state.objects {
-        if !obj.is_complete() || obj.hard_pin {
+        if !obj.is_complete() || obj.hard_pin || !holds(state, obj, tier) {
             continue;
         }
         let info = access(key);

@@ -40,3 +40,5 @@ pub use openraft::BasicNode;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;

@@ -73,6 +73,15 @@ pub struct SegmentSpec {
     pub shm_path: String,
 }
 
+/// Which tier a segment is: memory, or a disk file that survives its
+/// store's restart. A replica's tier is its segment's.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Tier {
+    #[default]
+    Memory,
+    Disk,
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     PutStart {
@@ -183,6 +192,55 @@ pub enum Op {
     LeaderStart {
         term: u64,
     },
+    /// MountSegmentKeyed for a tier: a disk segment carries the identity
+    /// written in its file's header, and a store restarted on that file
+    /// (same name, same identity, same capacity) takes the segment over with
+    /// its objects, whoever mounted it before.
+    MountTieredSegment {
+        spec: SegmentSpec,
+        owner: String,
+        key: SegmentKeyBytes,
+        tier: Tier,
+        disk_id: String,
+    },
+    /// Starts moving objects out of memory (key, disk segment): allocates
+    /// each its disk range, held until `DemoteEnd` or, if that never comes,
+    /// until `release_after_ms` (the copier may still be writing until then).
+    DemoteStart {
+        items: Vec<(String, SegmentId)>,
+        release_after_ms: u64,
+    },
+    /// Finishes demotions (id, whether the bytes were copied and checked):
+    /// the object's memory replicas are replaced by its disk replica, and
+    /// their space stays unallocated for `hold_ms` (readers holding a lease
+    /// may still be reading it). An object removed or replaced meanwhile
+    /// keeps nothing; the disk range is freed.
+    DemoteEnd {
+        items: Vec<(DemotionId, bool)>,
+        hold_ms: u64,
+    },
+}
+
+pub type DemotionId = u64;
+
+/// Most demotions in flight at once (all leaders' together).
+pub const MAX_DEMOTIONS_IN_FLIGHT: usize = 4096;
+
+/// An object being copied from memory to a disk segment.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Demotion {
+    pub id: DemotionId,
+    pub key: String,
+    /// Which object (a later put of the same key is another one).
+    pub created_ms: u64,
+    pub put_id: PutId,
+    pub checksum: u32,
+    pub size: u64,
+    /// A live memory replica to copy from.
+    pub source: Replica,
+    /// Its disk range.
+    pub target: Replica,
+    pub release_at_ms: u64,
 }
 
 /// Term starts kept (the latest): a reservation older than all of them is
@@ -337,6 +395,8 @@ pub enum Response {
     Empty,
     /// A reservation's id and offset.
     Reserved(Result<(ReservationId, u64), MetaError>),
+    /// Per item of a `DemoteStart`.
+    Demotions(Vec<Result<Demotion, MetaError>>),
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -408,11 +468,18 @@ pub struct Segment {
     /// still holds every byte. A re-mount by the same owner clears it; the
     /// leader removes the segment for good after a grace period.
     pub expired_ms: Option<u64>,
+    pub tier: Tier,
+    /// A disk segment's file identity (empty for memory).
+    pub disk_id: String,
 }
 
 impl Segment {
     pub fn is_live(&self) -> bool {
         self.expired_ms.is_none()
+    }
+
+    pub fn is_disk(&self) -> bool {
+        self.tier == Tier::Disk
     }
 }
 
@@ -483,6 +550,10 @@ pub struct MetaState {
     pub next_reservation_id: ReservationId,
     /// Term -> the time of its leader's first `LeaderStart` entry.
     pub term_starts: BTreeMap<u64, u64>,
+    /// Copies from memory to disk in flight.
+    pub demotions: BTreeMap<DemotionId, Demotion>,
+    pub next_demotion_id: DemotionId,
+    pub demoted_total: u64,
     /// Derived from `objects`, `pending_release` and `reservations`; rebuilt after a snapshot install.
     #[serde(skip)]
     allocators: BTreeMap<SegmentId, Allocator>,
@@ -539,6 +610,7 @@ impl MetaState {
             .values()
             .flat_map(|o| o.replicas.iter())
             .chain(self.pending_release.iter().map(|p| &p.replica))
+            .chain(self.demotions.values().map(|d| &d.target))
             .chain(reserved.iter());
         for r in held {
             let alloc = self.allocators.get_mut(&r.segment_id).ok_or_else(|| {
@@ -574,6 +646,55 @@ impl MetaState {
         self.segments.values().filter(|s| s.is_live()).count()
     }
 
+    /// Live memory segments: where puts are placed.
+    pub fn live_memory_segment_count(&self) -> usize {
+        self.segments
+            .values()
+            .filter(|s| s.is_live() && !s.is_disk())
+            .count()
+    }
+
+    /// Capacity and allocated bytes of one tier's segments (expired ones
+    /// too), saturating.
+    pub fn tier_usage(&self, tier: Tier) -> (u64, u64) {
+        self.segments
+            .values()
+            .filter(|s| s.tier == tier)
+            .filter_map(|s| self.allocators.get(&s.id))
+            .fold((0u64, 0u64), |(cap, used), a| {
+                (
+                    cap.saturating_add(a.capacity()),
+                    used.saturating_add(a.allocated()),
+                )
+            })
+    }
+
+    /// Share of the disk tier in use (0.0 with no disk segment).
+    pub fn disk_usage_ratio(&self) -> f64 {
+        let (cap, used) = self.tier_usage(Tier::Disk);
+        if cap == 0 {
+            0.0
+        } else {
+            used as f64 / cap as f64
+        }
+    }
+
+    /// The tier of the segment `r` is on (memory if unknown).
+    pub fn tier_of(&self, segment_id: SegmentId) -> Tier {
+        self.segments
+            .get(&segment_id)
+            .map_or(Tier::Memory, |s| s.tier)
+    }
+
+    /// Whether any live disk segment could take `size` bytes now.
+    pub fn disk_room_for(&self, size: u64) -> bool {
+        self.segments
+            .values()
+            .filter(|s| s.is_live() && s.is_disk())
+            .filter_map(|s| self.allocators.get(&s.id))
+            .any(|a| a.largest_free() >= crate::alloc::aligned_len(size).unwrap_or(u64::MAX))
+    }
+
     /// Capacity of every segment (expired ones too), saturating: mounts
     /// bound each capacity (see `mount`), and a sum must never wrap.
     pub fn total_capacity(&self) -> u64 {
@@ -590,7 +711,7 @@ impl MetaState {
         };
         self.segments
             .values()
-            .filter(|s| s.is_live())
+            .filter(|s| s.is_live() && !s.is_disk())
             .filter_map(|s| self.allocators.get(&s.id))
             .any(|a| a.capacity() >= len)
     }
@@ -601,15 +722,36 @@ impl MetaState {
             .fold(0u64, |sum, a| sum.saturating_add(a.allocated()))
     }
 
-    /// Share of capacity in use, 0.0 with no segments. Free space inside
-    /// reservations counts as free: the leader places puts there.
+    /// Share of the memory tier in use, 0.0 with no memory segments. Free
+    /// space inside reservations counts as free: the leader places puts there.
     pub fn usage_ratio(&self) -> f64 {
-        let cap = self.total_capacity();
+        let (cap, used) = self.tier_usage(Tier::Memory);
         if cap == 0 {
             0.0
         } else {
-            self.total_allocated().saturating_sub(self.reserved_free()) as f64 / cap as f64
+            used.saturating_sub(self.reserved_free()) as f64 / cap as f64
         }
+    }
+
+    /// [`usage_ratio`](Self::usage_ratio) without the memory held for
+    /// readers after a removal or a demotion: it is free a lease TTL later,
+    /// whatever else happens, so eviction does not count it (it would move
+    /// or drop ever more objects while the holds last). A put that finds no
+    /// room meanwhile still triggers eviction, by its failure.
+    pub fn eviction_usage_ratio(&self) -> f64 {
+        let (cap, used) = self.tier_usage(Tier::Memory);
+        if cap == 0 {
+            return 0.0;
+        }
+        let held = self
+            .pending_release
+            .iter()
+            .filter(|p| self.tier_of(p.replica.segment_id) == Tier::Memory)
+            .filter_map(|p| crate::alloc::aligned_len(p.replica.len))
+            .fold(0u64, u64::saturating_add);
+        used.saturating_sub(self.reserved_free())
+            .saturating_sub(held) as f64
+            / cap as f64
     }
 
     /// When a term after `term` started (its leader's first entry): every
@@ -632,14 +774,22 @@ impl MetaState {
         self.segments.values().find(|s| s.spec.name == name)
     }
 
-    /// Segments that expired at least `grace_ms` before `now_ms`: the leader
-    /// removes them (and the replicas only they held) for good.
-    pub fn expired_segments(&self, now_ms: u64, grace_ms: u64) -> Vec<SegmentId> {
+    /// Segments that expired at least their tier's grace before `now_ms`:
+    /// the leader removes them (and the replicas only they held) for good.
+    /// A disk segment's grace is longer: its store may come back after a
+    /// restart with every disk object intact.
+    pub fn expired_segments(
+        &self,
+        now_ms: u64,
+        grace_ms: u64,
+        disk_grace_ms: u64,
+    ) -> Vec<SegmentId> {
         self.segments
             .values()
             .filter(|s| {
+                let grace = if s.is_disk() { disk_grace_ms } else { grace_ms };
                 s.expired_ms
-                    .is_some_and(|t| now_ms.saturating_sub(t) >= grace_ms)
+                    .is_some_and(|t| now_ms.saturating_sub(t) >= grace)
             })
             .map(|s| s.id)
             .collect()
@@ -654,7 +804,7 @@ impl MetaState {
         if !obj.is_complete() {
             return Err(MetaError::ReplicaNotReady(key.to_string()));
         }
-        let replicas: Vec<Replica> = obj
+        let mut replicas: Vec<Replica> = obj
             .replicas
             .iter()
             .filter(|r| {
@@ -664,6 +814,8 @@ impl MetaState {
             })
             .cloned()
             .collect();
+        // Memory first: readers try replicas in order.
+        replicas.sort_by_key(|r| self.tier_of(r.segment_id) == Tier::Disk);
         if replicas.is_empty() {
             return Err(MetaError::ReplicasUnavailable(key.to_string()));
         }
@@ -776,6 +928,34 @@ impl MetaState {
             Op::MountSegmentKeyed { spec, owner, key } => {
                 Response::Mounted(self.mount(now, spec, owner, Some(key)))
             }
+            Op::MountTieredSegment {
+                spec,
+                owner,
+                key,
+                tier,
+                disk_id,
+            } => Response::Mounted(self.mount_tiered(now, spec, owner, key, *tier, disk_id)),
+            Op::DemoteStart {
+                items,
+                release_after_ms,
+            } => {
+                let release_at = now.saturating_add(*release_after_ms);
+                Response::Demotions(
+                    items
+                        .iter()
+                        .map(|(key, target)| self.demote_start(key, *target, release_at))
+                        .collect(),
+                )
+            }
+            Op::DemoteEnd { items, hold_ms } => {
+                let hold_until = now.saturating_add(*hold_ms);
+                Response::Items(
+                    items
+                        .iter()
+                        .map(|(id, copied)| self.demote_end(now, *id, *copied, hold_until))
+                        .collect(),
+                )
+            }
             Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
             Op::UnmountClient { client_id } => {
                 // Expire, not unmount: see `Segment::expired_ms`.
@@ -846,7 +1026,7 @@ impl MetaState {
                 "replica_num must be at least 1".into(),
             ));
         }
-        let live = self.live_segment_count();
+        let live = self.live_memory_segment_count();
         if config.replica_num as usize > live {
             return Response::Rejected(MetaError::InvalidParams(format!(
                 "replica_num {} exceeds the {live} mounted segments",
@@ -981,7 +1161,10 @@ impl MetaState {
     fn placement_order(&self, seed: u64, preferred: &[String]) -> Vec<SegmentId> {
         let mut order: Vec<SegmentId> = Vec::with_capacity(self.segments.len());
         for name in preferred {
-            if let Some(s) = self.segment_by_name(name).filter(|s| s.is_live()) {
+            if let Some(s) = self
+                .segment_by_name(name)
+                .filter(|s| s.is_live() && !s.is_disk())
+            {
                 if !order.contains(&s.id) {
                     order.push(s.id);
                 }
@@ -990,7 +1173,7 @@ impl MetaState {
         let rest: Vec<SegmentId> = self
             .segments
             .values()
-            .filter(|s| s.is_live() && !order.contains(&s.id))
+            .filter(|s| s.is_live() && !s.is_disk() && !order.contains(&s.id))
             .map(|s| s.id)
             .collect();
         if !rest.is_empty() {
@@ -1202,10 +1385,230 @@ impl MetaState {
                 mounted_ms: now,
                 key: key.cloned().unwrap_or_default(),
                 expired_ms: None,
+                tier: Tier::Memory,
+                disk_id: String::new(),
             },
         );
         self.allocators.insert(id, Allocator::new(spec.capacity));
         Ok(id)
+    }
+
+    /// Mounts a segment of `tier`. A disk segment presented again with the
+    /// identity of its file (same name, disk id and capacity) by another
+    /// owner is a restarted store that re-opened its file: the store holds
+    /// the file's exclusive lock, so the previous process is gone, and the
+    /// bytes of every disk object are still there. It takes the segment
+    /// over, objects and all. Anything else is [`mount`](Self::mount)'s
+    /// rules; a reformatted file (new disk id) is a new segment, and the old
+    /// one's objects go with it once it has expired.
+    fn mount_tiered(
+        &mut self,
+        now: u64,
+        spec: &SegmentSpec,
+        owner: &str,
+        key: &SegmentKeyBytes,
+        tier: Tier,
+        disk_id: &str,
+    ) -> Result<SegmentId, MetaError> {
+        const MAX_DISK_ID_LEN: usize = 128;
+        match tier {
+            Tier::Disk if disk_id.is_empty() || disk_id.len() > MAX_DISK_ID_LEN => {
+                return Err(MetaError::InvalidParams(format!(
+                    "a disk segment needs a disk id of 1 to {MAX_DISK_ID_LEN} bytes"
+                )))
+            }
+            Tier::Memory if !disk_id.is_empty() => {
+                return Err(MetaError::InvalidParams(
+                    "a memory segment has no disk id".into(),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(existing) = self.segment_by_name(&spec.name) {
+            let id = existing.id;
+            let same_file = existing.is_disk()
+                && tier == Tier::Disk
+                && existing.disk_id == disk_id
+                && existing.spec.capacity == spec.capacity;
+            // Live and owned by another process: only from the same host,
+            // where the file's lock proves that process gone (a copy of the
+            // file on another host proves nothing; that one waits for the
+            // segment to expire).
+            let same_host = existing.spec.hostname == spec.hostname;
+            if same_file && existing.owner != owner && (same_host || !existing.is_live()) {
+                if let Some(seg) = self.segments.get_mut(&id) {
+                    seg.owner = owner.to_string();
+                    seg.spec = spec.clone();
+                    seg.key = key.clone();
+                    seg.expired_ms = None;
+                }
+                return Ok(id);
+            }
+            if existing.owner == owner && !same_file && (existing.is_disk() || tier == Tier::Disk) {
+                return Err(MetaError::InvalidParams(format!(
+                    "segment {:?} is mounted as another tier or disk; unmount it first",
+                    spec.name
+                )));
+            }
+        }
+        let id = self.mount(now, spec, owner, Some(key))?;
+        if let Some(seg) = self.segments.get_mut(&id) {
+            seg.tier = tier;
+            seg.disk_id = disk_id.to_string();
+        }
+        Ok(id)
+    }
+
+    /// Allocates `key`'s disk range on `target` for a copy from memory.
+    fn demote_start(
+        &mut self,
+        key: &str,
+        target: SegmentId,
+        release_at_ms: u64,
+    ) -> Result<Demotion, MetaError> {
+        if self.demotions.len() >= MAX_DEMOTIONS_IN_FLIGHT {
+            return Err(MetaError::InvalidParams(format!(
+                "{MAX_DEMOTIONS_IN_FLIGHT} demotions are in flight already"
+            )));
+        }
+        if !self
+            .segments
+            .get(&target)
+            .is_some_and(|s| s.is_live() && s.is_disk())
+        {
+            return Err(MetaError::SegmentNotFound(target));
+        }
+        let obj = self
+            .objects
+            .get(key)
+            .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
+        if !obj.is_complete() {
+            return Err(MetaError::ReplicaNotReady(key.to_string()));
+        }
+        if obj.hard_pin {
+            return Err(MetaError::ObjectPinned(key.to_string()));
+        }
+        if obj.replicas.iter().any(|r| r.segment_id == target)
+            || self.demotions.values().any(|d| d.key == key)
+        {
+            return Err(MetaError::InvalidParams(format!(
+                "{key:?} is on segment {target} already, or being demoted"
+            )));
+        }
+        let source = obj
+            .replicas
+            .iter()
+            .find(|r| {
+                self.segments
+                    .get(&r.segment_id)
+                    .is_some_and(|s| s.is_live() && !s.is_disk())
+            })
+            .cloned()
+            .ok_or_else(|| MetaError::ReplicasUnavailable(key.to_string()))?;
+        let (size, created_ms, put_id, checksum) =
+            (obj.size, obj.created_ms, obj.put_id, obj.checksum);
+        let offset = self
+            .allocators
+            .get_mut(&target)
+            .and_then(|a| a.allocate(size))
+            .ok_or(MetaError::NoAvailableHandle(size))?;
+        let id = self.next_demotion_id.max(1);
+        self.next_demotion_id = id + 1;
+        let demotion = Demotion {
+            id,
+            key: key.to_string(),
+            created_ms,
+            put_id,
+            checksum,
+            size,
+            source,
+            target: Replica {
+                segment_id: target,
+                offset,
+                len: size,
+            },
+            release_at_ms,
+        };
+        self.demotions.insert(id, demotion.clone());
+        Ok(demotion)
+    }
+
+    /// Finishes demotion `id`: see [`Op::DemoteEnd`].
+    fn demote_end(
+        &mut self,
+        now: u64,
+        id: DemotionId,
+        copied: bool,
+        hold_until: u64,
+    ) -> Result<(), MetaError> {
+        let d = self
+            .demotions
+            .remove(&id)
+            .ok_or_else(|| MetaError::InvalidParams(format!("no demotion {id} in flight")))?;
+        let target = std::slice::from_ref(&d.target);
+        if !copied {
+            self.free_replicas(target);
+            return Ok(());
+        }
+        if now > d.release_at_ms {
+            self.free_replicas(target);
+            return Err(MetaError::InvalidWrite(format!(
+                "{}: its demotion outlived its release time",
+                d.key
+            )));
+        }
+        if !self
+            .segments
+            .get(&d.target.segment_id)
+            .is_some_and(Segment::is_live)
+        {
+            // Its store went silent meanwhile: the object would be
+            // unreadable until it comes back. Keep it in memory.
+            self.free_replicas(target);
+            return Err(MetaError::SegmentNotFound(d.target.segment_id));
+        }
+        let same_object = self.objects.get(&d.key).is_some_and(|o| {
+            o.is_complete()
+                && o.created_ms == d.created_ms
+                && o.put_id == d.put_id
+                && o.checksum == d.checksum
+                && o.size == d.size
+        });
+        if !same_object {
+            self.free_replicas(target);
+            return Err(MetaError::ObjectNotFound(d.key));
+        }
+        let tiers: Vec<Tier> = self.objects[&d.key]
+            .replicas
+            .iter()
+            .map(|r| self.tier_of(r.segment_id))
+            .collect();
+        let obj = self.objects.get_mut(&d.key).expect("checked above");
+        let mut memory = Vec::new();
+        let mut kept = Vec::new();
+        for (r, tier) in std::mem::take(&mut obj.replicas).into_iter().zip(tiers) {
+            match tier {
+                Tier::Memory => memory.push(r),
+                Tier::Disk => kept.push(r),
+            }
+        }
+        kept.push(d.target);
+        obj.replicas = kept;
+        for replica in memory {
+            if !self.allocators.contains_key(&replica.segment_id) {
+                continue;
+            }
+            if hold_until > now {
+                self.pending_release.push(PendingRelease {
+                    replica,
+                    release_at_ms: hold_until,
+                });
+            } else {
+                self.free_replicas(std::slice::from_ref(&replica));
+            }
+        }
+        self.demoted_total += 1;
+        Ok(())
     }
 
     fn unmount(&mut self, segment_id: SegmentId) -> Result<(), MetaError> {
@@ -1216,6 +1619,8 @@ impl MetaState {
         self.pending_release
             .retain(|p| p.replica.segment_id != segment_id);
         self.reservations.retain(|_, r| r.segment_id != segment_id);
+        self.demotions
+            .retain(|_, d| d.target.segment_id != segment_id);
         // Objects lose their replicas there; those left with none vanish (an
         // unfinished put then fails at PutEnd with OBJECT_NOT_FOUND).
         let usage = &mut self.usage;
@@ -1253,6 +1658,18 @@ impl MetaState {
             self.free_replicas(std::slice::from_ref(&p.replica));
             reclaimed += 1;
         }
+        let stale: Vec<DemotionId> = self
+            .demotions
+            .values()
+            .filter(|d| d.release_at_ms <= now)
+            .map(|d| d.id)
+            .collect();
+        for id in stale {
+            if let Some(d) = self.demotions.remove(&id) {
+                self.free_replicas(std::slice::from_ref(&d.target));
+                reclaimed += 1;
+            }
+        }
         reclaimed
     }
 
@@ -1263,7 +1680,11 @@ impl MetaState {
         len: u64,
         term: u64,
     ) -> Result<(ReservationId, u64), MetaError> {
-        if !self.segments.get(&segment_id).is_some_and(Segment::is_live) {
+        if !self
+            .segments
+            .get(&segment_id)
+            .is_some_and(|s| s.is_live() && !s.is_disk())
+        {
             return Err(MetaError::SegmentNotFound(segment_id));
         }
         let held = self
@@ -1426,6 +1847,7 @@ impl MetaState {
     /// True when the earliest unfinished put or parked range is due for reclaim.
     pub fn has_reclaimable(&self, now_ms: u64) -> bool {
         self.pending_release.iter().any(|p| p.release_at_ms <= now_ms)
+            || self.demotions.values().any(|d| d.release_at_ms <= now_ms)
             || self.objects.values().any(
                 |o| matches!(o.phase, PutPhase::Processing { release_at_ms, .. } if release_at_ms <= now_ms),
             )

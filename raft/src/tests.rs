@@ -653,8 +653,8 @@ fn silent_clients_segments_expire_and_come_back_on_remount() {
         Err(MetaError::ReplicasUnavailable(_))
     ));
     assert!(s.exists("only-a"));
-    assert_eq!(s.expired_segments(25, 10), Vec::<SegmentId>::new());
-    assert_eq!(s.expired_segments(30, 10), vec![a]);
+    assert_eq!(s.expired_segments(25, 10, 10), Vec::<SegmentId>::new());
+    assert_eq!(s.expired_segments(30, 10, 10), vec![a]);
     // New replicas avoid it: two replicas need two live segments.
     let r = s.apply(&cmd(
         21,

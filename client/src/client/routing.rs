@@ -19,7 +19,8 @@ pub(super) enum Route<'a> {
 impl ClientCore {
     pub(super) fn route<'a>(&'a self, r: &'a pb::ReplicaDescriptor) -> Route<'a> {
         if let Some(agent) = &self.local {
-            if agent.segment_id() == Some(r.segment_id) {
+            // A disk segment has no memory to copy from: TCP reads the file.
+            if agent.segment_id() == Some(r.segment_id) && !agent.segment.is_disk() {
                 return Route::Local(agent);
             }
         }

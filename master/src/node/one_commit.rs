@@ -214,7 +214,10 @@ impl MasterNode {
         state: &crescent_raft::MetaState,
         preferred: &[String],
     ) -> Vec<SegmentId> {
-        let usable = |s: &&crescent_raft::state::Segment| s.is_live() && !s.key.0.is_empty();
+        // Memory only: puts never go to a disk segment (the state refuses
+        // reservations there).
+        let usable =
+            |s: &&crescent_raft::state::Segment| s.is_live() && !s.is_disk() && !s.key.0.is_empty();
         let mut order: Vec<SegmentId> = Vec::with_capacity(state.segments.len());
         for name in preferred {
             if let Some(s) = state.segment_by_name(name).filter(usable) {

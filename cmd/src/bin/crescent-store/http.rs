@@ -6,11 +6,12 @@ use std::sync::Arc;
 use crescent_client::agent::StoreAgent;
 
 /// The routes of the store's `--http` port.
-pub fn router(agent: Arc<StoreAgent>) -> axum::Router {
+pub fn router(agent: Arc<StoreAgent>, disk: Option<Arc<StoreAgent>>) -> axum::Router {
     use axum::routing::get;
     use crescent_proto::metrics::{label, sample};
+    type Agents = (Arc<StoreAgent>, Option<Arc<StoreAgent>>);
     async fn metrics(
-        axum::extract::State(a): axum::extract::State<Arc<StoreAgent>>,
+        axum::extract::State((a, disk)): axum::extract::State<Agents>,
     ) -> impl axum::response::IntoResponse {
         let s = &a.stats;
         let mut out = String::new();
@@ -84,15 +85,20 @@ pub fn router(agent: Arc<StoreAgent>) -> axum::Router {
             "store_transfer_seconds",
             "Time to serve one transfer request.",
         );
+        disk_metrics(&mut out, disk.as_deref());
         ([("content-type", "text/plain; version=0.0.4")], out)
     }
     async fn health(
-        axum::extract::State(a): axum::extract::State<Arc<StoreAgent>>,
+        axum::extract::State((a, disk)): axum::extract::State<Agents>,
     ) -> impl axum::response::IntoResponse {
         let mounted = a.segment_id().is_some();
+        let disk = disk.map(|d| {
+            serde_json::json!({"segment": d.name, "endpoint": d.endpoint,
+            "segment_id": d.segment_id(), "mounted": d.segment_id().is_some()})
+        });
         let body = axum::Json(
             serde_json::json!({"status": "serving", "segment": a.name, "endpoint": a.endpoint,
-            "segment_id": a.segment_id(), "mounted": mounted}),
+            "segment_id": a.segment_id(), "mounted": mounted, "disk": disk}),
         );
         // Serving bytes does not need a master: healthy even while unmounted.
         (axum::http::StatusCode::OK, body)
@@ -100,5 +106,60 @@ pub fn router(agent: Arc<StoreAgent>) -> axum::Router {
     axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
-        .with_state(agent)
+        .with_state((agent, disk))
+}
+
+/// The disk tier's figures (all zero without a disk segment, so dashboards
+/// show the tier as empty rather than missing).
+fn disk_metrics(out: &mut String, disk: Option<&StoreAgent>) {
+    use crescent_proto::metrics::sample;
+    let s = disk.map(|d| &*d.stats);
+    let load = |f: fn(&crescent_store::TransferStats) -> u64| s.map_or(0, f);
+    sample(
+        out,
+        "store_disk_capacity_bytes",
+        "gauge",
+        "Size of the disk segment (0 without --disk-path).",
+        disk.map_or(0, |d| d.segment.len()),
+    );
+    sample(
+        out,
+        "store_disk_segment_mounted",
+        "gauge",
+        "1 while the disk segment is mounted on the masters.",
+        u8::from(disk.is_some_and(|d| d.segment_id().is_some())),
+    );
+    sample(
+        out,
+        "store_disk_read_bytes_total",
+        "counter",
+        "Bytes read from the disk segment.",
+        load(|s| s.disk_bytes_read.load(Ordering::Relaxed)),
+    );
+    sample(
+        out,
+        "store_disk_write_bytes_total",
+        "counter",
+        "Bytes written to the disk segment.",
+        load(|s| s.disk_bytes_written.load(Ordering::Relaxed)),
+    );
+    sample(
+        out,
+        "store_disk_errors_total",
+        "counter",
+        "Disk reads or writes that failed (the connection is closed; readers use another replica).",
+        load(|s| s.disk_errors.load(Ordering::Relaxed)),
+    );
+    if let Some(s) = s {
+        s.disk_read_latency.render(
+            out,
+            "store_disk_read_seconds",
+            "Time of one disk read (a piece of at most 1 MiB).",
+        );
+        s.disk_write_latency.render(
+            out,
+            "store_disk_write_seconds",
+            "Time of one disk write (a piece of at most 1 MiB).",
+        );
+    }
 }

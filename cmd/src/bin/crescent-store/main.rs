@@ -1,5 +1,6 @@
 //! crescent-store: contributes one memory segment to a Crescent pool and serves
-//! its bytes (TCP, mutual TLS with --tls-*; same-host shared memory with --shm).
+//! its bytes (TCP, mutual TLS with --tls-*; same-host shared memory with --shm),
+//! and with --disk-path a disk segment whose objects survive a restart.
 
 mod http;
 
@@ -83,6 +84,25 @@ struct Args {
     /// this host's clock running ahead of the masters'.
     #[arg(long, env = "CRESCENT_GRANT_CLOCK_SKEW", default_value = "2s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
     grant_clock_skew: std::time::Duration,
+    /// Directory of this store's disk segment (the disk tier): objects the
+    /// masters demote from memory go there, and stay readable across a
+    /// restart of this store on the same directory. Also read from
+    /// Mooncake's MOONCAKE_OFFLOAD_FILE_STORAGE_PATH. None: memory only.
+    #[arg(long, env = "CRESCENT_DISK_PATH")]
+    disk_path: Option<PathBuf>,
+    /// Size of the disk segment (pre-allocated), e.g. 200gb.
+    #[arg(long, env = "CRESCENT_DISK_SIZE", default_value = "16gb", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
+    disk_size: u64,
+    /// Transfer listen address of the disk segment [default: --listen's
+    /// address, any free port].
+    #[arg(long, env = "CRESCENT_DISK_LISTEN")]
+    disk_listen: Option<SocketAddr>,
+    /// TEST ONLY: delete the disk segment's file at start, so a restarted
+    /// store comes back with an empty disk tier. Breaks the disk tier's
+    /// guarantee on purpose; the chaos suite uses it to prove its checker
+    /// notices disk objects lost across a store restart.
+    #[arg(long, hide = true)]
+    unsafe_forget_disk_on_restart: bool,
     /// Log format: text or json. Filter with RUST_LOG.
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -176,18 +196,75 @@ fn main() -> anyhow::Result<()> {
             // The same reloadable files, on the transfer port only when asked.
             tls: crescent_auth::tls::for_data_port(args.data_tls, tls.as_ref())?
                 .and(serving_tls.clone()),
+            disk_path: None,
         };
-        let agent = StoreAgent::start(master, cfg).await?;
+        // Mooncake's offload path counts only with its switch on, as there.
+        let mooncake_offload = std::env::var("MOONCAKE_ENABLE_SSD_OFFLOAD")
+            .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+        let disk_path = args.disk_path.clone().or_else(|| {
+            std::env::var_os("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
+                .filter(|v| !v.is_empty() && mooncake_offload)
+                .map(PathBuf::from)
+        });
+        if let (true, Some(dir)) = (args.unsafe_forget_disk_on_restart, &disk_path) {
+            let file = dir.join(crescent_store::disk::DISK_FILE);
+            match std::fs::remove_file(&file) {
+                Ok(()) => tracing::warn!(path = %file.display(), "--unsafe-forget-disk-on-restart: disk segment deleted"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %file.display(), error = %e, "--unsafe-forget-disk-on-restart: cannot delete"),
+            }
+        }
+        let disk_cfg = disk_path.map(|dir| AgentConfig {
+            segment_size: args.disk_size,
+            listen: args
+                .disk_listen
+                .unwrap_or_else(|| SocketAddr::new(args.listen.ip(), 0)),
+            shm: false,
+            disk_path: Some(dir),
+            ..cfg.clone()
+        });
+        let agent = StoreAgent::start(master.clone(), cfg).await?;
         tracing::info!(
             endpoint = agent.endpoint,
             name = agent.name,
             "crescent-store started"
         );
+        // A disk segment that cannot be opened is said, and the store serves
+        // its memory anyway.
+        let disk_agent = match disk_cfg {
+            Some(mut disk_cfg) => {
+                disk_cfg.name = format!("{}-disk", agent.name);
+                let dir = disk_cfg.disk_path.clone().unwrap_or_default();
+                // The previous process may still hold the file's lock for a
+                // moment (an overlapping restart): retry that for a while.
+                let mut attempts = 0;
+                loop {
+                    attempts += 1;
+                    match StoreAgent::start(master.clone(), disk_cfg.clone()).await {
+                        Ok(d) => {
+                            tracing::info!(endpoint = d.endpoint, name = d.name, "disk segment serving");
+                            break Some(d);
+                        }
+                        Err(crescent_client::agent::AgentError::Segment(
+                            crescent_store::segment::SegmentError::DiskInUse { .. },
+                        )) if attempts < 30 => {
+                            tracing::warn!(path = %dir.display(), "disk segment in use by another process; retrying");
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
+                        Err(e) => {
+                            tracing::error!(path = %dir.display(), error = %e, "no disk tier: cannot open the disk segment; serving memory only");
+                            break None;
+                        }
+                    }
+                }
+            }
+            None => None,
+        };
         if !args.http.is_empty() {
             let listener = tokio::net::TcpListener::bind(&args.http)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {}: {e}", args.http))?;
-            let router = http::router(agent.clone());
+            let router = http::router(agent.clone(), disk_agent.clone());
             let listener = CappedListener::new(
                 listener,
                 conn_limit::MAX_HTTP_CONNECTIONS,
@@ -206,6 +283,9 @@ fn main() -> anyhow::Result<()> {
         crescent_runtime::shutdown_signal().await;
         tracing::info!("shutting down");
         agent.shutdown().await;
+        if let Some(d) = disk_agent {
+            d.shutdown().await;
+        }
         Ok(())
     })
 }

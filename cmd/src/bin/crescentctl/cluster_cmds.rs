@@ -128,7 +128,10 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
                     "term": s.term, "leader_id": s.leader_id, "last_log_index": s.last_log_index,
                     "committed": s.committed, "applied": s.applied, "snapshot_index": s.snapshot_index,
                     "lag": s.last_log_index.saturating_sub(s.applied), "keys": s.key_count,
-                    "segments": s.segment_count}),
+                    "segments": s.segment_count,
+                    "memory": {"capacity": s.memory_capacity, "allocated": s.memory_allocated},
+                    "disk": {"capacity": s.disk_capacity, "allocated": s.disk_allocated,
+                        "keys": s.disk_key_count}}),
                 Err(e) => json!({"id": id, "addr": addr, "reachable": false, "error": e.to_string()}),
             })
             .collect();
@@ -186,7 +189,32 @@ pub async fn status(client: &MasterClient, json: bool) -> anyhow::Result<()> {
         ),
         None => println!("leader: none reachable; quorum: NO"),
     }
+    // The tiers as the leader sees them.
+    if let Some(s) = rows
+        .iter()
+        .filter_map(|(_, _, r)| r.as_ref().ok())
+        .find(|s| s.role == pb::Role::Leader as i32)
+    {
+        println!(
+            "memory: {} of {} used ({}); disk: {} of {} used ({}), {} objects on disk",
+            crescent_proto::units::format_size(s.memory_allocated),
+            crescent_proto::units::format_size(s.memory_capacity),
+            percent(s.memory_allocated, s.memory_capacity),
+            crescent_proto::units::format_size(s.disk_allocated),
+            crescent_proto::units::format_size(s.disk_capacity),
+            percent(s.disk_allocated, s.disk_capacity),
+            s.disk_key_count
+        );
+    }
     Ok(())
+}
+
+fn percent(used: u64, capacity: u64) -> String {
+    if capacity == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", used as f64 * 100.0 / capacity as f64)
+    }
 }
 
 fn check(s: Option<pb::Status>) -> anyhow::Result<()> {

@@ -146,6 +146,7 @@ async fn bench_cluster(
                 capacity,
                 hostname: "bench".into(),
                 shm_path: String::new(),
+                ..Default::default()
             },
             &segment_key,
         )

@@ -1,0 +1,384 @@
+//! Demotion: at the memory high watermark the leader moves the coldest
+//! objects to a disk segment instead of dropping them.
+//!
+//! A round: `DemoteStart` allocates each victim's disk range (one entry for
+//! the batch); the leader copies the bytes itself, reading a memory replica
+//! and writing the disk range over the stores' TCP data port under grants it
+//! signs; it checks the crc32c the object was put with before writing; then
+//! `DemoteEnd` swaps the memory replicas for the disk one (one entry).
+//!
+//! Why the copy cannot overwrite anything: the disk range stays allocated
+//! until `DemoteEnd` or, if this leader dies or stalls, until the
+//! demotion's release time, and the write grant expires well before that
+//! (see [`grant_expiry`]); a store refuses a write under an expired grant.
+//! A copy whose write may or may not have happened is not reported at all:
+//! its range waits for the release time. Readers keep the memory replica
+//! until `DemoteEnd`, and its space stays unallocated for a lease TTL after.
+//!
+//! The leader moves the bytes because that needs no new store protocol; a
+//! store copying from its own memory to its own disk would save the round
+//! trip through the master (not done yet).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crescent_auth::capability::{Access, Capability, SegmentKey};
+use crescent_raft::state::{Demotion, DemotionId, MetaState, Op, SegmentId, Tier};
+use crescent_raft::Response;
+use crescent_store::protocol::Grant;
+use crescent_store::{TcpTransport, TransferError};
+use futures::StreamExt;
+
+use crate::node::{now_ms, MasterNode};
+
+/// Copies in flight at once.
+const PARALLEL_COPIES: usize = 4;
+
+/// How one copy ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyOutcome {
+    /// Read, checked and written: the disk replica holds the object.
+    Done,
+    /// Nothing was written (the read failed, or the bytes did not match
+    /// the object's checksum): the disk range can be freed now.
+    NotWritten,
+    /// The write may have reached the store or not: leave the range to
+    /// the demotion's release time.
+    Unknown,
+}
+
+/// The disk segment for an object whose memory replica is on `source`:
+/// one on the same host with room (no network hop for a store-local copy
+/// later), else the live disk segment with the most free space.
+pub fn pick_disk_segment(state: &MetaState, source: SegmentId, size: u64) -> Option<SegmentId> {
+    let len = crescent_raft::alloc::aligned_len(size)?;
+    let host = state
+        .segments
+        .get(&source)
+        .map(|s| s.spec.hostname.as_str());
+    let candidates = state
+        .segments
+        .values()
+        .filter(|s| s.is_live() && s.tier == Tier::Disk)
+        .filter_map(|s| state.allocator(s.id).map(|a| (s, a)))
+        .filter(|(_, a)| a.largest_free() >= len);
+    candidates
+        .max_by_key(|(s, a)| (host == Some(s.spec.hostname.as_str()), a.free_bytes()))
+        .map(|(s, _)| s.id)
+}
+
+/// When a copy's write grant expires: at most a third of the demotion
+/// timeout from now, and a third of it before the range's release time,
+/// so a store's clock may run that far behind and a stalled leader's write
+/// is still refused before the range can be reused.
+fn grant_expiry(now: u64, d: &Demotion, timeout: Duration) -> u64 {
+    let third = (timeout.as_millis() / 3) as u64;
+    now.saturating_add(third)
+        .min(d.release_at_ms.saturating_sub(third))
+}
+
+fn grant(
+    key: &SegmentKey,
+    segment_id: u64,
+    offset: u64,
+    len: u64,
+    access: Access,
+    expiry_ms: u64,
+) -> Grant {
+    let mac = key.sign(&Capability {
+        segment_id,
+        offset,
+        len,
+        access,
+        expiry_ms,
+    });
+    Grant {
+        segment_id,
+        offset,
+        len,
+        expiry_ms,
+        mac,
+    }
+}
+
+/// Largest object demoted: a bigger one is dropped at the watermark, as
+/// without a disk tier (its copy could not finish well within its grant).
+pub const MAX_DEMOTED_SIZE: u64 = 256 << 20;
+
+/// Most objects demoted per round; the next round takes the rest.
+pub const MAX_DEMOTIONS_PER_ROUND: usize = 64;
+
+/// Bytes read and written at a time: the leader holds at most
+/// `PARALLEL_COPIES` of these, whatever the objects' sizes.
+const COPY_PIECE: usize = 4 << 20;
+
+/// What a round did.
+#[derive(Debug, Default)]
+pub struct Demoted {
+    /// Objects now on disk.
+    pub moved: u64,
+    /// Keys still in memory because their demotion could not be done (no
+    /// room after all, a failed copy, a changed object): the caller evicts
+    /// them as it would have without a disk tier.
+    pub failed: Vec<String>,
+}
+
+/// Moves `keys` to disk (at most [`MAX_DEMOTIONS_PER_ROUND`] of them).
+pub async fn demote(
+    node: &Arc<MasterNode>,
+    transport: &Arc<TcpTransport>,
+    keys: Vec<String>,
+) -> Demoted {
+    let timeout = node.config().demotion_timeout;
+    let mut out = Demoted::default();
+    let items: Vec<(String, SegmentId)> = {
+        let state = node.state();
+        keys.into_iter()
+            .filter_map(|key| {
+                let target = state.objects.get(&key).and_then(|obj| {
+                    let source = obj
+                        .replicas
+                        .iter()
+                        .find(|r| state.tier_of(r.segment_id) == Tier::Memory)?;
+                    pick_disk_segment(&state, source.segment_id, obj.size)
+                });
+                match target {
+                    Some(t) => Some((key, t)),
+                    None => {
+                        out.failed.push(key);
+                        None
+                    }
+                }
+            })
+            .collect()
+    };
+    if items.is_empty() {
+        return out;
+    }
+    let started = match node
+        .propose(
+            None,
+            Op::DemoteStart {
+                items: items.clone(),
+                release_after_ms: timeout.as_millis() as u64,
+            },
+        )
+        .await
+    {
+        Ok(Response::Demotions(r)) if r.len() == items.len() => r,
+        other => {
+            tracing::warn!(?other, "DemoteStart failed");
+            out.failed.extend(items.into_iter().map(|(k, _)| k));
+            return out;
+        }
+    };
+    let mut demotions = Vec::new();
+    for ((key, _), result) in items.into_iter().zip(started) {
+        match result {
+            Ok(d) => demotions.push(d),
+            Err(e) => {
+                tracing::debug!(key, error = %e, "not demoted");
+                out.failed.push(key);
+            }
+        }
+    }
+    let now = now_ms();
+    let copies = futures::stream::iter(demotions.into_iter().map(|d| {
+        let node = node.clone();
+        let transport = transport.clone();
+        let expiry = grant_expiry(now, &d, timeout);
+        async move {
+            // Nothing is started once the grant has expired (the store
+            // would refuse it anyway), and nothing runs past it.
+            let left = Duration::from_millis(expiry.saturating_sub(now_ms()));
+            let outcome = if left.is_zero() {
+                CopyOutcome::NotWritten
+            } else {
+                tokio::time::timeout(left, copy(&node, &transport, &d, expiry))
+                    .await
+                    .unwrap_or(CopyOutcome::Unknown)
+            };
+            (d, outcome)
+        }
+    }))
+    .buffer_unordered(PARALLEL_COPIES)
+    .collect::<Vec<_>>()
+    .await;
+    let metrics = node.counters();
+    let mut ends: Vec<(DemotionId, bool)> = Vec::new();
+    let mut ended: Vec<(String, bool)> = Vec::new();
+    for (d, outcome) in copies {
+        match outcome {
+            CopyOutcome::Done => {
+                metrics.demotion_bytes.fetch_add(d.size, Ordering::Relaxed);
+                ends.push((d.id, true));
+                ended.push((d.key, true));
+            }
+            CopyOutcome::NotWritten => {
+                metrics.demotion_failures.fetch_add(1, Ordering::Relaxed);
+                ends.push((d.id, false));
+                ended.push((d.key, false));
+            }
+            CopyOutcome::Unknown => {
+                // Not reported: its range waits for the release time.
+                metrics.demotion_failures.fetch_add(1, Ordering::Relaxed);
+                out.failed.push(d.key);
+            }
+        }
+    }
+    if ends.is_empty() {
+        return out;
+    }
+    let hold_ms = node.config().lease_ttl.as_millis() as u64;
+    match node
+        .propose(
+            None,
+            Op::DemoteEnd {
+                items: ends.clone(),
+                hold_ms,
+            },
+        )
+        .await
+    {
+        Ok(Response::Items(results)) if results.len() == ended.len() => {
+            for ((key, copied), r) in ended.into_iter().zip(results) {
+                if copied && r.is_ok() {
+                    out.moved += 1;
+                } else {
+                    out.failed.push(key);
+                }
+            }
+        }
+        other => {
+            // The entry may still commit; if not, the ranges wait for their
+            // release time. Either way the next round looks again.
+            tracing::warn!(?other, "DemoteEnd failed");
+        }
+    }
+    metrics.demotions.fetch_add(out.moved, Ordering::Relaxed);
+    out
+}
+
+/// Copies `d`'s source replica to its disk range a piece at a time under
+/// grants expiring at `expiry`, checking the whole object's crc32c.
+async fn copy(
+    node: &MasterNode,
+    transport: &TcpTransport,
+    d: &Demotion,
+    expiry: u64,
+) -> CopyOutcome {
+    let (source, target) = {
+        let state = node.state();
+        let seg = |id: SegmentId| {
+            let s = state.segments.get(&id)?;
+            Some((s.spec.endpoint.clone(), SegmentKey::from_slice(&s.key.0)?))
+        };
+        (seg(d.source.segment_id), seg(d.target.segment_id))
+    };
+    let (Some((src_endpoint, src_key)), Some((dst_endpoint, dst_key))) = (source, target) else {
+        return CopyOutcome::NotWritten;
+    };
+    let read_grant = grant(
+        &src_key,
+        d.source.segment_id,
+        d.source.offset,
+        d.size,
+        Access::Read,
+        expiry,
+    );
+    let write_grant = grant(
+        &dst_key,
+        d.target.segment_id,
+        d.target.offset,
+        d.size,
+        Access::Write,
+        expiry,
+    );
+    let piece_len = usize::try_from(d.size).map_or(COPY_PIECE, |s| s.min(COPY_PIECE));
+    let mut buf = vec![0u8; piece_len];
+    let mut crc = 0u32;
+    let mut done = 0u64;
+    while done < d.size {
+        let n = (d.size - done).min(COPY_PIECE as u64) as usize;
+        let piece = &mut buf[..n];
+        let read = {
+            let mut reads = [(read_grant, d.source.offset + done, &mut piece[..])];
+            transport.read(&src_endpoint, &mut reads).await
+        };
+        if let Err(e) = read {
+            // Every write so far was answered: none is in flight.
+            tracing::debug!(key = d.key, error = %e, "demotion read failed");
+            return CopyOutcome::NotWritten;
+        }
+        crc = crc32c::crc32c_append(crc, piece);
+        match transport
+            .write(
+                &dst_endpoint,
+                &[(write_grant, d.target.offset + done, &piece[..])],
+            )
+            .await
+        {
+            Ok(()) => {}
+            // Nothing reached the store, or it answered with a refusal: no
+            // write is in flight.
+            Err(
+                e @ (TransferError::Connect { .. }
+                | TransferError::Refused { .. }
+                | TransferError::Tls { .. }),
+            ) => {
+                tracing::debug!(key = d.key, error = %e, "demotion write refused");
+                return CopyOutcome::NotWritten;
+            }
+            Err(e) => {
+                tracing::debug!(key = d.key, error = %e, "demotion write failed");
+                return CopyOutcome::Unknown;
+            }
+        }
+        done += n as u64;
+    }
+    if crc != d.checksum {
+        tracing::warn!(
+            key = d.key,
+            "demotion read bytes that do not match the object's checksum; not demoted"
+        );
+        return CopyOutcome::NotWritten;
+    }
+    CopyOutcome::Done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_grant_expires_a_third_of_the_timeout_before_the_release() {
+        let d = Demotion {
+            id: 1,
+            key: "k".into(),
+            created_ms: 0,
+            put_id: 0,
+            checksum: 0,
+            size: 1,
+            source: crescent_raft::state::Replica {
+                segment_id: 1,
+                offset: 0,
+                len: 1,
+            },
+            target: crescent_raft::state::Replica {
+                segment_id: 2,
+                offset: 0,
+                len: 1,
+            },
+            release_at_ms: 60_000,
+        };
+        let t = Duration::from_secs(60);
+        assert_eq!(grant_expiry(0, &d, t), 20_000);
+        assert_eq!(
+            grant_expiry(30_000, &d, t),
+            40_000,
+            "late start: bounded by the release"
+        );
+        assert_eq!(grant_expiry(70_000, &d, t), 40_000);
+    }
+}

@@ -1,0 +1,630 @@
+//! Unit tests of the disk tier in the state machine: tiered mounts, the
+//! re-attach of a restarted store's disk segment, and demotions.
+
+use crate::eviction::{select_victims_in, AccessInfo};
+use crate::state::*;
+
+const MB: u64 = 1 << 20;
+
+fn policy() -> PutPolicy {
+    PutPolicy {
+        discard_after_ms: 30_000,
+        release_after_ms: 600_000,
+        soft_pin_ttl_ms: 1_800_000,
+    }
+}
+
+fn run(s: &mut MetaState, now: u64, op: Op) -> Response {
+    s.apply(&Command {
+        now_ms: now,
+        seed: now,
+        origin: None,
+        op,
+    })
+}
+
+fn run_as(s: &mut MetaState, now: u64, client: &str, seq: u64, op: Op) -> Response {
+    s.apply(&Command {
+        now_ms: now,
+        seed: seq,
+        origin: Some(Origin {
+            client_id: client.into(),
+            seq,
+        }),
+        op,
+    })
+}
+
+fn mount_tier(
+    s: &mut MetaState,
+    now: u64,
+    name: &str,
+    owner: &str,
+    cap: u64,
+    tier: Tier,
+    disk_id: &str,
+) -> Result<SegmentId, MetaError> {
+    match run(
+        s,
+        now,
+        Op::MountTieredSegment {
+            spec: SegmentSpec {
+                name: name.into(),
+                endpoint: format!("{name}:1"),
+                capacity: cap,
+                ..Default::default()
+            },
+            owner: owner.into(),
+            key: SegmentKeyBytes(vec![owner.len() as u8; 32]),
+            tier,
+            disk_id: disk_id.into(),
+        },
+    ) {
+        Response::Mounted(r) => r,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Puts `key` (one replica) and finishes it; returns its replica.
+fn put_done(s: &mut MetaState, now: u64, seq: u64, key: &str, size: u64) -> Replica {
+    let placed = match run_as(
+        s,
+        now,
+        "w",
+        seq,
+        Op::PutStartNamed {
+            items: vec![(key.into(), size, seq)],
+            config: ReplicateConfig {
+                replica_num: 1,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    ) {
+        Response::PutStart(mut r) => r.remove(0).expect("placed"),
+        other => panic!("unexpected {other:?}"),
+    };
+    match run_as(
+        s,
+        now,
+        "w",
+        seq + 1_000_000,
+        Op::PutEndNamed {
+            items: vec![(key.into(), 42, seq)],
+        },
+    ) {
+        Response::Items(r) => r[0].clone().expect("ended"),
+        other => panic!("unexpected {other:?}"),
+    }
+    placed[0].clone()
+}
+
+fn demote_start(
+    s: &mut MetaState,
+    now: u64,
+    key: &str,
+    target: SegmentId,
+) -> Result<Demotion, MetaError> {
+    match run(
+        s,
+        now,
+        Op::DemoteStart {
+            items: vec![(key.into(), target)],
+            release_after_ms: 1_000,
+        },
+    ) {
+        Response::Demotions(mut r) => r.remove(0),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn demote_end(
+    s: &mut MetaState,
+    now: u64,
+    id: DemotionId,
+    copied: bool,
+    hold_ms: u64,
+) -> Result<(), MetaError> {
+    match run(
+        s,
+        now,
+        Op::DemoteEnd {
+            items: vec![(id, copied)],
+            hold_ms,
+        },
+    ) {
+        Response::Items(r) => r[0].clone(),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn recount_equal(s: &MetaState) {
+    let mut recount = s.clone();
+    recount.rebuild_derived().expect("consistent");
+    assert_eq!(s, &recount, "derived state drifted");
+}
+
+#[test]
+fn puts_go_to_memory_only_and_each_tier_has_its_own_usage() {
+    let mut s = MetaState::new();
+    let mem = mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 64 * MB, Tier::Disk, "d1").unwrap();
+    for i in 0..3 {
+        let r = put_done(&mut s, 1, 10 + i, &format!("k{i}"), MB);
+        assert_eq!(r.segment_id, mem, "a put never lands on disk");
+    }
+    assert_eq!(s.tier_usage(Tier::Memory), (4 * MB, 3 * MB));
+    assert_eq!(s.tier_usage(Tier::Disk), (64 * MB, 0));
+    assert!((s.usage_ratio() - 0.75).abs() < 1e-9, "memory usage only");
+    assert_eq!(s.disk_usage_ratio(), 0.0);
+    // Two replicas need two memory segments: the disk one does not count.
+    let two = run_as(
+        &mut s,
+        2,
+        "w",
+        99,
+        Op::PutStartNamed {
+            items: vec![("two".into(), 64, 99)],
+            config: ReplicateConfig {
+                replica_num: 2,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    );
+    assert!(
+        matches!(two, Response::Rejected(MetaError::InvalidParams(_))),
+        "{two:?}"
+    );
+    // Reservations (one-commit puts) are memory only too.
+    let res = run(
+        &mut s,
+        3,
+        Op::Reserve {
+            segment_id: disk,
+            len: MB,
+            term: 1,
+        },
+    );
+    assert!(
+        matches!(res, Response::Reserved(Err(MetaError::SegmentNotFound(_)))),
+        "{res:?}"
+    );
+    // A full memory tier makes a put fail, whatever room the disk has.
+    let full = run_as(
+        &mut s,
+        4,
+        "w",
+        100,
+        Op::PutStartNamed {
+            items: vec![("big".into(), 2 * MB, 100)],
+            config: ReplicateConfig {
+                replica_num: 1,
+                ..Default::default()
+            },
+            policy: policy(),
+        },
+    );
+    assert!(
+        matches!(&full, Response::PutStart(r) if matches!(r[0], Err(MetaError::NoAvailableHandle(_)))),
+        "{full:?}"
+    );
+    recount_equal(&s);
+}
+
+#[test]
+fn bad_tiered_mounts_are_refused_and_change_nothing() {
+    let mut s = MetaState::new();
+    assert!(matches!(
+        mount_tier(&mut s, 0, "d", "o", MB, Tier::Disk, ""),
+        Err(MetaError::InvalidParams(_))
+    ));
+    assert!(matches!(
+        mount_tier(&mut s, 0, "m", "o", MB, Tier::Memory, "x"),
+        Err(MetaError::InvalidParams(_))
+    ));
+    let long = "x".repeat(129);
+    assert!(matches!(
+        mount_tier(&mut s, 0, "d", "o", MB, Tier::Disk, &long),
+        Err(MetaError::InvalidParams(_))
+    ));
+    assert!(s.segments.is_empty());
+    mount_tier(&mut s, 0, "d", "o", MB, Tier::Disk, "id1").unwrap();
+    // The same owner cannot turn it into memory or another disk.
+    assert!(matches!(
+        mount_tier(&mut s, 1, "d", "o", MB, Tier::Memory, ""),
+        Err(MetaError::InvalidParams(_))
+    ));
+    assert!(matches!(
+        mount_tier(&mut s, 1, "d", "o", MB, Tier::Disk, "id2"),
+        Err(MetaError::InvalidParams(_))
+    ));
+    // Another owner with another disk id while it is live: taken.
+    assert!(matches!(
+        mount_tier(&mut s, 1, "d", "p", MB, Tier::Disk, "id2"),
+        Err(MetaError::SegmentAlreadyExists(_))
+    ));
+    assert_eq!(s.segments.len(), 1);
+    assert_eq!(s.segments.values().next().unwrap().disk_id, "id1");
+}
+
+#[test]
+fn a_demotion_moves_an_object_to_disk_and_holds_its_memory_for_readers() {
+    let mut s = MetaState::new();
+    let mem = mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    let src = put_done(&mut s, 10, 1, "k", MB);
+    let victims = select_victims_in(&s, Tier::Memory, 20, 1.0, |_| AccessInfo::default());
+    assert_eq!(victims, vec!["k".to_string()]);
+    assert!(select_victims_in(&s, Tier::Disk, 20, 1.0, |_| AccessInfo::default()).is_empty());
+
+    let d = demote_start(&mut s, 20, "k", disk).unwrap();
+    assert_eq!(d.source, src);
+    assert_eq!(d.target.segment_id, disk);
+    assert_eq!((d.checksum, d.size), (42, MB));
+    // While copying the object stays readable from memory, and a second
+    // demotion of it is refused.
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![src.clone()]);
+    assert!(demote_start(&mut s, 21, "k", disk).is_err());
+    assert_eq!(s.tier_usage(Tier::Disk).1, MB, "the disk range is held");
+    recount_equal(&s);
+
+    demote_end(&mut s, 30, d.id, true, 100).unwrap();
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![d.target.clone()]);
+    assert_eq!(s.demoted_total, 1);
+    assert!(s.demotions.is_empty());
+    // The memory stays allocated for the lease TTL, then is reclaimed;
+    // eviction does not count it meanwhile (it would demote ever more).
+    assert_eq!(s.tier_usage(Tier::Memory).1, MB);
+    assert!((s.usage_ratio() - 0.25).abs() < 1e-9);
+    assert_eq!(s.eviction_usage_ratio(), 0.0);
+    recount_equal(&s);
+    assert!(!s.has_reclaimable(129));
+    assert!(s.has_reclaimable(130));
+    run(&mut s, 130, Op::ReclaimStalePuts);
+    assert_eq!(s.tier_usage(Tier::Memory).1, 0);
+    // Now on disk only: a disk victim, no longer a memory one.
+    assert!(select_victims_in(&s, Tier::Memory, 140, 1.0, |_| AccessInfo::default()).is_empty());
+    assert_eq!(
+        select_victims_in(&s, Tier::Disk, 140, 1.0, |_| AccessInfo::default()),
+        vec!["k".to_string()]
+    );
+    // A demoted object can be removed and evicted like any other.
+    let _ = mem;
+    assert_eq!(
+        run(
+            &mut s,
+            150,
+            Op::Evict {
+                keys: vec!["k".into()]
+            }
+        ),
+        Response::Count(1)
+    );
+    assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+    recount_equal(&s);
+}
+
+#[test]
+fn a_demotion_keeps_nothing_of_an_object_that_changed_or_of_a_failed_copy() {
+    let mut s = MetaState::new();
+    mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "a", MB);
+    put_done(&mut s, 10, 2, "b", MB);
+    put_done(&mut s, 10, 3, "c", MB);
+
+    // A failed copy frees its disk range and leaves the object alone.
+    let da = demote_start(&mut s, 20, "a", disk).unwrap();
+    demote_end(&mut s, 21, da.id, false, 100).unwrap();
+    assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+    assert_eq!(
+        s.tier_of(s.lookup("a").unwrap().replicas[0].segment_id),
+        Tier::Memory
+    );
+
+    // The object was removed and put again while copying: the copy is of
+    // the old bytes, so it is dropped.
+    let db = demote_start(&mut s, 22, "b", disk).unwrap();
+    run(
+        &mut s,
+        23,
+        Op::Remove {
+            keys: vec!["b".into()],
+            force: true,
+            leased: Default::default(),
+            hold_ms: 0,
+        },
+    );
+    put_done(&mut s, 24, 4, "b", MB);
+    assert!(matches!(
+        demote_end(&mut s, 25, db.id, true, 100),
+        Err(MetaError::ObjectNotFound(_))
+    ));
+    assert_eq!(
+        s.tier_of(s.lookup("b").unwrap().replicas[0].segment_id),
+        Tier::Memory
+    );
+    assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+
+    // A copier that never reports back: its range is held until the
+    // release time (it may still be writing), then reclaimed; a late end
+    // is refused.
+    let dc = demote_start(&mut s, 30, "c", disk).unwrap();
+    assert!(!s.has_reclaimable(30 + 999));
+    assert!(s.has_reclaimable(30 + 1000));
+    run(&mut s, 1030, Op::ReclaimStalePuts);
+    assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+    assert!(demote_end(&mut s, 1031, dc.id, true, 100).is_err());
+    assert_eq!(
+        s.tier_of(s.lookup("c").unwrap().replicas[0].segment_id),
+        Tier::Memory
+    );
+
+    // The disk segment's store went silent before the end: the object
+    // stays in memory rather than on a disk nobody serves.
+    let dd = demote_start(&mut s, 2000, "c", disk).unwrap();
+    run(
+        &mut s,
+        2001,
+        Op::UnmountClient {
+            client_id: "store".into(),
+        },
+    );
+    assert!(matches!(
+        demote_end(&mut s, 2002, dd.id, true, 0),
+        Err(MetaError::SegmentNotFound(_))
+    ));
+    assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+    mount_tier(&mut s, 2003, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    mount_tier(&mut s, 2003, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    assert_eq!(
+        s.tier_of(s.lookup("c").unwrap().replicas[0].segment_id),
+        Tier::Memory
+    );
+
+    // Refusals: unknown key, hard-pinned, a memory segment as target.
+    assert!(matches!(
+        demote_start(&mut s, 40, "nope", disk),
+        Err(MetaError::ObjectNotFound(_))
+    ));
+    let mem = s.lookup("c").unwrap().replicas[0].segment_id;
+    assert!(matches!(
+        demote_start(&mut s, 40, "c", mem),
+        Err(MetaError::SegmentNotFound(_))
+    ));
+    recount_equal(&s);
+}
+
+#[test]
+fn a_restarted_store_takes_its_disk_segment_back_with_its_objects() {
+    let mut s = MetaState::new();
+    mount_tier(&mut s, 0, "m", "p1", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "p1", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "k", MB);
+    let d = demote_start(&mut s, 11, "k", disk).unwrap();
+    demote_end(&mut s, 12, d.id, true, 0).unwrap();
+
+    // The store dies: its segments expire, the disk object is unavailable.
+    run(
+        &mut s,
+        20,
+        Op::UnmountClient {
+            client_id: "p1".into(),
+        },
+    );
+    assert!(matches!(
+        s.lookup("k"),
+        Err(MetaError::ReplicasUnavailable(_))
+    ));
+    // A new process (new owner, new key) on the same file gets it back.
+    let again = mount_tier(&mut s, 30, "m-disk", "p2", 8 * MB, Tier::Disk, "d1").unwrap();
+    assert_eq!(again, disk);
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![d.target.clone()]);
+    assert_eq!(s.segments[&disk].owner, "p2");
+    assert_eq!(s.segments[&disk].key, SegmentKeyBytes(vec![2; 32]));
+    // Even before the old one expired, from the same host (the file lock
+    // proves it gone); from another host (a copied file) only once expired.
+    let mut elsewhere = SegmentSpec {
+        name: "m-disk".into(),
+        endpoint: "x:1".into(),
+        capacity: 8 * MB,
+        hostname: "other-host".into(),
+        ..Default::default()
+    };
+    let copied = run(
+        &mut s,
+        31,
+        Op::MountTieredSegment {
+            spec: elsewhere.clone(),
+            owner: "thief".into(),
+            key: SegmentKeyBytes(vec![9; 32]),
+            tier: Tier::Disk,
+            disk_id: "d1".into(),
+        },
+    );
+    assert!(
+        matches!(
+            copied,
+            Response::Mounted(Err(MetaError::SegmentAlreadyExists(_)))
+        ),
+        "{copied:?}"
+    );
+    elsewhere.hostname.clear();
+    let again = mount_tier(&mut s, 31, "m-disk", "p3", 8 * MB, Tier::Disk, "d1").unwrap();
+    assert_eq!(again, disk);
+    assert!(s.lookup("k").is_ok());
+    // The memory segment of the dead process is taken over empty, as before.
+    run(
+        &mut s,
+        32,
+        Op::UnmountClient {
+            client_id: "p1".into(),
+        },
+    );
+    mount_tier(&mut s, 33, "m", "p3", 4 * MB, Tier::Memory, "").unwrap();
+    assert!(
+        s.lookup("k").is_ok(),
+        "the disk replica is not the memory segment's"
+    );
+
+    // A reformatted file (new id) is a new segment: the objects are gone.
+    run(
+        &mut s,
+        40,
+        Op::UnmountClient {
+            client_id: "p3".into(),
+        },
+    );
+    let fresh = mount_tier(&mut s, 50, "m-disk", "p4", 8 * MB, Tier::Disk, "d2").unwrap();
+    assert_ne!(fresh, disk);
+    assert!(matches!(s.lookup("k"), Err(MetaError::ObjectNotFound(_))));
+    recount_equal(&s);
+}
+
+/// Random puts, removes, evictions, demotions (finished, failed, late,
+/// abandoned), reclaims, expiries and re-attaches over memory and disk
+/// segments: after every command no two live ranges overlap and the derived
+/// allocators equal a recount.
+#[test]
+fn tiers_never_overlap_under_random_commands() {
+    let mut s = MetaState::new();
+    let mut segs = Vec::new();
+    for i in 0..2 {
+        segs.push(
+            mount_tier(
+                &mut s,
+                0,
+                &format!("m{i}"),
+                &format!("p{i}"),
+                8 * MB,
+                Tier::Memory,
+                "",
+            )
+            .unwrap(),
+        );
+        segs.push(
+            mount_tier(
+                &mut s,
+                0,
+                &format!("d{i}"),
+                &format!("p{i}"),
+                8 * MB,
+                Tier::Disk,
+                &format!("id{i}"),
+            )
+            .unwrap(),
+        );
+    }
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut seq = 0;
+    for i in 0..4000u64 {
+        let now = 100 + i * 3;
+        seq += 1;
+        let key = format!("k{}", rnd() % 60);
+        let store = rnd() % 2;
+        let op = match rnd() % 10 {
+            0 | 1 => Op::PutStartNamed {
+                items: vec![(key, 1 + rnd() % MB, seq)],
+                config: ReplicateConfig {
+                    replica_num: 1 + (rnd() % 2) as u32,
+                    ..Default::default()
+                },
+                policy: PutPolicy {
+                    discard_after_ms: 50,
+                    release_after_ms: 100,
+                    soft_pin_ttl_ms: 0,
+                },
+            },
+            2 => Op::PutEndNamed {
+                items: s
+                    .objects
+                    .iter()
+                    .filter(|(_, o)| !o.is_complete())
+                    .take(2)
+                    .map(|(k, o)| (k.clone(), 1, o.put_id))
+                    .collect(),
+            },
+            3 | 4 => Op::DemoteStart {
+                items: vec![(key, segs[(rnd() % 4) as usize])],
+                release_after_ms: 1 + rnd() % 60,
+            },
+            5 => {
+                let mut items: Vec<(DemotionId, bool)> = Vec::new();
+                for id in s.demotions.keys().copied().collect::<Vec<_>>() {
+                    if rnd() % 2 == 0 {
+                        items.push((id, rnd() % 4 != 0));
+                    }
+                }
+                items.push((rnd() % 50, true));
+                Op::DemoteEnd {
+                    items,
+                    hold_ms: rnd() % 20,
+                }
+            }
+            6 => Op::Remove {
+                keys: vec![key],
+                force: true,
+                leased: Default::default(),
+                hold_ms: rnd() % 20,
+            },
+            7 => Op::Evict { keys: vec![key] },
+            8 if i % 97 == 0 => Op::UnmountClient {
+                client_id: format!("p{store}"),
+            },
+            8 if i % 7 == 0 => Op::MountTieredSegment {
+                spec: SegmentSpec {
+                    name: format!("d{store}"),
+                    endpoint: "x:1".into(),
+                    capacity: 8 * MB,
+                    ..Default::default()
+                },
+                owner: format!("p{store}-{i}"),
+                key: SegmentKeyBytes(vec![1; 32]),
+                tier: Tier::Disk,
+                disk_id: format!("id{store}"),
+            },
+            _ => Op::ReclaimStalePuts,
+        };
+        run_as(&mut s, now, "w", seq, op);
+        let mut ranges: Vec<(SegmentId, u64, u64)> = s
+            .objects
+            .values()
+            .flat_map(|o| o.replicas.iter())
+            .chain(s.pending_release.iter().map(|p| &p.replica))
+            .chain(s.demotions.values().map(|d| &d.target))
+            .map(|r| {
+                (
+                    r.segment_id,
+                    r.offset,
+                    crate::alloc::aligned_len(r.len).unwrap(),
+                )
+            })
+            .collect();
+        ranges.sort();
+        for w in ranges.windows(2) {
+            assert!(
+                w[0].0 != w[1].0 || w[0].1 + w[0].2 <= w[1].1,
+                "overlap at command {i}: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        for o in s.objects.values() {
+            let disk = o
+                .replicas
+                .iter()
+                .filter(|r| s.tier_of(r.segment_id) == Tier::Disk)
+                .count();
+            assert!(disk <= 1, "one disk replica at most at command {i}");
+        }
+        recount_equal(&s);
+    }
+    assert!(s.demoted_total > 0, "some demotions finished");
+}
