@@ -34,7 +34,17 @@ def wait_until(what, check, timeout=60.0, interval=0.1):
 
 
 class Cluster:
-    def __init__(self, root: Path, bin_dir: Path = None, segment_size: str = "256mb", lease_ttl: str = "1s"):
+    def __init__(
+        self,
+        root: Path,
+        bin_dir: Path = None,
+        segment_size: str = "256mb",
+        lease_ttl: str = "1s",
+        master_extra=(),
+        store_extra=(),
+    ):
+        self.master_extra = list(master_extra)
+        self.store_extra = list(store_extra)
         self.bin = Path(bin_dir or BIN)
         self.segment_size = segment_size
         self.lease_ttl = lease_ttl
@@ -95,6 +105,7 @@ class Cluster:
                     "--admin-token-file", str(self.admin_token),
                     "--cluster-token-file", str(self.tokens / "cluster.token"),
                     *node_tls,
+                    *self.master_extra,
                 ],
             )
         wait_until("a leader", lambda: self.ctl("leader").returncode == 0)
@@ -108,6 +119,7 @@ class Cluster:
                 "--segment-size", self.segment_size,
                 "--token-file", str(self.client_token),
                 *node_tls,
+                *self.store_extra,
             ],
         )
         wait_until("the store's segment", self.can_put)

@@ -307,6 +307,59 @@ impl Drop for OwnedBytes {
 }
 
 /// An object's bytes fetched by `get_buffer`/`batch_get_buffer`.
+/// Where one copy of an object lives, as Mooncake's replica descriptor
+/// tells it: a memory replica, or one on a store's disk segment (Crescent's
+/// disk tier; Mooncake's client-side `LOCAL_DISK` has no equivalent here).
+#[pyclass(module = "crescent._native", frozen)]
+struct ReplicaDescriptor {
+    disk: bool,
+    #[pyo3(get)]
+    segment_name: String,
+    #[pyo3(get)]
+    endpoint: String,
+    #[pyo3(get)]
+    size: u64,
+}
+
+#[pymethods]
+impl ReplicaDescriptor {
+    fn is_memory_replica(&self) -> bool {
+        !self.disk
+    }
+
+    fn is_disk_replica(&self) -> bool {
+        self.disk
+    }
+
+    fn is_local_disk_replica(&self) -> bool {
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ReplicaDescriptor({}, segment={:?}, endpoint={:?}, size={})",
+            if self.disk { "disk" } else { "memory" },
+            self.segment_name,
+            self.endpoint,
+            self.size
+        )
+    }
+}
+
+impl ReplicaDescriptor {
+    fn list(r: &crescent_proto::pb::GetReplicaListResponse) -> Vec<ReplicaDescriptor> {
+        r.replicas
+            .iter()
+            .map(|d| ReplicaDescriptor {
+                disk: d.kind == crescent_proto::pb::ReplicaKind::Disk as i32,
+                segment_name: d.segment_name.clone(),
+                endpoint: d.endpoint.clone(),
+                size: r.size,
+            })
+            .collect()
+    }
+}
+
 #[pyclass(module = "crescent._native")]
 struct BufferHandle {
     bytes: OwnedBytes,
@@ -873,6 +926,48 @@ impl MooncakeDistributedStore {
         }
     }
 
+    /// The replicas of `key`, memory first (empty when it is missing or
+    /// the masters cannot be reached).
+    fn get_replica_desc(&self, py: Python<'_>, key: String) -> Vec<ReplicaDescriptor> {
+        let Some(c) = self.client() else {
+            return Vec::new();
+        };
+        match block(py, async { c.master().get_replica_list(&key).await }) {
+            Ok(r) => ReplicaDescriptor::list(&r),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// `get_replica_desc` for each key: every key is in the dict, with an
+    /// empty list when it is missing or could not be looked up.
+    fn batch_get_replica_desc(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+    ) -> HashMap<String, Vec<ReplicaDescriptor>> {
+        let Some(c) = self.client() else {
+            return keys.into_iter().map(|k| (k, Vec::new())).collect();
+        };
+        let found = block(py, async {
+            c.master().batch_get_replica_list(keys.clone()).await
+        });
+        let lists: Vec<Vec<ReplicaDescriptor>> = match found {
+            Ok(rs) if rs.len() == keys.len() => rs
+                .iter()
+                .map(|r| {
+                    let ok = r.status.as_ref().is_none_or(|s| s.code == 0);
+                    if ok {
+                        ReplicaDescriptor::list(r)
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect(),
+            _ => keys.iter().map(|_| Vec::new()).collect(),
+        };
+        keys.into_iter().zip(lists).collect()
+    }
+
     #[pyo3(signature = (key, force=false))]
     fn remove(&self, py: Python<'_>, key: String, force: bool) -> i32 {
         let Some(c) = self.client() else {
@@ -1349,6 +1444,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<MooncakeDistributedStore>()?;
     m.add_class::<ReplicateConfig>()?;
     m.add_class::<BufferHandle>()?;
+    m.add_class::<ReplicaDescriptor>()?;
     m.add_class::<MooncakeHostMemAllocator>()?;
     m.add("OBJECT_NOT_FOUND", mooncake::OBJECT_NOT_FOUND)?;
     m.add("INVALID_PARAMS", mooncake::INVALID_PARAMS)?;

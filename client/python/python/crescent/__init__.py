@@ -9,6 +9,7 @@ from crescent.store import (
     BufferHandle,
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
+    ReplicaDescriptor,
     ReplicateConfig,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "BufferHandle",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "ReplicaDescriptor",
     "ReplicateConfig",
 ]

@@ -15,6 +15,7 @@ from crescent._native import (
     BufferHandle,
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
+    ReplicaDescriptor,
     ReplicateConfig,
 )
 
@@ -22,6 +23,7 @@ __all__ = [
     "BufferHandle",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "ReplicaDescriptor",
     "ReplicateConfig",
     "INVALID_PARAMS",
     "NO_AVAILABLE_HANDLE",
