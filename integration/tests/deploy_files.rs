@@ -1226,6 +1226,9 @@ async fn grafana_dashboard_uses_exported_metrics() {
         "master_evicted_key_count",
         "store_bytes_read_total",
         "store_transfer_seconds_bucket",
+        "master_disk_allocated_bytes",
+        "master_demotions_total",
+        "store_disk_read_bytes_total",
     ] {
         assert!(used.contains(name), "the dashboard does not graph {name}");
     }

@@ -1,0 +1,243 @@
+//! The disk tier through real processes: three masters and a store with a
+//! disk segment. Objects past the memory watermark move to disk and stay
+//! readable; a store killed with SIGKILL and started again on the same
+//! directory serves its disk objects again; a leader killed while demoting
+//! loses nothing acknowledged. Needs `cargo build --bins` (`make test`).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_integration::{http_request, LocalCluster};
+use crescent_proto::pb;
+
+const VALUE: usize = 512 << 10;
+
+fn value(i: usize) -> Vec<u8> {
+    (0..VALUE)
+        .map(|j| {
+            (j as u8)
+                .wrapping_mul(13)
+                .wrapping_add(i as u8)
+                .rotate_left((i % 7) as u32)
+        })
+        .collect()
+}
+
+/// Masters that demote early and hold demoted memory briefly.
+fn master_flags() -> Vec<String> {
+    [
+        "--eviction-high-watermark",
+        "0.5",
+        "--eviction-ratio",
+        "0.3",
+        "--lease-ttl",
+        "2s",
+        "--demotion-timeout",
+        "15s",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn store_flags(disk: &std::path::Path) -> Vec<String> {
+    vec![
+        "--segment-name".into(),
+        "s0".into(),
+        "--disk-path".into(),
+        disk.display().to_string(),
+        "--disk-size".into(),
+        "256mb".into(),
+    ]
+}
+
+async fn client(c: &LocalCluster) -> Client {
+    Client::connect(ClientConfig {
+        master: c.masters_arg(),
+        ..Default::default()
+    })
+    .await
+    .expect("client")
+}
+
+/// Puts `key`, retrying while memory is full (demotion frees it).
+async fn put_retrying(c: &Client, key: &str, v: &[u8]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match c.put(key, v, &ReplicateConfig::default()).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(format!("{key}: {e}")),
+        }
+    }
+}
+
+/// The kinds of `key`'s replicas (None when it has none readable).
+async fn kinds(c: &LocalCluster, key: &str) -> Option<Vec<pb::ReplicaKind>> {
+    let r = c.master_client().ok()?.get_replica_list(key).await.ok()?;
+    Some(
+        r.replicas
+            .iter()
+            .map(|d| pb::ReplicaKind::try_from(d.kind).unwrap_or(pb::ReplicaKind::Memory))
+            .collect(),
+    )
+}
+
+async fn on_disk(c: &LocalCluster, keys: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in keys {
+        if kinds(c, k)
+            .await
+            .is_some_and(|ks| ks == [pb::ReplicaKind::Disk])
+        {
+            out.push(k.clone());
+        }
+    }
+    out
+}
+
+async fn leader_metric(c: &LocalCluster, name: &str) -> u64 {
+    let (id, _, _) = c
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .expect("leader");
+    let m = c
+        .masters
+        .iter()
+        .find(|m| m.id == id)
+        .expect("leader process");
+    let (_, body) = http_request(&m.http, "GET", "/metrics", &[])
+        .await
+        .expect("metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Three demoting masters and one store with an 8 MiB memory segment and a
+/// disk segment in `disk` (both mounted), and a client.
+async fn disk_cluster(disk: &std::path::Path) -> (LocalCluster, Client) {
+    let mut cluster = LocalCluster::start(3, &master_flags()).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    cluster.start_store("8mb", &store_flags(disk)).unwrap();
+    cluster
+        .wait_for_segments(2, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let c = client(&cluster).await;
+    (cluster, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
+    let disk = tempfile::tempdir().unwrap();
+    let (mut cluster, c) = disk_cluster(disk.path()).await;
+
+    // 16 MiB through an 8 MiB memory segment: none is refused for long.
+    let keys: Vec<String> = (0..32).map(|i| format!("block-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&c, k, &value(i)).await.unwrap();
+    }
+    // Whatever is in memory or on disk reads back right; every object is
+    // somewhere (the disk has room, so nothing was dropped).
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            c.get(k).await.unwrap_or_else(|e| panic!("{k}: {e}")),
+            value(i),
+            "{k}"
+        );
+    }
+    let demoted = on_disk(&cluster, &keys).await;
+    assert!(
+        demoted.len() >= 12,
+        "at least 12 MiB of 16 must be on disk, found {}",
+        demoted.len()
+    );
+    assert!(leader_metric(&cluster, "master_demotions_total").await >= demoted.len() as u64);
+
+    // SIGKILL the store and start it again on the same directory: its
+    // memory objects are gone, its disk objects come back with no re-put.
+    cluster.stores[0].kill();
+    cluster.stores[0].restart().unwrap();
+    // The new process mounts its disk segment (the masters took it back
+    // rather than waiting for the old one to expire and starting afresh).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = http_request(&cluster.stores[0].http, "GET", "/health", &[]).await;
+        if let Ok((200, body)) = health {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if v["disk"]["mounted"] == true {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted store's disk segment never mounted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        on_disk(&cluster, &demoted).await,
+        demoted,
+        "every disk object is listed again"
+    );
+    for k in &demoted {
+        let i: usize = k.trim_start_matches("block-").parse().unwrap();
+        assert_eq!(c.get(k).await.unwrap(), value(i), "{k} after the restart");
+    }
+    // The restarted store serves puts again (its new memory segment).
+    put_retrying(&c, "after", &value(99)).await.unwrap();
+    assert_eq!(c.get("after").await.unwrap(), value(99));
+    let (_, health) = http_request(&cluster.stores[0].http, "GET", "/health", &[])
+        .await
+        .unwrap();
+    assert!(health.contains("\"disk\":{"), "{health}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_while_demoting_loses_nothing_acknowledged() {
+    let disk = tempfile::tempdir().unwrap();
+    let (mut cluster, c) = disk_cluster(disk.path()).await;
+
+    let mut acked: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..48 {
+        let k = format!("k-{i}");
+        // Twice, while memory is past the watermark and demotions run:
+        // SIGKILL the leader, wait for the next, start the old one again.
+        if i == 20 || i == 34 {
+            let (leader, _, _) = cluster
+                .wait_for_leader(Duration::from_secs(15))
+                .await
+                .unwrap();
+            cluster.kill(leader).unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            cluster
+                .wait_for_leader(Duration::from_secs(15))
+                .await
+                .unwrap();
+            cluster.restart(leader).unwrap();
+        }
+        match put_retrying(&c, &k, &value(i)).await {
+            Ok(()) => {
+                acked.insert(k, i);
+            }
+            Err(e) => eprintln!("not acknowledged (allowed): {e}"),
+        }
+    }
+    assert!(acked.len() >= 40, "most puts succeed: {}", acked.len());
+    for (k, i) in &acked {
+        let got = c
+            .get(k)
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged {k} lost: {e}"));
+        assert_eq!(&got, &value(*i), "{k}");
+    }
+    let keys: Vec<String> = acked.keys().cloned().collect();
+    assert!(!on_disk(&cluster, &keys).await.is_empty(), "demotion ran");
+}
