@@ -1,10 +1,15 @@
 //! `crescent-bench data` (also `crescentctl bench data`): put/get throughput and latency of real bytes,
 //! over TCP and shared memory, against the machine's own ceilings measured in
-//! the same run (loopback TCP between two sockets, single-thread memcpy).
+//! the same run (loopback TCP between two sockets, single-thread memcpy), and
+//! gets from disk replicas against the disk's sequential-read ceiling
+//! (see [`disk`]).
+
+mod disk;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Args;
 use crescent_auth::tls::TlsFiles;
 use crescent_client::{Client, ClientConfig, ReplicateConfig};
@@ -33,9 +38,20 @@ pub struct DataArgs {
     /// (one master round trip and one pipelined exchange per store per batch).
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     batch: Vec<usize>,
-    /// Transports: tcp, shm.
+    /// Transports: tcp, shm, disk. `disk` (not in the default: it starts
+    /// another cluster per --security mode, overflows its memory into a disk
+    /// segment and, for each batch size, reads its objects and a ceiling
+    /// file of the same size with the page cache dropped) measures gets
+    /// of objects demoted to a store's disk segment, one client, against a
+    /// sequential pread loop over a file of the same size in the same
+    /// directory; it needs a local cluster (no --masters).
     #[arg(long, value_delimiter = ',', default_value = "tcp,shm")]
     transports: Vec<String>,
+    /// Where the `disk` transport's store puts its disk segment (a fresh
+    /// directory under it, removed afterwards). Default: the local cluster's
+    /// temporary directory.
+    #[arg(long)]
+    disk_dir: Option<std::path::PathBuf>,
     /// Bytes each run moves per phase (split over clients), bounding memory and time.
     #[arg(long, default_value = "512mb")]
     bytes_per_run: String,
@@ -99,6 +115,12 @@ struct Row {
     p50_ms: f64,
     p99_ms: f64,
     errors: usize,
+    /// This row's own ceiling in GB/s, measured next to it (disk rows);
+    /// `None`: the transport's ceiling measured at the start.
+    ceiling: Option<f64>,
+    /// Disk rows: the how-manieth read of these bytes (and of the
+    /// ceiling's) in this run; 1: the first since they were written.
+    pass: Option<usize>,
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -201,10 +223,21 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
     );
     for t in &args.transports {
         anyhow::ensure!(
-            t == "tcp" || t == "shm",
-            "unknown transport {t:?} (tcp, shm)"
+            t == "tcp" || t == "shm" || t == "disk",
+            "unknown transport {t:?} (tcp, shm, disk)"
         );
     }
+    let memory_transports: Vec<String> = args
+        .transports
+        .iter()
+        .filter(|t| *t != "disk")
+        .cloned()
+        .collect();
+    let with_disk = args.transports.iter().any(|t| t == "disk");
+    anyhow::ensure!(
+        !(with_disk && args.masters.is_some()),
+        "--transports disk starts its own cluster (a store with a disk segment): not with --masters"
+    );
     let per_run = parse_size(&args.bytes_per_run).map_err(|e| anyhow::anyhow!("{e}"))?;
     let segment_bytes = parse_size(&args.segment_size).map_err(|e| anyhow::anyhow!("{e}"))?;
 
@@ -225,64 +258,104 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
     anyhow::ensure!(!modes.is_empty(), "--security needs at least one mode");
     let mut rows = Vec::new();
     let mut first_floor = None;
+    let mut disk_info = disk::DiskInfo::default();
     for (label, security) in modes {
-        // The previous mode's cluster is stopped when `_cluster` is replaced.
-        let (_cluster, masters, floor_dir, creds) = match security {
-            None => (
-                None,
-                args.masters.clone().unwrap_or_default(),
-                args.floor_dir.clone(),
-                Credentials {
-                    token_file: std::env::var_os("CRESCENT_TOKEN_FILE").map(Into::into),
-                    tls: crate::env_tls()?,
-                    data_tls: crescent_client::ClientConfig::from_env()?.data_tls,
-                },
-            ),
-            Some((security, data_tls)) => {
-                eprintln!("starting a local 3-master cluster ({label}) ...");
-                // A removed object's space stays held for one lease TTL
-                // (readers may still hold its descriptor); 2 s instead of
-                // 10 s lets the next run reuse a big run's space after a
-                // short wait (below).
-                let mut c = LocalCluster::start_as(
-                    3,
-                    &["--lease-ttl".into(), LOCAL_LEASE_TTL.into()],
-                    security,
-                )?;
-                c.wait_for_leader(Duration::from_secs(20)).await?;
-                c.data_tls = data_tls;
-                c.start_store(&args.segment_size, &["--shm".to_string()])?;
-                c.wait_for_segments(1, Duration::from_secs(20)).await?;
-                let m = c.masters_arg();
-                let dir = c.root.clone();
-                let creds = Credentials {
-                    token_file: c.admin_token_file(),
-                    tls: c.client_tls()?,
-                    data_tls,
-                };
-                (Some(c), m, dir, creds)
-            }
-        };
-        if first_floor.is_none() {
-            let token =
-                crescent_auth::BearerToken::from_optional_file(creds.token_file.as_deref())?;
-            let floor =
-                crate::floor::measure(&floor_dir, &masters, &token, creds.tls.as_ref()).await?;
-            eprintln!("{}", floor.describe(&floor_dir));
-            first_floor = Some((floor, floor_dir.clone()));
+        if !memory_transports.is_empty() {
+            // This mode's cluster stops at the end of the block, before a
+            // disk cluster starts.
+            let (_cluster, masters, floor_dir, creds) = match security {
+                None => (
+                    None,
+                    args.masters.clone().unwrap_or_default(),
+                    args.floor_dir.clone(),
+                    Credentials {
+                        token_file: std::env::var_os("CRESCENT_TOKEN_FILE").map(Into::into),
+                        tls: crate::env_tls()?,
+                        data_tls: crescent_client::ClientConfig::from_env()?.data_tls,
+                    },
+                ),
+                Some((security, data_tls)) => {
+                    eprintln!("starting a local 3-master cluster ({label}) ...");
+                    // A removed object's space stays held for one lease TTL
+                    // (readers may still hold its descriptor); 2 s instead of
+                    // 10 s lets the next run reuse a big run's space after a
+                    // short wait (below).
+                    let mut c = LocalCluster::start_as(
+                        3,
+                        &["--lease-ttl".into(), LOCAL_LEASE_TTL.into()],
+                        security,
+                    )?;
+                    c.wait_for_leader(Duration::from_secs(20)).await?;
+                    c.data_tls = data_tls;
+                    c.start_store(&args.segment_size, &["--shm".to_string()])?;
+                    c.wait_for_segments(1, Duration::from_secs(20)).await?;
+                    let m = c.masters_arg();
+                    let dir = c.root.clone();
+                    let creds = Credentials {
+                        token_file: c.admin_token_file(),
+                        tls: c.client_tls()?,
+                        data_tls,
+                    };
+                    (Some(c), m, dir, creds)
+                }
+            };
+            measure_floor_once(&mut first_floor, &floor_dir, &masters, &creds).await?;
+            rows.extend(
+                run_mode(
+                    &args,
+                    &memory_transports,
+                    &label,
+                    &masters,
+                    &creds,
+                    &sizes,
+                    per_run,
+                    segment_bytes,
+                )
+                .await?,
+            );
         }
-        rows.extend(
-            run_mode(
-                &args,
-                &label,
-                &masters,
-                &creds,
+        if let (true, Some((security, data_tls))) = (with_disk, security) {
+            eprintln!("starting a local 3-master cluster with a disk store ({label}) ...");
+            // Declared before the cluster, so removed after its store stopped.
+            let parent = match &args.disk_dir {
+                Some(d) => d.clone(),
+                None => std::env::temp_dir(),
+            };
+            let dir = tempfile::Builder::new()
+                .prefix("crescent-bench-disk-")
+                .tempdir_in(&parent)
+                .with_context(|| format!("creating a disk directory under {}", parent.display()))?;
+            let c = disk::start_cluster(
+                security,
+                data_tls,
+                dir.path(),
                 &sizes,
                 per_run,
-                segment_bytes,
+                args.max_ops,
             )
-            .await?,
-        );
+            .await?;
+            let masters = c.masters_arg();
+            let creds = Credentials {
+                token_file: c.admin_token_file(),
+                tls: c.client_tls()?,
+                data_tls,
+            };
+            measure_floor_once(&mut first_floor, &c.root, &masters, &creds).await?;
+            rows.extend(
+                disk::run(
+                    &args,
+                    &label,
+                    &masters,
+                    &creds,
+                    dir.path(),
+                    &sizes,
+                    per_run,
+                    &mut disk_info,
+                )
+                .await?,
+            );
+            drop(c);
+        }
     }
     let Some((floor, floor_dir)) = first_floor else {
         anyhow::bail!("no run");
@@ -293,14 +366,35 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
         memcpy,
         grant_us,
         (floor, &floor_dir),
+        with_disk.then_some(&disk_info),
         json_out,
     );
     Ok(())
 }
 
-/// Every transport, size, batch and client count against one cluster.
+/// Measures the floor (fsync in `dir`, gRPC round trip to `masters`) on the
+/// first cluster of the run only.
+async fn measure_floor_once(
+    first_floor: &mut Option<(crate::floor::Floor, std::path::PathBuf)>,
+    dir: &std::path::Path,
+    masters: &str,
+    creds: &Credentials,
+) -> anyhow::Result<()> {
+    if first_floor.is_none() {
+        let token = crescent_auth::BearerToken::from_optional_file(creds.token_file.as_deref())?;
+        let floor = crate::floor::measure(dir, masters, &token, creds.tls.as_ref()).await?;
+        eprintln!("{}", floor.describe(dir));
+        *first_floor = Some((floor, dir.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// Every transport (of `transports`), size, batch and client count against
+/// one cluster.
+#[allow(clippy::too_many_arguments)]
 async fn run_mode(
     args: &DataArgs,
+    transports: &[String],
     label: &str,
     masters: &str,
     creds: &Credentials,
@@ -310,7 +404,7 @@ async fn run_mode(
 ) -> anyhow::Result<Vec<Row>> {
     let host = crescent_client::config::system_hostname();
     let mut rows = Vec::new();
-    for transport in &args.transports {
+    for transport in transports {
         for &size in sizes {
             for &batch in &args.batch {
                 for &clients in &args.clients {
@@ -357,6 +451,22 @@ struct Run<'a> {
     hostname: &'a str,
 }
 
+/// A client as `run_at` says (its credentials, its host name).
+async fn connect(run_at: &Run<'_>) -> anyhow::Result<Client> {
+    let tls = run_at.creds.tls.as_ref();
+    Ok(Client::connect(ClientConfig {
+        master: run_at.masters.to_string(),
+        local_hostname: run_at.hostname.to_string(),
+        token_file: run_at.creds.token_file.clone(),
+        tls_cert: tls.map(|t| t.cert.clone()),
+        tls_key: tls.map(|t| t.key.clone()),
+        tls_ca: tls.map(|t| t.ca.clone()),
+        data_tls: run_at.creds.data_tls,
+        ..Default::default()
+    })
+    .await?)
+}
+
 async fn run_one(
     run_at: &Run<'_>,
     size: u64,
@@ -366,19 +476,7 @@ async fn run_one(
 ) -> anyhow::Result<Vec<Row>> {
     let mut handles = Vec::new();
     for _ in 0..clients {
-        let tls = run_at.creds.tls.as_ref();
-        let c = Client::connect(ClientConfig {
-            master: run_at.masters.to_string(),
-            local_hostname: run_at.hostname.to_string(),
-            token_file: run_at.creds.token_file.clone(),
-            tls_cert: tls.map(|t| t.cert.clone()),
-            tls_key: tls.map(|t| t.key.clone()),
-            tls_ca: tls.map(|t| t.ca.clone()),
-            data_tls: run_at.creds.data_tls,
-            ..Default::default()
-        })
-        .await?;
-        handles.push(Arc::new(c));
+        handles.push(Arc::new(connect(run_at).await?));
     }
     let run = crescent_client::master::new_client_id();
     let value = Arc::new((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
@@ -467,6 +565,8 @@ async fn run_one(
             p50_ms: pct(&lat, 0.5),
             p99_ms: pct(&lat, 0.99),
             errors,
+            ceiling: None,
+            pass: None,
         });
     }
     handles[0]
@@ -481,31 +581,53 @@ fn print(
     memcpy: f64,
     grant_us: f64,
     (floor, floor_dir): (crate::floor::Floor, &std::path::Path),
+    disk: Option<&disk::DiskInfo>,
     json_out: bool,
 ) {
-    let ceiling = |t: &str| if t == "tcp" { tcp_ceiling } else { memcpy };
+    let ceiling = |r: &Row| {
+        r.ceiling.unwrap_or(if r.transport == "tcp" {
+            tcp_ceiling
+        } else {
+            memcpy
+        })
+    };
     if json_out {
         let v: Vec<_> = rows
             .iter()
             .map(|r| {
                 json!({"security": r.security, "transport": r.transport, "batch": r.batch, "size": r.size, "clients": r.clients, "op": r.op, "ops": r.ops,
-                       "gb_per_s": r.gbps, "ratio_of_ceiling": r.gbps / ceiling(&r.transport),
-                       "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors})
+                       "gb_per_s": r.gbps, "ceiling_gb_per_s": ceiling(r), "ratio_of_ceiling": r.gbps / ceiling(r),
+                       "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "errors": r.errors, "disk_read_pass": r.pass})
             })
             .collect();
+        let disk = disk.map(|d| {
+            json!({"dirs": d.dirs, "cold": d.cold(), "cache_state": d.cache_state(),
+                   "max_resident_bytes_when_timing_started": d.max_resident,
+                   "ceiling": "sequential 1 MiB preads over a file of the row's total size, in the disk segment's directory, measured before the row"})
+        });
         println!(
             "{}",
             serde_json::to_string_pretty(
                 &json!({"loopback_tcp_gb_per_s": tcp_ceiling, "memcpy_gb_per_s": memcpy,
-                "grant_sign_and_check_us": grant_us, "floor": floor.to_json(), "results": v})
+                "grant_sign_and_check_us": grant_us, "floor": floor.to_json(), "disk": disk, "results": v})
             )
             .unwrap_or_default()
         );
         return;
     }
     println!("ceilings: loopback TCP {tcp_ceiling:.2} GB/s (two local sockets), memcpy {memcpy:.2} GB/s (one thread)");
+    if let Some(d) = disk {
+        let dirs: Vec<String> = d.dirs.iter().map(|p| p.display().to_string()).collect();
+        println!(
+            "  disk rows: ceiling = sequential 1 MiB preads over a file of the row's size next to the disk segment, measured just before the row (its own GB/s in DISK GB/S); segment in {}",
+            dirs.join(", ")
+        );
+        println!("  disk cache state: {}", d.cache_state());
+        println!("  storage below the page cache (a VM host's cache) may serve re-reads faster: PASS is the how-manieth read");
+        println!("  of the row's bytes in this run, the same for its gets and its ceiling (1: first read since written)");
+    }
     println!(
-        "{:<15} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6}",
+        "{:<15} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6} {:>10} {:>4}",
         "SECURITY",
         "XPORT",
         "SIZE",
@@ -517,11 +639,13 @@ fn print(
         "CEILING%",
         "P50 MS",
         "P99 MS",
-        "ERRORS"
+        "ERRORS",
+        "DISK GB/S",
+        "PASS"
     );
     for r in rows {
         println!(
-            "{:<15} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6}",
+            "{:<15} {:<5} {:>9} {:>5} {:>4} {:<4} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6} {:>10} {:>4}",
             r.security,
             r.transport,
             format_size(r.size),
@@ -530,16 +654,18 @@ fn print(
             r.op,
             r.ops,
             r.gbps,
-            100.0 * r.gbps / ceiling(&r.transport),
+            100.0 * r.gbps / ceiling(r),
             r.p50_ms,
             r.p99_ms,
-            r.errors
+            r.errors,
+            r.ceiling.map(|c| format!("{c:.3}")).unwrap_or_default(),
+            r.pass.map(|p| p.to_string()).unwrap_or_default()
         );
     }
     println!();
     println!("insecure: no tokens, clear-text gRPC and data port; tokens-tls: tokens, and mutual TLS on every");
     println!("gRPC connection (data port clear text, the default); tokens-tls-data: and mutual TLS on the stores'");
-    println!("data port (--data-tls; TCP rows; shm rows copy without a socket, no TLS);");
+    println!("data port (--data-tls; TCP and disk rows; shm rows copy without a socket, no TLS);");
     println!("data-plane grants are checked in every mode");
     println!("every request includes its master round trip (PutStart+PutEnd, or GetReplicaList) and crc32c of the values;");
     println!("latency is per request (BATCH objects)");
@@ -562,6 +688,26 @@ fn print(
             } else {
                 "NOT MET"
             }
+        );
+    }
+    let cold = if disk.is_some_and(disk::DiskInfo::cold) {
+        "both page-cache cold"
+    } else {
+        "NOT page-cache cold"
+    };
+    for r in rows
+        .iter()
+        .filter(|r| r.transport == "disk" && r.size == 1 << 20 && r.op == "get")
+    {
+        let c = ceiling(r);
+        println!(
+            "  1 MiB gets from disk replicas ({}, batch {}, pass {}): {:.2} GB/s = {:.0}% of sequential pread {c:.2} GB/s ({cold}); target 60% {}",
+            r.security,
+            r.batch,
+            r.pass.unwrap_or(0),
+            r.gbps,
+            100.0 * r.gbps / c,
+            if r.gbps >= 0.6 * c { "MET" } else { "NOT MET" }
         );
     }
     if rows.iter().any(|r| r.transport == "shm") {

@@ -1,0 +1,514 @@
+//! The `disk` transport of `crescent-bench data`: gets of objects the masters
+//! demoted to a store's disk segment, next to the disk's sequential-read
+//! ceiling measured in the same run (a plain loop of 1 MiB preads over a file
+//! of the same total size, in the same directory as the disk segment).
+//!
+//! Both are measured cold: before each measurement both files' dirty pages
+//! are written back (fdatasync, so no writeback competes with the reads)
+//! and the measured file's pages dropped from the page cache
+//! (`posix_fadvise(POSIX_FADV_DONTNEED)`); how much of it was still resident
+//! when the clock started is checked (mincore) and printed, so a file system
+//! that cannot drop pages (tmpfs) shows as warm.
+//!
+//! Storage below the page cache may cache too (a hypervisor's host page
+//! cache serves a virtual disk's re-reads several times faster than its
+//! first read). So each row also says how many times its bytes had been
+//! read before in this run (`pass`), the same for the gets and their
+//! ceiling: the ceiling is read once just before each row's gets.
+
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use crescent_client::ReplicateConfig;
+use crescent_integration::{LocalCluster, Security};
+use crescent_proto::pb;
+use crescent_proto::units::format_size;
+
+use super::{pct, Credentials, Row, Run, LOCAL_LEASE_TTL};
+
+/// Size of the filler objects put after the measured ones so that those
+/// become the coldest in memory and are demoted (and of a ceiling pread).
+const PIECE: u64 = 1 << 20;
+/// Most rounds of fillers (one memory segment's worth each).
+const MAX_FILLER_ROUNDS: u64 = 4;
+/// How long the measured objects may take to all be disk replicas, from
+/// the end of their puts.
+const DEMOTE_BUDGET: Duration = Duration::from_secs(60);
+/// How long the puts of one size may take (they wait for demotions to free
+/// memory).
+const PUT_BUDGET: Duration = Duration::from_secs(120);
+/// Bytes still resident after dropping a file's pages above which a
+/// measurement is reported as not cold (a few pages of readahead or of the
+/// header do not count).
+const COLD_SLACK: u64 = 4 << 20;
+
+/// How the disk rows were measured, for the summary.
+#[derive(Default)]
+pub struct DiskInfo {
+    /// The disk segments' directories (one per security mode).
+    pub dirs: Vec<PathBuf>,
+    /// Most bytes of the disk segment's file, or of the ceiling's file,
+    /// resident in the page cache when a timed read started.
+    pub max_resident: u64,
+    /// Bytes read by the measurement in which `max_resident` was seen.
+    pub resident_of: u64,
+}
+
+impl DiskInfo {
+    /// Whether every measurement started with (practically) nothing cached.
+    pub fn cold(&self) -> bool {
+        self.max_resident <= COLD_SLACK.max(self.resident_of / 100)
+    }
+
+    pub fn cache_state(&self) -> String {
+        if self.cold() {
+            format!(
+                "page cache cold: fdatasync + posix_fadvise(DONTNEED) on {} and on the ceiling's file before each measurement (at most {} of either resident when timing started)",
+                crescent_store::disk::DISK_FILE,
+                format_size(self.max_resident)
+            )
+        } else {
+            format!(
+                "NOT cold: {} of {} read was still in the page cache after posix_fadvise(DONTNEED) (tmpfs?); figures are partly or wholly warm",
+                format_size(self.max_resident),
+                format_size(self.resident_of)
+            )
+        }
+    }
+
+    fn saw(&mut self, resident: u64, of: u64) {
+        if resident >= self.max_resident {
+            self.max_resident = resident;
+            self.resident_of = of;
+        }
+    }
+}
+
+/// Objects read per size (as the other rows with one client).
+fn object_count(size: u64, per_run: u64, max_ops: usize) -> usize {
+    ((per_run / size) as usize).clamp(4, max_ops.max(4))
+}
+
+/// The memory segment: small, so that the measured objects overflow it,
+/// but four of the largest objects at least. Not smaller than 128 MiB: a
+/// demoted object's memory stays held for a lease TTL (2 s), so puts that
+/// overflow memory go at about half a segment per lease TTL (32 MiB made
+/// 512 MiB of puts take 47 s).
+fn memory_bytes(sizes: &[u64]) -> u64 {
+    let largest = sizes.iter().copied().max().unwrap_or(PIECE);
+    (128 << 20).max(4 * largest.next_multiple_of(PIECE))
+}
+
+/// The disk segment: the largest size's objects plus every filler round,
+/// with room to stay well under the disk watermark (0.95), where disk
+/// objects would be dropped. Sizes run one after the other and each
+/// removes its objects before the next.
+fn disk_bytes(sizes: &[u64], per_run: u64, max_ops: usize) -> u64 {
+    let objects = sizes
+        .iter()
+        .map(|&s| s.next_multiple_of(4096) * object_count(s, per_run, max_ops) as u64)
+        .max()
+        .unwrap_or(0);
+    let need = objects + (MAX_FILLER_ROUNDS + 1) * memory_bytes(sizes);
+    (need + need / 4).next_multiple_of(PIECE) + (64 << 20)
+}
+
+/// A cluster whose one store has a small memory segment and a disk segment
+/// in `dir`, its masters demoting early (the memory watermark at 0.5).
+pub async fn start_cluster(
+    security: Security,
+    data_tls: bool,
+    dir: &Path,
+    sizes: &[u64],
+    per_run: u64,
+    max_ops: usize,
+) -> anyhow::Result<LocalCluster> {
+    let mut flags: Vec<String> = [
+        "--lease-ttl",
+        LOCAL_LEASE_TTL,
+        "--eviction-high-watermark",
+        "0.5",
+        "--eviction-ratio",
+        "0.3",
+        "--demotion-timeout",
+        "15s",
+    ]
+    .map(String::from)
+    .to_vec();
+    if data_tls {
+        // The leader copies demoted bytes from and to the store's data
+        // ports, which then speak TLS only.
+        flags.push("--data-tls".into());
+    }
+    let mut c = LocalCluster::start_as(3, &flags, security)?;
+    c.wait_for_leader(Duration::from_secs(20)).await?;
+    c.data_tls = data_tls;
+    let (memory, disk) = (memory_bytes(sizes), disk_bytes(sizes, per_run, max_ops));
+    eprintln!(
+        "disk store: {} memory segment, {} disk segment in {}",
+        format_size(memory),
+        format_size(disk),
+        dir.display()
+    );
+    c.start_store(
+        &memory.to_string(),
+        &[
+            "--disk-path".to_string(),
+            dir.display().to_string(),
+            "--disk-size".into(),
+            disk.to_string(),
+        ],
+    )?;
+    c.wait_for_segments(2, Duration::from_secs(20))
+        .await
+        .context("the store's memory and disk segments did not both mount")?;
+    Ok(c)
+}
+
+/// Every size and batch of the disk transport, one client, against a
+/// cluster from [`start_cluster`] with its disk segment in `dir`.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    args: &super::DataArgs,
+    label: &str,
+    masters: &str,
+    creds: &Credentials,
+    dir: &Path,
+    sizes: &[u64],
+    per_run: u64,
+    info: &mut DiskInfo,
+) -> anyhow::Result<Vec<Row>> {
+    let hostname = format!("{}-remote", crescent_client::config::system_hostname());
+    let run_at = Run {
+        label,
+        masters,
+        creds,
+        transport: "disk",
+        hostname: &hostname,
+    };
+    let client = super::connect(&run_at).await?;
+    let run = crescent_client::master::new_client_id();
+    let segment_file = dir.join(crescent_store::disk::DISK_FILE);
+    let ceiling_file = dir.join(format!(".crescent-bench-ceiling-{}", std::process::id()));
+    let memory = memory_bytes(sizes);
+    info.dirs.push(dir.to_path_buf());
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let n = object_count(size, per_run, args.max_ops);
+        let prefix = format!("bench-data/{run}/disk/{size}/");
+        let keys: Vec<String> = (0..n).map(|i| format!("{prefix}t{i}")).collect();
+        eprintln!(
+            "{label} disk {}: putting {n} objects through a {} memory segment ...",
+            format_size(size),
+            format_size(memory)
+        );
+        let started = Instant::now();
+        let value = (0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
+        let put_deadline = started + PUT_BUDGET;
+        for k in &keys {
+            put_retrying(&client, k, &value, put_deadline).await?;
+        }
+        let put_secs = started.elapsed().as_secs_f64();
+        let (rounds, wait_secs) = demote_all(&client, &prefix, &keys, memory).await?;
+        eprintln!(
+            "{label} disk {}: {n} objects put in {put_secs:.1} s, all disk replicas {wait_secs:.1} s later ({rounds} filler round(s) of {})",
+            format_size(size),
+            format_size(memory)
+        );
+
+        let total = size * n as u64;
+        let path = ceiling_file.clone();
+        tokio::task::spawn_blocking(move || write_file(&path, total))
+            .await?
+            .with_context(|| format!("writing the ceiling's file {}", ceiling_file.display()))?;
+        let measured = measure_size(
+            &client,
+            &run_at,
+            &keys,
+            size,
+            &segment_file,
+            &ceiling_file,
+            args,
+            info,
+        )
+        .await;
+        let _ = std::fs::remove_file(&ceiling_file);
+        rows.extend(measured?);
+
+        // The next size needs this one's disk and memory back: removed
+        // objects' space is held for a lease TTL.
+        client
+            .remove_by_regex(&format!("^{prefix}"), true)
+            .await
+            .context("removing the disk run's objects")?;
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    }
+    Ok(rows)
+}
+
+/// The rows of one size: for each batch, the ceiling (cold) then the gets
+/// (cold).
+#[allow(clippy::too_many_arguments)]
+async fn measure_size(
+    client: &crescent_client::Client,
+    run_at: &Run<'_>,
+    keys: &[String],
+    size: u64,
+    segment_file: &Path,
+    ceiling_file: &Path,
+    args: &super::DataArgs,
+    info: &mut DiskInfo,
+) -> anyhow::Result<Vec<Row>> {
+    let total = size * keys.len() as u64;
+    let mut rows = Vec::new();
+    for (pass, &batch) in args.batch.iter().enumerate() {
+        eprintln!(
+            "{} disk {} x1 batch {batch} (cold) ...",
+            run_at.label,
+            format_size(size)
+        );
+        let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
+        let (ceiling, resident) = tokio::task::spawn_blocking(move || {
+            drop_cache(&segment)?;
+            drop_cache(&path)?;
+            let resident = resident_bytes(&path)?;
+            Ok::<_, anyhow::Error>((pread_ceiling(&path, total)?, resident))
+        })
+        .await??;
+        info.saw(resident, total);
+        let pass = pass + 1;
+
+        let mut bufs = vec![vec![1u8; size as usize]; batch.min(keys.len())];
+        let path = segment_file.to_path_buf();
+        let resident = tokio::task::spawn_blocking(move || {
+            drop_cache(&path)?;
+            resident_bytes(&path)
+        })
+        .await??;
+        info.saw(resident, total);
+        let start = Instant::now();
+        let mut lat = Vec::with_capacity(keys.len().div_ceil(batch));
+        let mut errors = 0;
+        for chunk in keys.chunks(batch) {
+            let t = Instant::now();
+            errors += if batch == 1 {
+                usize::from(client.get_into(&chunk[0], &mut bufs[0]).await.is_err())
+            } else {
+                let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                let mut slices: Vec<&mut [u8]> = bufs
+                    .iter_mut()
+                    .take(chunk.len())
+                    .map(|b| b.as_mut_slice())
+                    .collect();
+                match client.batch_get_into(&refs, &mut slices).await {
+                    Ok(r) => r.iter().filter(|x| x.is_err()).count(),
+                    Err(_) => chunk.len(),
+                }
+            };
+            lat.push(t.elapsed());
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        lat.sort_unstable();
+        rows.push(Row {
+            security: run_at.label.to_string(),
+            batch,
+            transport: "disk".to_string(),
+            size,
+            clients: 1,
+            op: "get",
+            ops: keys.len(),
+            gbps: total as f64 / elapsed / 1e9,
+            p50_ms: pct(&lat, 0.5),
+            p99_ms: pct(&lat, 0.99),
+            errors,
+            ceiling: Some(ceiling),
+            pass: Some(pass),
+        });
+    }
+    Ok(rows)
+}
+
+/// Puts `key`, retrying while memory is full (demotion frees it) until
+/// `deadline`.
+async fn put_retrying(
+    c: &crescent_client::Client,
+    key: &str,
+    value: &[u8],
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    let cfg = ReplicateConfig {
+        replica_num: 1,
+        ..Default::default()
+    };
+    loop {
+        match c.put(key, value, &cfg).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(anyhow::anyhow!("put {key}: {e}")
+                    .context("memory never freed up: are demotions running?"))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Puts rounds of fillers (a memory segment's worth each) until every one
+/// of `keys` is a disk replica only; returns the rounds and the seconds
+/// taken. Lookups lease what they find for a lease TTL (a leased object is
+/// never demoted), so each round waits that long after its checks.
+async fn demote_all(
+    c: &crescent_client::Client,
+    prefix: &str,
+    keys: &[String],
+    memory: u64,
+) -> anyhow::Result<(u64, f64)> {
+    let started = Instant::now();
+    let deadline = started + DEMOTE_BUDGET;
+    let filler = vec![0x5au8; PIECE as usize];
+    let mut next = 0u64;
+    for round in 1..=MAX_FILLER_ROUNDS {
+        for _ in 0..memory / PIECE {
+            put_retrying(c, &format!("{prefix}f{next}"), &filler, deadline).await?;
+            next += 1;
+        }
+        // Demotions run in the background: give them up to 3 s.
+        let poll_end = Instant::now() + Duration::from_secs(3);
+        let mut in_memory;
+        loop {
+            in_memory = not_on_disk(c, keys).await?;
+            if in_memory == 0 {
+                return Ok((round, started.elapsed().as_secs_f64()));
+            }
+            if Instant::now() >= poll_end {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{in_memory} of {} objects still had a memory replica {DEMOTE_BUDGET:?} after their puts",
+            keys.len()
+        );
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+    }
+    anyhow::bail!(
+        "objects still had a memory replica after {MAX_FILLER_ROUNDS} rounds of {} of fillers",
+        format_size(memory)
+    )
+}
+
+/// How many of `keys` still have a replica other than a disk one; an
+/// error if any is gone (dropped at the disk watermark, say).
+async fn not_on_disk(c: &crescent_client::Client, keys: &[String]) -> anyhow::Result<usize> {
+    let lists = c
+        .master()
+        .batch_get_replica_list(keys.to_vec())
+        .await
+        .context("looking up where the measured objects are")?;
+    let mut in_memory = 0;
+    for (k, r) in keys.iter().zip(&lists) {
+        let st = r.status.clone().unwrap_or_default();
+        anyhow::ensure!(
+            st.error_code() == crescent_proto::ErrorCode::Ok,
+            "{k} is gone ({:?}: {}): dropped instead of demoted (a failed demotion copy, a full disk)?",
+            st.error_code(),
+            st.message
+        );
+        let disk = pb::ReplicaKind::Disk as i32;
+        if r.replicas.is_empty() || r.replicas.iter().any(|d| d.kind != disk) {
+            in_memory += 1;
+        }
+    }
+    Ok(in_memory)
+}
+
+/// Writes `len` bytes (not a sparse file: reading holes costs no I/O) and
+/// syncs them.
+fn write_file(path: &Path, len: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    let chunk: Vec<u8> = (0..PIECE).map(|i| (i % 253) as u8 ^ 0xa5).collect();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(PIECE) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    f.sync_data()?;
+    Ok(())
+}
+
+/// Writes `path`'s dirty pages back and drops its pages from the page cache.
+fn drop_cache(path: &Path) -> anyhow::Result<()> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    f.sync_data()
+        .with_context(|| format!("fdatasync {}", path.display()))?;
+    // SAFETY: a plain syscall on a descriptor `f` owns for the call.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc))
+            .with_context(|| format!("posix_fadvise(DONTNEED) {}", path.display()));
+    }
+    Ok(())
+}
+
+/// Bytes of `path` in the page cache (mincore over a read-only mapping,
+/// which faults nothing in).
+fn resident_bytes(path: &Path) -> anyhow::Result<u64> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = f.metadata()?.len() as usize;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => 4096,
+    };
+    // SAFETY: a fresh shared read-only mapping of the whole file; it is only
+    // passed to mincore and unmapped below, never dereferenced.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("mmap {}", path.display()));
+    }
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `addr..addr+len` is the mapping above; `vec` has one byte per page.
+    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: unmaps exactly the mapping above.
+    unsafe { libc::munmap(addr, len) };
+    if rc != 0 {
+        return Err(err).with_context(|| format!("mincore {}", path.display()));
+    }
+    Ok(vec.iter().filter(|v| *v & 1 != 0).count() as u64 * page as u64)
+}
+
+/// GB/s of a sequential loop of 1 MiB preads over the first `len` bytes of
+/// `path`.
+fn pread_ceiling(path: &Path, len: u64) -> anyhow::Result<f64> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut buf = vec![0u8; PIECE as usize];
+    let start = Instant::now();
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(PIECE) as usize;
+        f.read_exact_at(&mut buf[..n], off)
+            .with_context(|| format!("pread {} at {off}", path.display()))?;
+        std::hint::black_box(&buf);
+        off += n as u64;
+    }
+    Ok(len as f64 / start.elapsed().as_secs_f64() / 1e9)
+}
