@@ -191,8 +191,12 @@ impl MasterNode {
                     )
                     .await
                 {
-                    Ok(Response::Reserved(Ok(_))) => {
+                    Ok(Response::Reserved(Ok((id, _)))) => {
                         self.counters.reservations_made.fetch_add(1, Relaxed);
+                        let mut placer = self.placer.lock().expect("lock poisoned");
+                        if placer.term() == term {
+                            placer.record_reservation(id);
+                        }
                     }
                     Ok(other) => {
                         tracing::debug!(segment_id, ?other, "reservation refused");

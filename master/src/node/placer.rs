@@ -16,7 +16,7 @@
 //! gets). `adopt_foreign` breaks exactly that rule; it exists so the chaos
 //! checker can show it catches the bug class.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crescent_raft::alloc::{aligned_len, Allocator};
 use crescent_raft::state::{
@@ -128,6 +128,12 @@ pub struct Placer {
     by_put: HashMap<PutKey, Vec<u64>>,
     per_client: HashMap<String, u64>,
     next_pending: u64,
+    /// Reservations this leader's own Reserve entries made. Its term alone
+    /// does not tell: a leader restarted into the same term (openraft
+    /// restores a committed vote's leadership on restart) must not adopt
+    /// what its previous incarnation reserved, whose placements it no
+    /// longer knows and whose writers may still be writing.
+    made: BTreeSet<ReservationId>,
 }
 
 impl Placer {
@@ -143,7 +149,13 @@ impl Placer {
             by_put: HashMap::new(),
             per_client: HashMap::new(),
             next_pending: 1,
+            made: BTreeSet::new(),
         }
+    }
+
+    /// Records a reservation this leader's own Reserve entry made.
+    pub fn record_reservation(&mut self, id: ReservationId) {
+        self.made.insert(id);
     }
 
     pub fn term(&self) -> u64 {
@@ -175,8 +187,8 @@ impl Placer {
         (capacity / 8) & !(crescent_raft::alloc::ALIGNMENT - 1)
     }
 
-    fn mine(&self, term: u64) -> bool {
-        term == self.term || self.adopt_foreign
+    fn mine(&self, res: &crescent_raft::state::Reservation) -> bool {
+        (res.term == self.term && self.made.contains(&res.id)) || self.adopt_foreign
     }
 
     /// Takes up reservations of this term that appeared in the state (this
@@ -184,8 +196,9 @@ impl Placer {
     pub fn sync(&mut self, state: &MetaState) {
         self.open
             .retain(|id, _| state.reservations.contains_key(id));
+        self.made.retain(|id| state.reservations.contains_key(id));
         for (id, res) in &state.reservations {
-            if self.open.contains_key(id) || !self.mine(res.term) {
+            if self.open.contains_key(id) || !self.mine(res) {
                 continue;
             }
             let mut alloc = Allocator::new(res.len);
@@ -583,7 +596,7 @@ impl Placer {
                                 .get(&res.segment_id)
                                 .is_some_and(|s| s.is_live()))
                 }
-                None => !self.mine(res.term) && foreign_due(res.term),
+                None => !self.mine(res) && foreign_due(res.term),
             })
             .map(|res| res.id)
             .collect();
@@ -650,6 +663,16 @@ mod tests {
         }
     }
 
+    /// Records the reservations of `p`'s term as its own (made by its
+    /// Reserve entries), then syncs.
+    fn claim_own(p: &mut Placer, s: &MetaState) {
+        let term = p.term();
+        for r in s.reservations.values().filter(|r| r.term == term) {
+            p.record_reservation(r.id);
+        }
+        p.sync(s);
+    }
+
     fn reserve(s: &mut MetaState, term: u64) {
         let r = apply(
             s,
@@ -668,14 +691,14 @@ mod tests {
         let mut s = state_with_segment();
         reserve(&mut s, 4);
         let mut p = Placer::new(5, 10, 8 * MB, false);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         assert_eq!(
             p.place(&s, &req("k", "c", 1), times(10)),
             Placed::NeedReservations(vec![1]),
             "a term-4 reservation must not be used by the term-5 leader"
         );
         reserve(&mut s, 5);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         let Placed::Replicas(r) = p.place(&s, &req("k", "c", 1), times(10)) else {
             panic!("placed nothing")
         };
@@ -683,8 +706,36 @@ mod tests {
         assert!(r[0].offset >= own.base && r[0].offset < own.base + own.len);
         // The broken switch places in the foreign one too.
         let mut broken = Placer::new(5, 10, 8 * MB, true);
-        broken.sync(&s);
+        claim_own(&mut broken, &s);
         assert_eq!(broken.open.len(), 2);
+    }
+
+    /// openraft restores a committed vote's leadership on restart: the
+    /// restarted leader is in the same term but knows nothing of what its
+    /// previous incarnation placed. It must treat that incarnation's
+    /// reservations as foreign (found by the chaos suite: a leader killed
+    /// and back as leader of term 1 handed a stalled writer's range out
+    /// again, and an acknowledged object read back with wrong bytes).
+    #[test]
+    fn a_leader_restarted_into_its_term_does_not_adopt_its_earlier_reservations() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 5);
+        let mut before = Placer::new(5, 10, 8 * MB, false);
+        claim_own(&mut before, &s);
+        let Placed::Replicas(stalled) = before.place(&s, &req("k1", "c", 1), times(10)) else {
+            panic!("placed nothing")
+        };
+        // The process dies; the same node leads term 5 again.
+        let mut after = Placer::new(5, 20, 8 * MB, false);
+        after.sync(&s);
+        assert_eq!(
+            after.place(&s, &req("k2", "c", 2), times(20)),
+            Placed::NeedReservations(vec![1]),
+            "the earlier incarnation's reservation (holding {stalled:?}) must not be used"
+        );
+        // Retired a release timeout after this incarnation took over.
+        assert!(after.retirable(&s, 20 + 599_999, 600_000).is_empty());
+        assert_eq!(after.retirable(&s, 20 + 600_000, 600_000).len(), 1);
     }
 
     #[test]
@@ -692,7 +743,7 @@ mod tests {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
         let mut p = Placer::new(1, 0, 8 * MB, false);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         assert!(matches!(
             p.place(&s, &req("k", "a", 1), times(0)),
             Placed::Replicas(_)
@@ -716,7 +767,7 @@ mod tests {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
         let mut p = Placer::new(1, 0, 8 * MB, false);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         let Placed::Replicas(a) = p.place(&s, &req("a", "c", 1), times(0)) else {
             panic!()
         };
@@ -769,7 +820,7 @@ mod tests {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
         let mut p = Placer::new(1, 0, 8 * MB, false);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         let (Placed::Replicas(first), Tracked::Created(id)) =
             p.place_tracked(&s, &req("k", "c", 9), times(0))
         else {
@@ -827,7 +878,7 @@ mod tests {
         reserve(&mut s, 1);
         reserve(&mut s, 2);
         let mut p = Placer::new(2, 1_000, 8 * MB, false);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         let big = PlaceRequest {
             size: 2 * MB,
             ..req("k", "c", 1)
@@ -856,7 +907,7 @@ mod tests {
         // than this leader's own start.
         apply(&mut s, 500, Op::LeaderStart { term: 2 });
         let mut p = Placer::new(3, 900_000, 8 * MB, false);
-        p.sync(&s);
+        claim_own(&mut p, &s);
         assert!(p.retirable(&s, 600_499, 600_000).is_empty());
         assert_eq!(
             p.retirable(&s, 600_500, 600_000),
