@@ -302,23 +302,45 @@ async fn copy(
     while done < d.size {
         let n = (d.size - done).min(COPY_PIECE as u64) as usize;
         let piece = &mut buf[..n];
-        let read = {
+        // One retry on a fresh connection: a pooled one to a store that
+        // restarted since fails at once, the store and the object being fine.
+        let mut read = Ok(());
+        for attempt in 0..2 {
             let mut reads = [(read_grant, d.source.offset + done, &mut piece[..])];
-            transport.read(&src_endpoint, &mut reads).await
-        };
+            read = transport.read(&src_endpoint, &mut reads).await;
+            if read.is_ok() {
+                break;
+            }
+            transport.forget(&src_endpoint);
+            tracing::debug!(
+                key = d.key,
+                attempt,
+                "demotion read failed; retrying on a new connection"
+            );
+        }
         if let Err(e) = read {
             // Every write so far was answered: none is in flight.
             tracing::debug!(key = d.key, error = %e, "demotion read failed");
             return CopyOutcome::NotWritten;
         }
         crc = crc32c::crc32c_append(crc, piece);
-        match transport
-            .write(
-                &dst_endpoint,
-                &[(write_grant, d.target.offset + done, &piece[..])],
-            )
-            .await
-        {
+        // Also one retry on a fresh connection: writing the same bytes to
+        // the same range twice is harmless, and the range stays this
+        // demotion's until its end.
+        let mut written = Ok(());
+        for _ in 0..2 {
+            written = transport
+                .write(
+                    &dst_endpoint,
+                    &[(write_grant, d.target.offset + done, &piece[..])],
+                )
+                .await;
+            if written.is_ok() || matches!(written, Err(TransferError::Refused { .. })) {
+                break;
+            }
+            transport.forget(&dst_endpoint);
+        }
+        match written {
             Ok(()) => {}
             // Nothing reached the store, or it answered with a refusal: no
             // write is in flight.
