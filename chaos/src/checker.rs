@@ -6,6 +6,10 @@
 //! - an acknowledged put whose object a later get found missing while no
 //!   remove of that key could have run in between (a lost write);
 //! - two masters reporting themselves leader in the same term;
+//! - a disk object (one the leader listed on a store's disk segment, read
+//!   before that store was SIGKILLed) missing, unreadable or holding other
+//!   bytes once the store is back on the same disk, while no remove of that
+//!   key could have run in between (a disk object lost across a restart);
 //! - a per-key history of put/get/exists/remove that is not linearizable
 //!   against the model of a Crescent object (Wing & Gong search with
 //!   memoisation, in the manner of Porcupine and Knossos).
@@ -21,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::history::{Op, OpKind, Outcome, RoleSample};
+use crate::history::{DiskCheck, Op, OpKind, Outcome, RoleSample};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,6 +34,8 @@ pub enum ViolationKind {
     LostWrite,
     TwoLeaders,
     NotLinearizable,
+    /// A disk object lost (or changed) across a restart of its store.
+    DiskLost,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -46,12 +52,23 @@ pub struct CheckResult {
     /// Keys whose linearizability search ran out of budget (not violations,
     /// but not proven either).
     pub inconclusive_keys: Vec<String>,
+    /// Disk objects checked across store restarts (a run that checked none
+    /// proved nothing about the disk tier; the summary says so).
+    pub disk_objects_checked: usize,
+    /// ... of which a remove of the key may have run between the reads, so
+    /// a missing or different object there proves nothing.
+    pub disk_objects_removed_meanwhile: usize,
 }
 
 /// Default per-key search budget (distinct search states).
 pub const DEFAULT_BUDGET: usize = 2_000_000;
 
-pub fn check(ops: &[Op], samples: &[RoleSample], budget: usize) -> CheckResult {
+pub fn check(
+    ops: &[Op],
+    samples: &[RoleSample],
+    disk_checks: &[DiskCheck],
+    budget: usize,
+) -> CheckResult {
     let mut result = CheckResult::default();
     result.violations.extend(two_leaders(samples));
     let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
@@ -59,6 +76,10 @@ pub fn check(ops: &[Op], samples: &[RoleSample], budget: usize) -> CheckResult {
         by_key.entry(op.key.as_str()).or_default().push(op);
     }
     result.keys_checked = by_key.len();
+    let disk = disk_lost(disk_checks, &by_key);
+    result.disk_objects_checked = disk_checks.len();
+    result.disk_objects_removed_meanwhile = disk.removed_meanwhile;
+    result.violations.extend(disk.violations);
     for (key, ops) in by_key {
         result.violations.extend(wrong_bytes(key, &ops));
         result.violations.extend(lost_writes(key, &ops));
@@ -163,6 +184,74 @@ fn lost_writes(key: &str, ops: &[&Op]) -> Vec<Violation> {
         }
     }
     out
+}
+
+/// What [`disk_lost`] found.
+struct DiskVerdict {
+    violations: Vec<Violation>,
+    removed_meanwhile: usize,
+}
+
+/// Whether a remove of the key (acknowledged, or of unknown outcome, which
+/// may land any time later) may have run in `[from_us, to_us]`.
+fn removed_between(ops: &[&Op], from_us: u64, to_us: u64) -> bool {
+    ops.iter().any(|r| {
+        matches!(r.kind, OpKind::Remove { .. })
+            && matches!(r.outcome, Outcome::Ok | Outcome::Unknown { .. })
+            && r.invoke_us <= to_us
+            && match r.outcome {
+                Outcome::Unknown { .. } => true,
+                _ => r.complete_us >= from_us,
+            }
+    })
+}
+
+/// Disk objects lost across a store restart: every checked object must read
+/// back, after its store came back on the same disk, as the value it held
+/// before the kill. Missing (not found), unreadable (its replicas still
+/// unavailable after the store is back, or unreadable from the store), of
+/// unknown outcome or other bytes are all a loss, unless a remove of the key
+/// may have run between the two reads (a worker may remove the key, and put
+/// it again, while its store is down).
+fn disk_lost(checks: &[DiskCheck], by_key: &BTreeMap<&str, Vec<&Op>>) -> DiskVerdict {
+    let mut verdict = DiskVerdict {
+        violations: Vec::new(),
+        removed_meanwhile: 0,
+    };
+    for c in checks {
+        if c.after == (Outcome::Found { value: c.value }) {
+            continue;
+        }
+        let ops = by_key.get(c.key.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        if removed_between(ops, c.before_us, c.after_complete_us) {
+            verdict.removed_meanwhile += 1;
+            continue;
+        }
+        let found = match &c.after {
+            Outcome::Found { value } => format!("value {value}"),
+            Outcome::Missing => "no object (not found)".to_string(),
+            Outcome::Corrupt { detail } => format!("corrupt bytes ({detail})"),
+            Outcome::Fail { error } | Outcome::Unknown { error } => {
+                format!("no readable replica ({error})")
+            }
+            other => format!("{other:?}"),
+        };
+        let back = match c.back_us {
+            Some(us) => format!("the store had a disk segment mounted again at {us} us"),
+            None => "the store had no disk segment mounted again in time".to_string(),
+        };
+        verdict.violations.push(Violation {
+            kind: ViolationKind::DiskLost,
+            key: Some(c.key.clone()),
+            detail: format!(
+                "held value {} on disk segment {} of store {} (read at {} us); store SIGKILLed \
+                 at {} us and restarted on the same disk; {back}; the read at {} us found {found}, \
+                 with no remove in between",
+                c.value, c.segment, c.store, c.before_us, c.killed_us, c.after_invoke_us
+            ),
+        });
+    }
+    verdict
 }
 
 /// The model's state: absent, or present with a value id.
@@ -386,7 +475,7 @@ mod tests {
         }
     }
     fn kinds(ops: &[Op]) -> Vec<ViolationKind> {
-        check(ops, &[], DEFAULT_BUDGET)
+        check(ops, &[], &[], DEFAULT_BUDGET)
             .violations
             .into_iter()
             .map(|v| v.kind)
@@ -493,6 +582,103 @@ mod tests {
             get(2, 2, 3, Outcome::Corrupt { detail: "x".into() }),
         ];
         assert!(kinds(&h).contains(&ViolationKind::WrongBytes));
+    }
+
+    fn disk_check(after: Outcome) -> DiskCheck {
+        DiskCheck {
+            key: "k".into(),
+            store: 1,
+            segment: "s1-disk".into(),
+            value: 7,
+            before_us: 20,
+            killed_us: 30,
+            back_us: Some(40),
+            after_invoke_us: 50,
+            after_complete_us: 60,
+            after,
+        }
+    }
+
+    fn disk_kinds(ops: &[Op], checks: &[DiskCheck]) -> (Vec<ViolationKind>, CheckResult) {
+        let r = check(ops, &[], checks, DEFAULT_BUDGET);
+        (r.violations.iter().map(|v| v.kind).collect(), r)
+    }
+
+    #[test]
+    fn a_disk_object_read_back_after_its_store_restart_passes() {
+        let h = vec![put(1, 7, 0, 10, Outcome::Ok)];
+        let (k, r) = disk_kinds(&h, &[disk_check(Outcome::Found { value: 7 })]);
+        assert!(k.is_empty(), "{k:?}");
+        assert_eq!(r.disk_objects_checked, 1);
+        assert_eq!(r.disk_objects_removed_meanwhile, 0);
+    }
+
+    #[test]
+    fn a_disk_object_missing_unreadable_or_changed_after_its_store_restart_is_lost() {
+        let h = vec![put(1, 7, 0, 10, Outcome::Ok)];
+        for after in [
+            Outcome::Missing,
+            Outcome::Fail {
+                error: "REPLICAS_UNAVAILABLE".into(),
+            },
+            Outcome::Unknown {
+                error: "timeout".into(),
+            },
+            Outcome::Found { value: 8 },
+            Outcome::Corrupt {
+                detail: "zeros".into(),
+            },
+        ] {
+            let (k, r) = disk_kinds(&h, &[disk_check(after.clone())]);
+            assert_eq!(k, vec![ViolationKind::DiskLost], "{after:?}");
+            assert!(
+                r.violations[0].detail.contains("s1-disk"),
+                "{:?}",
+                r.violations
+            );
+        }
+        // A remove that failed for sure, or ended before the first read,
+        // excuses nothing.
+        let mut h = h.clone();
+        h.push(op(2, OpKind::Remove { force: true }, 11, 12, Outcome::Ok));
+        h.push(put(2, 7, 13, 14, Outcome::Ok));
+        h.push(op(
+            3,
+            OpKind::Remove { force: false },
+            25,
+            26,
+            Outcome::Fail {
+                error: "OBJECT_HAS_LEASE".into(),
+            },
+        ));
+        let (k, _) = disk_kinds(&h, &[disk_check(Outcome::Missing)]);
+        assert_eq!(k, vec![ViolationKind::DiskLost]);
+    }
+
+    #[test]
+    fn a_remove_between_the_reads_excuses_a_missing_disk_object() {
+        for remove in [
+            op(2, OpKind::Remove { force: true }, 35, 36, Outcome::Ok),
+            // Of unknown outcome before the first read: it may land later.
+            op(
+                2,
+                OpKind::Remove { force: true },
+                5,
+                6,
+                Outcome::Unknown {
+                    error: "timeout".into(),
+                },
+            ),
+        ] {
+            let h = vec![put(1, 7, 0, 10, Outcome::Ok), remove];
+            let (k, r) = disk_kinds(&h, &[disk_check(Outcome::Missing)]);
+            assert!(
+                !k.contains(&ViolationKind::DiskLost),
+                "{k:?}: {:?}",
+                r.violations
+            );
+            assert_eq!(r.disk_objects_removed_meanwhile, 1);
+        }
     }
 
     #[test]

@@ -83,7 +83,12 @@ pub trait Deployment: Send {
     fn resume_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn isolate_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn heal_master(&mut self, id: u64) -> anyhow::Result<()>;
+    /// Store `idx`'s HTTP (metrics and /health) address, reachable from
+    /// this process.
+    fn store_http(&self, idx: usize) -> String;
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()>;
+    /// Starts store `idx` again with the same flags: the same disk
+    /// directory, so its disk segment (and objects) come back.
     fn start_store(&mut self, idx: usize) -> anyhow::Result<()>;
     fn etcd_members(&self) -> usize;
     fn kill_etcd(&mut self, i: usize) -> anyhow::Result<()>;
@@ -99,6 +104,34 @@ pub trait Deployment: Send {
     /// Copies every process's log into `dir`.
     fn collect_logs(&self, dir: &Path);
     fn teardown(&mut self);
+}
+
+/// Each store's memory segment. Far more than the workload holds: the
+/// masters demote at a low watermark instead (see the `run` command).
+pub const MEMORY_SEGMENT: &str = "256mb";
+/// Each store's disk segment (a pre-allocated file). Far more than the
+/// workload ever demotes: an object dropped from disk at the disk
+/// watermark counts as evicted, and any eviction fails a run.
+pub const DISK_SEGMENT: &str = "64mb";
+/// Where a store container keeps its disk segment: its own filesystem,
+/// which survives a restart of the container (and goes with it at teardown).
+const CONTAINER_DISK_PATH: &str = "/var/lib/crescent/disk";
+/// The disk segment's data port in a store container (pinned, so the
+/// address is the same after a restart).
+const CONTAINER_DISK_PORT: u16 = 50062;
+
+/// A store's disk-tier flags.
+fn disk_flags(path: &str, listen: Option<String>) -> Vec<String> {
+    let mut flags = vec![
+        "--disk-path".to_string(),
+        path.to_string(),
+        "--disk-size".into(),
+        DISK_SEGMENT.into(),
+    ];
+    if let Some(addr) = listen {
+        flags.extend(["--disk-listen".to_string(), addr]);
+    }
+    flags
 }
 
 fn stop_file(plan: &WorkerPlan) -> PathBuf {
@@ -145,7 +178,9 @@ fn worker_args(
 // ------------------------------------------------------------- processes
 
 /// etcd (3 members), 3 masters and 2 stores as local processes on loopback,
-/// in token mode (every process and worker presents its token).
+/// in token mode (every process and worker presents its token). Each store
+/// keeps its disk segment in its own directory under the cluster's
+/// temporary root (`store-<n>-disk`), which a restart reuses.
 pub struct ProcessDeployment {
     etcd: LocalEtcd,
     cluster: LocalCluster,
@@ -153,7 +188,8 @@ pub struct ProcessDeployment {
 }
 
 impl ProcessDeployment {
-    pub fn start(master_flags: &[String]) -> anyhow::Result<Self> {
+    /// `store_flags` are added to every store's (the test-only switches).
+    pub fn start(master_flags: &[String], store_flags: &[String]) -> anyhow::Result<Self> {
         let etcd = LocalEtcd::start_cluster(3)?;
         let mut cluster = LocalCluster::start_with_etcd_as(
             3,
@@ -162,8 +198,11 @@ impl ProcessDeployment {
             master_flags,
             Security::Tokens,
         )?;
-        for _ in 0..2 {
-            cluster.start_store("256mb", &[])?;
+        for i in 0..2 {
+            let dir = cluster.root.join(format!("store-{i}-disk"));
+            let mut flags = disk_flags(&dir.display().to_string(), None);
+            flags.extend(store_flags.iter().cloned());
+            cluster.start_store(MEMORY_SEGMENT, &flags)?;
         }
         Ok(Self {
             etcd,
@@ -215,6 +254,13 @@ impl Deployment for ProcessDeployment {
     }
     fn heal_master(&mut self, _id: u64) -> anyhow::Result<()> {
         anyhow::bail!("partitions need container mode")
+    }
+    fn store_http(&self, idx: usize) -> String {
+        self.cluster
+            .stores
+            .get(idx)
+            .map(|s| s.http.clone())
+            .unwrap_or_default()
     }
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()> {
         self.cluster
@@ -336,6 +382,9 @@ pub struct ContainerDeployment {
 
 const MASTER_IDS: [u64; 3] = [1, 2, 3];
 
+/// A store container's HTTP (metrics, /health) port.
+const STORE_HTTP_PORT: u16 = 9103;
+
 /// Where the containers see the token directory.
 const TOKENS_MOUNT: &str = "/crescent-tokens";
 
@@ -351,7 +400,12 @@ fn tokens_bind(dir: &Path) -> Bind<'_> {
 const ETCD_READY: &str = "ready to serve client requests";
 
 impl ContainerDeployment {
-    pub fn start(image: &str, master_flags: &[String]) -> anyhow::Result<Self> {
+    /// `store_flags` are added to every store's (the test-only switches).
+    pub fn start(
+        image: &str,
+        master_flags: &[String],
+        store_flags: &[String],
+    ) -> anyhow::Result<Self> {
         let prefix = format!("crescent-chaos-{}", std::process::id());
         let tokens = tempfile::Builder::new()
             .prefix("crescent-chaos-tokens-")
@@ -364,7 +418,7 @@ impl ContainerDeployment {
             net,
             workers: Vec::new(),
         };
-        if let Err(e) = block(d.launch(master_flags)) {
+        if let Err(e) = block(d.launch(master_flags, store_flags)) {
             d.teardown();
             return Err(e);
         }
@@ -393,7 +447,11 @@ impl ContainerDeployment {
             .join(",")
     }
 
-    async fn launch(&mut self, master_flags: &[String]) -> anyhow::Result<()> {
+    async fn launch(
+        &mut self,
+        master_flags: &[String],
+        store_flags: &[String],
+    ) -> anyhow::Result<()> {
         let initial: Vec<String> = (0..3)
             .map(|i| format!("etcd-{i}=http://{}:2380", self.net.ip(10 + i)))
             .collect();
@@ -463,7 +521,7 @@ impl ContainerDeployment {
         }
         for i in 0..2usize {
             let ip = self.net.ip(30 + i as u32);
-            let cmd: Vec<String> = vec![
+            let mut cmd: Vec<String> = vec![
                 "crescent-store".into(),
                 "--master".into(),
                 self.masters_arg(),
@@ -472,12 +530,17 @@ impl ContainerDeployment {
                 "--advertise".into(),
                 ip.clone(),
                 "--segment-size".into(),
-                "256mb".into(),
+                MEMORY_SEGMENT.into(),
                 "--http".into(),
-                "0.0.0.0:9103".into(),
+                format!("0.0.0.0:{STORE_HTTP_PORT}"),
                 "--token-file".into(),
                 format!("{TOKENS_MOUNT}/{}", crescent_auth::CLIENT_TOKEN_FILE),
             ];
+            cmd.extend(disk_flags(
+                CONTAINER_DISK_PATH,
+                Some(format!("0.0.0.0:{CONTAINER_DISK_PORT}")),
+            ));
+            cmd.extend(store_flags.iter().cloned());
             let name = self.store_name(i);
             let tokens = self.tokens_dir();
             let binds = [tokens_bind(&tokens)];
@@ -555,6 +618,9 @@ impl Deployment for ContainerDeployment {
     }
     fn heal_master(&mut self, id: u64) -> anyhow::Result<()> {
         block(self.net.reconnect(&self.master_name(id)))
+    }
+    fn store_http(&self, idx: usize) -> String {
+        format!("{}:{STORE_HTTP_PORT}", self.net.ip(30 + idx as u32))
     }
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()> {
         block(self.net.signal(&self.store_name(idx), "SIGKILL"))

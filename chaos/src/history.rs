@@ -1,5 +1,6 @@
 //! What a chaos run records: every client operation with its invoke and
-//! complete times and its outcome, and every master's (term, role) samples.
+//! complete times and its outcome, every master's (term, role) samples, and
+//! the disk objects checked across store restarts.
 //! One JSON object per line, so a worker killed mid-run loses at most a line.
 
 use std::io::{BufRead, Write};
@@ -57,6 +58,34 @@ pub struct Op {
     pub complete_us: u64,
     #[serde(flatten)]
     pub outcome: Outcome,
+}
+
+/// One disk object checked across a store restart
+/// ([`FaultKind::RestartStoreWithDisk`]): an acknowledged object the leader
+/// listed with a disk replica on the killed store's disk segment, read
+/// before the kill (it held value `value`) and read again once the store
+/// was back. The reads themselves are in the history too, as gets.
+///
+/// [`FaultKind::RestartStoreWithDisk`]: crate::schedule::FaultKind::RestartStoreWithDisk
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskCheck {
+    pub key: String,
+    /// Which store was killed, and the disk segment the object was on.
+    pub store: usize,
+    pub segment: String,
+    /// The value the read before the kill found.
+    pub value: u64,
+    /// When that read was invoked: a remove from then on excuses a
+    /// missing or different object.
+    pub before_us: u64,
+    pub killed_us: u64,
+    /// When the restarted store's disk segment was mounted again (None: it
+    /// was not within the bound; the read after is made anyway).
+    pub back_us: Option<u64>,
+    /// The read after the restart (the last attempt, if it was retried).
+    pub after_invoke_us: u64,
+    pub after_complete_us: u64,
+    pub after: Outcome,
 }
 
 /// One master's answer to a status poll.

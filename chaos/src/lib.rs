@@ -1,10 +1,11 @@
-//! Crescent's chaos suite: deploy etcd, three masters and two stores (as
-//! local processes, or as containers on a private Docker network), run a
-//! workload of several clients that records every operation, inject a
-//! seeded schedule of faults (kills, pauses, partitions, store and etcd
-//! member loss, rolling restarts), and check the history: nothing
-//! acknowledged lost, no wrong bytes, one leader per term, and every key's
-//! history linearizable.
+//! Crescent's chaos suite: deploy etcd, three masters and two stores with a
+//! disk tier each (as local processes, or as containers on a private Docker
+//! network), run a workload of several clients that records every
+//! operation, inject a seeded schedule of faults (kills, pauses, partitions,
+//! store and etcd member loss, store restarts on their disk, rolling
+//! restarts), and check the history: nothing acknowledged lost, no wrong
+//! bytes, one leader per term, every key's history linearizable, and no
+//! disk object lost across a restart of its store.
 //!
 //! Owns the harness-level orchestration and the checker. Must not reach into
 //! the master's or store's internals: it sees the cluster only through the
@@ -14,6 +15,7 @@
 
 pub mod checker;
 pub mod deploy;
+pub mod disk;
 pub mod history;
 pub mod report;
 pub mod run;

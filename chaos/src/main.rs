@@ -32,7 +32,8 @@ enum Cmd {
         #[arg(long, env = "CRESCENT_CHAOS_MODE", value_enum, default_value = "auto")]
         mode: ModeChoice,
         /// ci: the fixed short mix; soak: random faults until --duration;
-        /// stalled-writers: only stalled writers across failovers.
+        /// stalled-writers: only stalled writers across failovers;
+        /// disk-restarts: only store restarts with the disk tier.
         #[arg(
             long,
             env = "CRESCENT_CHAOS_SCHEDULE",
@@ -79,6 +80,11 @@ enum Cmd {
         /// must then fail (use --schedule stalled-writers).
         #[arg(long, hide = true)]
         unsafe_adopt_foreign_reservations: bool,
+        /// TEST ONLY: start stores with --unsafe-forget-disk-on-restart: a
+        /// restarted store deletes its disk segment, so its disk objects are
+        /// lost; the run must then fail (use --schedule disk-restarts).
+        #[arg(long, hide = true)]
+        unsafe_forget_disk_on_restart: bool,
     },
     /// Re-check a recorded run directory.
     Check { dir: PathBuf },
@@ -155,6 +161,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_ack_before_commit,
             unsafe_forget_leases,
             unsafe_adopt_foreign_reservations,
+            unsafe_forget_disk_on_restart,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             // Short put timeouts: with the defaults (30 s, 600 s) an earlier
@@ -162,6 +169,20 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             // failover every few seconds segments would soon hold their 16
             // reservations and puts would fall back to two commits; these
             // keep the one-commit path, and the retiring, in play.
+            //
+            // The memory watermark: 2 % (about 10 MiB of the 512 MiB the
+            // two stores' memory segments offer). The workload alone holds
+            // about 1 MiB, and a long soak's never-removed shared keys a
+            // few more, so it never demotes by itself; a store restart with
+            // the disk tier puts fillers past it to make the leader demote
+            // (see `crescent_chaos::disk`). At the default 0.90 that would
+            // take 460 MiB of fillers.
+            //
+            // The expired-segment grace: 10 s instead of 60 s. A killed
+            // store's old memory segment stays listed, expired, for the
+            // grace, and a demotion meanwhile may copy from its replica,
+            // fail and evict the object although its other replica is
+            // intact; the fillers wait until no such segment is listed.
             let mut master_flags: Vec<String> = [
                 "--client-ttl",
                 "3s",
@@ -169,6 +190,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 "10s",
                 "--put-start-release-timeout",
                 "30s",
+                "--eviction-high-watermark",
+                "0.02",
+                "--expired-segment-grace",
+                "10s",
             ]
             .map(String::from)
             .to_vec();
@@ -187,6 +212,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             if unsafe_adopt_foreign_reservations {
                 master_flags.push("--unsafe-adopt-foreign-reservations".into());
             }
+            let mut store_flags = Vec::new();
+            if unsafe_forget_disk_on_restart {
+                store_flags.push("--unsafe-forget-disk-on-restart".to_string());
+            }
             let report = crescent_chaos::run::run(RunConfig {
                 mode,
                 schedule,
@@ -198,6 +227,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 tasks,
                 allow_inconclusive,
                 master_flags,
+                store_flags,
             })
             .await?;
             let verdict = format!(
@@ -224,6 +254,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 r.keys_checked,
                 r.violations.len(),
                 r.inconclusive_keys.len()
+            );
+            println!(
+                "{} disk objects checked across store restarts ({} removed meanwhile)",
+                r.disk_objects_checked, r.disk_objects_removed_meanwhile
             );
             for v in &r.violations {
                 println!(

@@ -30,6 +30,9 @@ pub struct Inputs<'a> {
     pub check: CheckResult,
     pub allow_inconclusive: bool,
     pub evicted_keys: Option<u64>,
+    /// Objects with a disk replica at the end (the leader's
+    /// `master_disk_key_count`): shows that demotion ran.
+    pub disk_keys: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,6 +70,13 @@ pub struct Report {
     pub violation_counts: BTreeMap<String, usize>,
     pub inconclusive_keys: Vec<String>,
     pub evicted_keys: Option<u64>,
+    /// Objects with a disk replica when the workload stopped.
+    pub disk_keys: Option<u64>,
+    /// Disk objects read before and after a restart of their store (0: the
+    /// run proved nothing about the disk tier across restarts).
+    pub disk_objects_checked: usize,
+    /// ... of which a remove of the key may have run in between (not judged).
+    pub disk_objects_removed_meanwhile: usize,
     pub worker_exits: Vec<WorkerExit>,
     /// Why the run failed, one reason a line; empty when it passed.
     pub failure_reasons: Vec<String>,
@@ -271,12 +281,15 @@ pub fn build(i: Inputs<'_>) -> Report {
         ops_unknown: totals.get("unknown").copied().unwrap_or(0),
         acknowledged_writes,
         keys_checked: i.check.keys_checked,
+        disk_objects_checked: i.check.disk_objects_checked,
+        disk_objects_removed_meanwhile: i.check.disk_objects_removed_meanwhile,
         by_kind,
         faults: i.faults,
         violations: i.check.violations,
         violation_counts,
         inconclusive_keys: i.check.inconclusive_keys,
         evicted_keys: i.evicted_keys,
+        disk_keys: i.disk_keys,
         worker_exits: i.worker_exits,
         failure_reasons,
         passed,
@@ -342,6 +355,25 @@ impl Report {
             self.evicted_keys
                 .map(|e| e.to_string())
                 .unwrap_or_else(|| "unknown".into())
+        ));
+        let restarts = self
+            .faults
+            .iter()
+            .filter(|f| f.kind == FaultKind::RestartStoreWithDisk)
+            .count();
+        s.push_str(&format!(
+            "disk tier: {} objects on disk at the end; {} disk objects checked across {restarts} \
+             store restarts ({} removed meanwhile, not judged){}\n",
+            self.disk_keys
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+            self.disk_objects_checked,
+            self.disk_objects_removed_meanwhile,
+            if restarts > 0 && self.disk_objects_checked == 0 {
+                " -- NONE checked: the restarts proved nothing about the disk tier"
+            } else {
+                ""
+            }
         ));
         for (kind, n) in &self.violation_counts {
             s.push_str(&format!("violations of kind {kind}: {n}\n"));
@@ -433,6 +465,7 @@ mod tests {
             check: CheckResult::default(),
             allow_inconclusive: false,
             evicted_keys: Some(0),
+            disk_keys: Some(0),
         }
     }
 

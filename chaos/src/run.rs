@@ -15,9 +15,12 @@ use crate::deploy::{
     container_mode_blocker, focus_file, ContainerDeployment, Deployment, Mode, ProcessDeployment,
     WorkerExit, WorkerPlan,
 };
-use crate::history::{now_us, read_lines, Op, Recorder, RoleSample};
+use crate::disk::{restart_store_with_disk, DiskChecker, DISK_CHECKS};
+use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
-use crate::schedule::{ci_schedule, soak_schedule, stalled_writer_schedule, Fault, FaultKind};
+use crate::schedule::{
+    ci_schedule, disk_restart_schedule, soak_schedule, stalled_writer_schedule, Fault, FaultKind,
+};
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -38,6 +41,9 @@ pub enum ScheduleKind {
     /// Only stalled writers across failovers, several of them (the test of
     /// --unsafe-adopt-foreign-reservations).
     StalledWriters,
+    /// Only store restarts with the disk tier, several of them (the test of
+    /// --unsafe-forget-disk-on-restart).
+    DiskRestarts,
 }
 
 impl ScheduleKind {
@@ -47,6 +53,7 @@ impl ScheduleKind {
             ScheduleKind::Ci => "ci",
             ScheduleKind::Soak => "soak",
             ScheduleKind::StalledWriters => "stalled-writers",
+            ScheduleKind::DiskRestarts => "disk-restarts",
         }
     }
 }
@@ -65,6 +72,8 @@ pub struct RunConfig {
     pub allow_inconclusive: bool,
     /// Extra master flags (the test-only unsafe switch goes here).
     pub master_flags: Vec<String>,
+    /// Extra store flags (the stores' test-only unsafe switch).
+    pub store_flags: Vec<String>,
 }
 
 /// What happened to one injected fault.
@@ -146,8 +155,15 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     );
     let started = now_us();
     let mut dep: Box<dyn Deployment> = match mode {
-        Mode::Containers => Box::new(ContainerDeployment::start(&cfg.image, &cfg.master_flags)?),
-        Mode::Processes => Box::new(ProcessDeployment::start(&cfg.master_flags)?),
+        Mode::Containers => Box::new(ContainerDeployment::start(
+            &cfg.image,
+            &cfg.master_flags,
+            &cfg.store_flags,
+        )?),
+        Mode::Processes => Box::new(ProcessDeployment::start(
+            &cfg.master_flags,
+            &cfg.store_flags,
+        )?),
     };
     let result = drive(&cfg, dep.as_mut()).await;
     dep.collect_logs(&cfg.out);
@@ -158,16 +174,20 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
         let path = cfg.out.join(format!("history-{i}.jsonl"));
         ops.extend(read_lines::<Op>(&path)?);
     }
-    // The stalled writer's operations (`recheck` reads every history-*).
-    let faults_history = cfg.out.join(FAULT_HISTORY);
-    if faults_history.exists() {
-        ops.extend(read_lines::<Op>(&faults_history)?);
+    // The stalled writer's and the disk check's operations (`recheck` reads
+    // every history-*).
+    for name in [FAULT_HISTORY, crate::disk::DISK_HISTORY] {
+        let path = cfg.out.join(name);
+        if path.exists() {
+            ops.extend(read_lines::<Op>(&path)?);
+        }
     }
+    let disk_checks = read_disk_checks(&cfg.out)?;
     let mut rec = Recorder::create(&cfg.out.join("roles.jsonl"))?;
     for s in &driven.samples {
         rec.record(s)?;
     }
-    let (check, ops) = check_in_thread(ops, driven.samples).await?;
+    let (check, ops) = check_in_thread(ops, driven.samples, disk_checks).await?;
     let report = report::build(report::Inputs {
         mode,
         mode_reason: reason,
@@ -185,6 +205,7 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
         check,
         allow_inconclusive: cfg.allow_inconclusive,
         evicted_keys: driven.evicted_keys,
+        disk_keys: driven.disk_keys,
     });
     std::fs::write(
         cfg.out.join("report.json"),
@@ -204,7 +225,19 @@ pub async fn recheck(dir: PathBuf) -> anyhow::Result<CheckResult> {
         }
     }
     let samples = read_lines::<RoleSample>(&dir.join("roles.jsonl")).unwrap_or_default();
-    Ok(check_in_thread(ops, samples).await?.0)
+    let disk_checks = read_disk_checks(&dir)?;
+    Ok(check_in_thread(ops, samples, disk_checks).await?.0)
+}
+
+/// The disk objects checked across store restarts (none in a run without
+/// that fault, or recorded before it existed).
+fn read_disk_checks(dir: &Path) -> anyhow::Result<Vec<DiskCheck>> {
+    let path = dir.join(DISK_CHECKS);
+    if path.exists() {
+        read_lines::<DiskCheck>(&path)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 /// Checks on a thread with a deep stack (the search recurses once per
@@ -212,12 +245,13 @@ pub async fn recheck(dir: PathBuf) -> anyhow::Result<CheckResult> {
 async fn check_in_thread(
     ops: Vec<Op>,
     samples: Vec<RoleSample>,
+    disk_checks: Vec<DiskCheck>,
 ) -> anyhow::Result<(CheckResult, Vec<Op>)> {
     let handle = std::thread::Builder::new()
         .name("checker".into())
         .stack_size(512 << 20)
         .spawn(move || {
-            let result = checker::check(&ops, &samples, checker::DEFAULT_BUDGET);
+            let result = checker::check(&ops, &samples, &disk_checks, checker::DEFAULT_BUDGET);
             (result, ops)
         })?;
     tokio::task::spawn_blocking(move || handle.join())
@@ -250,6 +284,8 @@ struct Driven {
     faults: Vec<FaultRecord>,
     samples: Vec<RoleSample>,
     evicted_keys: Option<u64>,
+    /// Objects with a disk replica at the end (the leader's gauge).
+    disk_keys: Option<u64>,
     workload_started_us: u64,
     /// When the stop file was written: fault windows end here, not when the
     /// report is made (teardown and checking are not time without writes).
@@ -264,11 +300,13 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         .map(|id| (id, dep.master_addr(id)))
         .collect();
     let probe = Prober::new(&addrs, dep.client_token_file().as_deref())?;
+    // Both stores' memory and disk segments: a store whose disk tier did
+    // not come up would leave demotion, and the disk checks, untested.
     probe
-        .wait_ready(2, Duration::from_secs(90))
+        .wait_ready(4, Duration::from_secs(90))
         .await
         .map_err(|e| anyhow::anyhow!("cluster did not come up: {e}"))?;
-    println!("chaos: cluster up (3 etcd members, 3 masters, 2 stores)");
+    println!("chaos: cluster up (3 etcd members, 3 masters, 2 stores with a disk tier each)");
 
     let masters = addrs
         .iter()
@@ -280,6 +318,15 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         dep.client_token_file().as_deref(),
         &cfg.out.join(FAULT_HISTORY),
     )?;
+    let disk = DiskChecker::new(
+        addrs
+            .iter()
+            .map(|(id, a)| (a.clone(), dep.master_http(*id)))
+            .collect(),
+        dep.client_token_file().as_deref(),
+        &cfg.out,
+    )
+    .await?;
 
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = tokio::spawn(sample_roles(probe.clone(), samples.clone()));
@@ -301,6 +348,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         ScheduleKind::Ci => Box::new(ci_schedule(cfg.seed, network).into_iter()),
         ScheduleKind::Soak => Box::new(soak_schedule(cfg.seed, network)),
         ScheduleKind::StalledWriters => Box::new(stalled_writer_schedule(cfg.seed).into_iter()),
+        ScheduleKind::DiskRestarts => Box::new(disk_restart_schedule(cfg.seed).into_iter()),
     };
     let deadline = Instant::now() + cfg.duration;
     let mut records = Vec::new();
@@ -309,7 +357,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         if cfg.schedule == ScheduleKind::Soak && Instant::now() >= deadline {
             break;
         }
-        match inject(dep, &probe, &stall, &fault, &cfg.out).await {
+        match inject(dep, &probe, &stall, &disk, &fault, &cfg.out).await {
             Ok(rec) => {
                 println!(
                     "chaos: #{:<3} {:<20} {:<12} held {:>5} ms, recovered {}",
@@ -342,7 +390,8 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     let workload_stopped_us = now_us();
     let stopped = dep.stop_workers(&plan, Duration::from_secs(60));
     sampler.abort();
-    let evicted_keys = probe.evicted_keys(dep).await;
+    let evicted_keys = probe.leader_metric(dep, "master_evicted_key_count").await;
+    let disk_keys = probe.leader_metric(dep, "master_disk_key_count").await;
     outcome?;
     let worker_exits = stopped?;
     let samples = samples.lock().expect("lock poisoned").clone();
@@ -350,6 +399,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         faults: records,
         samples,
         evicted_keys,
+        disk_keys,
         workload_started_us,
         workload_stopped_us,
         worker_exits,
@@ -360,6 +410,7 @@ async fn inject(
     dep: &mut dyn Deployment,
     probe: &Prober,
     stall: &StalledWriter,
+    disk: &DiskChecker,
     fault: &Fault,
     dir: &Path,
 ) -> anyhow::Result<FaultRecord> {
@@ -437,6 +488,15 @@ async fn inject(
             dep.kill_store(1)?;
             tokio::time::sleep(fault.hold).await;
             dep.start_store(1)?;
+        }
+        FaultKind::RestartStoreWithDisk => {
+            // The second store, as KillStore: every memory object keeps its
+            // replica on the first (killing both in turn would lose memory
+            // objects written between the kills, which is no guarantee).
+            target = "store 1".into();
+            let memory = crescent_proto::units::parse_size(crate::deploy::MEMORY_SEGMENT)?;
+            let summary = restart_store_with_disk(dep, disk, 1, fault.hold, 2 * memory).await?;
+            println!("chaos:      store 1's {summary}");
         }
         FaultKind::KillEtcdMember => {
             let i = (fault.pick % dep.etcd_members() as u64) as usize;
@@ -751,8 +811,9 @@ impl Prober {
         Ok(endpoints)
     }
 
-    /// `master_evicted_key_count` from the leader's /metrics.
-    async fn evicted_keys(&self, dep: &dyn Deployment) -> Option<u64> {
+    /// Metric `name` (e.g. `master_evicted_key_count`) from the leader's
+    /// /metrics.
+    async fn leader_metric(&self, dep: &dyn Deployment, name: &str) -> Option<u64> {
         let leader = self.leader(Duration::from_secs(10)).await.ok()?;
         let (status, body) =
             crescent_integration::http_request(&dep.master_http(leader), "GET", "/metrics", &[])
@@ -762,7 +823,7 @@ impl Prober {
             return None;
         }
         body.lines()
-            .find(|l| l.starts_with("master_evicted_key_count "))
+            .find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(' ')))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse::<f64>().ok())
             .map(|v| v as u64)

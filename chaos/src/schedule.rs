@@ -49,10 +49,18 @@ pub enum FaultKind {
     /// leader that handed out the stalled ranges lets those late bytes
     /// overwrite acknowledged objects (see [`crate::stall`]).
     StalledWriterAcrossFailover,
+    /// Find acknowledged objects the leader lists on the second store's disk
+    /// segment and read them; SIGKILL that store, restart it after `hold`
+    /// on the same disk directory, wait until its disk segment is mounted
+    /// again, and read them once more: each must hold the same bytes (see
+    /// [`crate::disk`]). Its memory objects are lost, as in [`KillStore`].
+    ///
+    /// [`KillStore`]: FaultKind::KillStore
+    RestartStoreWithDisk,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -65,6 +73,7 @@ impl FaultKind {
         FaultKind::BigBatch,
         FaultKind::ConnectionFlood,
         FaultKind::StalledWriterAcrossFailover,
+        FaultKind::RestartStoreWithDisk,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +90,7 @@ impl FaultKind {
             FaultKind::BigBatch => "big batch",
             FaultKind::ConnectionFlood => "connection flood",
             FaultKind::StalledWriterAcrossFailover => "stalled writer across failover",
+            FaultKind::RestartStoreWithDisk => "restart store with disk",
         }
     }
 
@@ -135,8 +145,9 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// The short CI schedule: 10 leader kills, 2 random-master kills, 2 pauses,
 /// 2 leader partitions and 1 follower partition (when the network can be
 /// controlled), a store kill, an etcd member kill, a rolling restart, 2
-/// leader kills amid removes, a big batch, a connection flood and a stalled
-/// writer across a failover, in a seeded order.
+/// leader kills amid removes, a big batch, a connection flood, a stalled
+/// writer across a failover and a store restart with its disk tier, in a
+/// seeded order.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -154,6 +165,7 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::BigBatch);
     kinds.push(FaultKind::ConnectionFlood);
     kinds.push(FaultKind::StalledWriterAcrossFailover);
+    kinds.push(FaultKind::RestartStoreWithDisk);
     kinds.shuffle(&mut rng);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
@@ -169,6 +181,19 @@ pub fn stalled_writer_schedule(seed: u64) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..STALLED_WRITER_FAULTS)
         .map(|_| fault(&mut rng, FaultKind::StalledWriterAcrossFailover))
+        .collect()
+}
+
+/// How many faults [`disk_restart_schedule`] has.
+pub const DISK_RESTART_FAULTS: usize = 4;
+
+/// Only store restarts with the disk tier, [`DISK_RESTART_FAULTS`] of them:
+/// each checks the disk objects of the restarted store (the test of the
+/// stores' `--unsafe-forget-disk-on-restart`).
+pub fn disk_restart_schedule(seed: u64) -> Vec<Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..DISK_RESTART_FAULTS)
+        .map(|_| fault(&mut rng, FaultKind::RestartStoreWithDisk))
         .collect()
 }
 
@@ -189,6 +214,9 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::BigBatch, 1),
         (FaultKind::ConnectionFlood, 1),
         (FaultKind::StalledWriterAcrossFailover, 2),
+        // Twice a plain store kill's weight: the only fault that checks the
+        // disk tier's objects across a restart.
+        (FaultKind::RestartStoreWithDisk, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -229,7 +257,8 @@ mod tests {
         assert_eq!(count(FaultKind::BigBatch), 1);
         assert_eq!(count(FaultKind::ConnectionFlood), 1);
         assert_eq!(count(FaultKind::StalledWriterAcrossFailover), 1);
-        assert_eq!(a.len(), 25);
+        assert_eq!(count(FaultKind::RestartStoreWithDisk), 1);
+        assert_eq!(a.len(), 26);
         // Every kind is in the CI schedule.
         for kind in FaultKind::ALL {
             assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
@@ -250,6 +279,14 @@ mod tests {
         assert!(a
             .iter()
             .all(|f| f.kind == FaultKind::StalledWriterAcrossFailover));
+    }
+
+    #[test]
+    fn the_disk_restart_schedule_repeats_that_fault() {
+        let a = disk_restart_schedule(5);
+        assert_eq!(a, disk_restart_schedule(5));
+        assert_eq!(a.len(), DISK_RESTART_FAULTS);
+        assert!(a.iter().all(|f| f.kind == FaultKind::RestartStoreWithDisk));
     }
 
     #[test]

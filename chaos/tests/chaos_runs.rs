@@ -4,8 +4,8 @@
 //!   schedule (10 leader kills, 2 random-master kills, 2 pauses, 2 leader
 //!   partitions and a follower partition in container mode, a store kill, an
 //!   etcd member kill, a rolling restart, 2 leader kills amid removes, a big
-//!   batch, a connection flood and a stalled writer across a failover) must
-//!   end with 0 violations, twice into the same `--out` (issue 17: a
+//!   batch, a connection flood, a stalled writer across a failover and a
+//!   store restart with its disk tier) must end with 0 violations, twice into the same `--out` (issue 17: a
 //!   second run once found the first run's stop file and ran no workload).
 //!   Container mode when a Docker engine answers and `make images` built
 //!   `$CRESCENT_CHAOS_IMAGE` (default crescent:latest); otherwise processes
@@ -23,6 +23,11 @@
 //!   placed by that predecessor still writes; over a schedule of stalled
 //!   writers across failovers, its late bytes must overwrite acknowledged
 //!   objects and the checker must fail the run.
+//! - `forgetting_the_disk_on_restart_is_caught`: over a schedule of store
+//!   restarts with the disk tier, an honest run checks disk objects across
+//!   the restarts and passes; a run whose stores are started with the
+//!   test-only `--unsafe-forget-disk-on-restart` (a restarted store deletes
+//!   its disk segment) must fail with disk objects lost.
 
 use std::process::Command;
 
@@ -155,6 +160,12 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
         "{}",
         report["faults"]
     );
+    assert_eq!(count("restart_store_with_disk"), 1, "{}", report["faults"]);
+    // Visible, not required: the one restart may find few disk objects.
+    println!(
+        "disk objects checked across the store restart: {}",
+        report["disk_objects_checked"]
+    );
     let engine = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -241,5 +252,61 @@ fn adopting_foreign_reservations_is_caught() {
     assert!(
         counts.contains_key("wrong_bytes"),
         "expected reads of objects the stalled writer overwrote to see wrong bytes, got {counts:?}"
+    );
+}
+
+#[test]
+fn forgetting_the_disk_on_restart_is_caught() {
+    // The honest run of the same schedule and seed: disk objects are
+    // checked across the restarts, and none is lost.
+    let out = out_dir("chaos-disk-restarts");
+    let (code, text) = chaos(&[
+        "run",
+        "--mode",
+        "processes",
+        "--schedule",
+        "disk-restarts",
+        "--seed",
+        "17",
+        "--out",
+        &out,
+    ]);
+    println!("{text}");
+    assert_eq!(
+        code,
+        0,
+        "the honest run failed (logs and report in {out}): {}",
+        why_it_ended(&text)
+    );
+    let honest = report(&text);
+    assert_eq!(honest["violations"].as_array().unwrap().len(), 0);
+    let restarts = honest["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "restart_store_with_disk")
+        .count();
+    assert_eq!(restarts, crescent_chaos::schedule::DISK_RESTART_FAULTS);
+    let checked = honest["disk_objects_checked"].as_u64().unwrap();
+    let excused = honest["disk_objects_removed_meanwhile"].as_u64().unwrap();
+    assert!(
+        checked > excused,
+        "the honest run must judge disk objects across its restarts: {checked} checked, \
+         {excused} of them removed meanwhile"
+    );
+
+    let counts = broken_run(
+        "chaos-forget-disk",
+        "disk-restarts",
+        "17",
+        "--unsafe-forget-disk-on-restart",
+    );
+    let lost = counts
+        .get("disk_lost")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    assert!(
+        lost > 0,
+        "expected disk objects lost across the store restarts, got {counts:?}"
     );
 }
