@@ -140,18 +140,7 @@ impl ClusterService for ClusterApi {
         let m = self.node.metrics();
         let (keys, segments, memory, disk, disk_keys) = {
             let state = self.node.state();
-            // A scan of every object, only when a disk tier exists.
-            let disk_tier = state.tier_usage(Tier::Disk).0 > 0;
-            let disk_keys = state
-                .objects
-                .values()
-                .take_while(|_| disk_tier)
-                .filter(|o| {
-                    o.replicas
-                        .iter()
-                        .any(|r| state.tier_of(r.segment_id) == Tier::Disk)
-                })
-                .count() as u64;
+            let disk_keys = state.disk_object_count() as u64;
             (
                 state.objects.len() as u64,
                 state.live_segment_count() as u64,

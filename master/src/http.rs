@@ -152,17 +152,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "Bytes allocated in disk segments.",
             disk_used,
         );
-        // A scan of every object, only when a disk tier exists.
-        let on_disk = st
-            .objects
-            .values()
-            .take_while(|_| disk_cap > 0)
-            .filter(|o| {
-                o.replicas
-                    .iter()
-                    .any(|r| st.tier_of(r.segment_id) == crescent_raft::state::Tier::Disk)
-            })
-            .count();
+        let on_disk = st.disk_object_count();
         sample(
             &mut out,
             "master_disk_key_count",

@@ -679,6 +679,22 @@ impl MetaState {
         }
     }
 
+    /// Objects with a disk replica: a scan of every object, so 0 at once
+    /// when no disk segment exists (metrics and status ask on every call).
+    pub fn disk_object_count(&self) -> usize {
+        if self.tier_usage(Tier::Disk).0 == 0 {
+            return 0;
+        }
+        self.objects
+            .values()
+            .filter(|o| {
+                o.replicas
+                    .iter()
+                    .any(|r| self.tier_of(r.segment_id) == Tier::Disk)
+            })
+            .count()
+    }
+
     /// The tier of the segment `r` is on (memory if unknown).
     pub fn tier_of(&self, segment_id: SegmentId) -> Tier {
         self.segments
