@@ -82,6 +82,16 @@ pub enum Tier {
     Disk,
 }
 
+impl Tier {
+    /// The tier a copy to `self` comes from.
+    pub fn other(self) -> Tier {
+        match self {
+            Tier::Memory => Tier::Disk,
+            Tier::Disk => Tier::Memory,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     PutStart {
@@ -203,42 +213,60 @@ pub enum Op {
         tier: Tier,
         disk_id: String,
     },
-    /// Starts moving objects out of memory (key, disk segment): allocates
-    /// each its disk range, held until `DemoteEnd` or, if that never comes,
-    /// until `release_after_ms` (the copier may still be writing until then).
-    DemoteStart {
+    /// Starts copying objects to tier `to` (key, target segment of that
+    /// tier): a demotion (to disk, from a memory replica) or a promotion (to
+    /// memory, from a disk replica). Allocates each its target range, held
+    /// until `TierMoveEnd` or, if that never comes, until
+    /// `release_after_ms` (the copier may still be writing until then).
+    TierMoveStart {
+        to: Tier,
         items: Vec<(String, SegmentId)>,
         release_after_ms: u64,
     },
-    /// Finishes demotions (id, whether the bytes were copied and checked):
-    /// the object's memory replicas are replaced by its disk replica, and
-    /// their space stays unallocated for `hold_ms` (readers holding a lease
-    /// may still be reading it). An object removed or replaced meanwhile
-    /// keeps nothing; the disk range is freed.
-    DemoteEnd {
-        items: Vec<(DemotionId, bool)>,
+    /// Finishes copies (id, whether the bytes were copied and checked): the
+    /// target range becomes a replica of the object. With `release_source`
+    /// the object's replicas in the tier it was copied from are released,
+    /// their space unallocated for `hold_ms` (readers holding a lease may
+    /// still be reading it): a demotion frees memory. Without, they stay: a
+    /// promotion keeps the disk replica, so reading an object never makes
+    /// a store restart lose it. An object removed or replaced meanwhile
+    /// keeps nothing; the target range is freed.
+    TierMoveEnd {
+        items: Vec<(TierMoveId, bool)>,
+        release_source: bool,
+        hold_ms: u64,
+    },
+    /// Releases the memory replicas of objects that also have a replica on
+    /// a live disk segment (memory eviction of a promoted object: nothing
+    /// to copy), their space unallocated for `hold_ms`. Other keys are
+    /// left as they are.
+    DropMemoryCopies {
+        keys: Vec<String>,
         hold_ms: u64,
     },
 }
 
-pub type DemotionId = u64;
+pub type TierMoveId = u64;
 
-/// Most demotions in flight at once (all leaders' together).
-pub const MAX_DEMOTIONS_IN_FLIGHT: usize = 4096;
+/// Most copies between tiers in flight at once (all leaders' together).
+pub const MAX_TIER_MOVES_IN_FLIGHT: usize = 4096;
 
-/// An object being copied from memory to a disk segment.
+/// An object being copied to another tier: from memory to a disk segment
+/// (a demotion) or back (a promotion).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Demotion {
-    pub id: DemotionId,
+pub struct TierMove {
+    pub id: TierMoveId,
+    /// The tier copied to.
+    pub to: Tier,
     pub key: String,
     /// Which object (a later put of the same key is another one).
     pub created_ms: u64,
     pub put_id: PutId,
     pub checksum: u32,
     pub size: u64,
-    /// A live memory replica to copy from.
+    /// A live replica in the other tier, to copy from.
     pub source: Replica,
-    /// Its disk range.
+    /// Its range in tier `to`.
     pub target: Replica,
     pub release_at_ms: u64,
 }
@@ -395,8 +423,8 @@ pub enum Response {
     Empty,
     /// A reservation's id and offset.
     Reserved(Result<(ReservationId, u64), MetaError>),
-    /// Per item of a `DemoteStart`.
-    Demotions(Vec<Result<Demotion, MetaError>>),
+    /// Per item of a `TierMoveStart`.
+    TierMoves(Vec<Result<TierMove, MetaError>>),
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -550,10 +578,11 @@ pub struct MetaState {
     pub next_reservation_id: ReservationId,
     /// Term -> the time of its leader's first `LeaderStart` entry.
     pub term_starts: BTreeMap<u64, u64>,
-    /// Copies from memory to disk in flight.
-    pub demotions: BTreeMap<DemotionId, Demotion>,
-    pub next_demotion_id: DemotionId,
+    /// Copies between tiers in flight.
+    pub tier_moves: BTreeMap<TierMoveId, TierMove>,
+    pub next_tier_move_id: TierMoveId,
     pub demoted_total: u64,
+    pub promoted_total: u64,
     /// Derived from `objects`, `pending_release` and `reservations`; rebuilt after a snapshot install.
     #[serde(skip)]
     allocators: BTreeMap<SegmentId, Allocator>,
@@ -610,7 +639,7 @@ impl MetaState {
             .values()
             .flat_map(|o| o.replicas.iter())
             .chain(self.pending_release.iter().map(|p| &p.replica))
-            .chain(self.demotions.values().map(|d| &d.target))
+            .chain(self.tier_moves.values().map(|d| &d.target))
             .chain(reserved.iter());
         for r in held {
             let alloc = self.allocators.get_mut(&r.segment_id).ok_or_else(|| {
@@ -951,25 +980,40 @@ impl MetaState {
                 tier,
                 disk_id,
             } => Response::Mounted(self.mount_tiered(now, spec, owner, key, *tier, disk_id)),
-            Op::DemoteStart {
+            Op::TierMoveStart {
+                to,
                 items,
                 release_after_ms,
             } => {
                 let release_at = now.saturating_add(*release_after_ms);
-                Response::Demotions(
+                Response::TierMoves(
                     items
                         .iter()
-                        .map(|(key, target)| self.demote_start(key, *target, release_at))
+                        .map(|(key, target)| self.tier_move_start(key, *target, *to, release_at))
                         .collect(),
                 )
             }
-            Op::DemoteEnd { items, hold_ms } => {
+            Op::TierMoveEnd {
+                items,
+                release_source,
+                hold_ms,
+            } => {
                 let hold_until = now.saturating_add(*hold_ms);
                 Response::Items(
                     items
                         .iter()
-                        .map(|(id, copied)| self.demote_end(now, *id, *copied, hold_until))
+                        .map(|(id, copied)| {
+                            self.tier_move_end(now, *id, *copied, *release_source, hold_until)
+                        })
                         .collect(),
+                )
+            }
+            Op::DropMemoryCopies { keys, hold_ms } => {
+                let hold_until = now.saturating_add(*hold_ms);
+                Response::Count(
+                    keys.iter()
+                        .filter(|k| self.drop_memory_copies(now, k, hold_until))
+                        .count() as u64,
                 )
             }
             Op::UnmountSegment { segment_id } => Response::Done(self.unmount(*segment_id)),
@@ -1475,22 +1519,31 @@ impl MetaState {
         Ok(id)
     }
 
-    /// Allocates `key`'s disk range on `target` for a copy from memory.
-    fn demote_start(
+    /// Whether `r` is on a live segment of `tier`.
+    pub fn live_in(&self, r: &Replica, tier: Tier) -> bool {
+        self.segments
+            .get(&r.segment_id)
+            .is_some_and(|s| s.is_live() && s.tier == tier)
+    }
+
+    /// Allocates `key`'s range on `target` (a segment of tier `to`) for a
+    /// copy from one of its live replicas in the other tier.
+    fn tier_move_start(
         &mut self,
         key: &str,
         target: SegmentId,
+        to: Tier,
         release_at_ms: u64,
-    ) -> Result<Demotion, MetaError> {
-        if self.demotions.len() >= MAX_DEMOTIONS_IN_FLIGHT {
+    ) -> Result<TierMove, MetaError> {
+        if self.tier_moves.len() >= MAX_TIER_MOVES_IN_FLIGHT {
             return Err(MetaError::InvalidParams(format!(
-                "{MAX_DEMOTIONS_IN_FLIGHT} demotions are in flight already"
+                "{MAX_TIER_MOVES_IN_FLIGHT} copies between tiers are in flight already"
             )));
         }
         if !self
             .segments
             .get(&target)
-            .is_some_and(|s| s.is_live() && s.is_disk())
+            .is_some_and(|s| s.is_live() && s.tier == to)
         {
             return Err(MetaError::SegmentNotFound(target));
         }
@@ -1501,24 +1554,21 @@ impl MetaState {
         if !obj.is_complete() {
             return Err(MetaError::ReplicaNotReady(key.to_string()));
         }
-        if obj.hard_pin {
+        // A hard pin keeps an object in memory: never demoted.
+        if to == Tier::Disk && obj.hard_pin {
             return Err(MetaError::ObjectPinned(key.to_string()));
         }
-        if obj.replicas.iter().any(|r| r.segment_id == target)
-            || self.demotions.values().any(|d| d.key == key)
+        if obj.replicas.iter().any(|r| self.live_in(r, to))
+            || self.tier_moves.values().any(|d| d.key == key)
         {
             return Err(MetaError::InvalidParams(format!(
-                "{key:?} is on segment {target} already, or being demoted"
+                "{key:?} has a replica in {to:?} already, or is being copied"
             )));
         }
         let source = obj
             .replicas
             .iter()
-            .find(|r| {
-                self.segments
-                    .get(&r.segment_id)
-                    .is_some_and(|s| s.is_live() && !s.is_disk())
-            })
+            .find(|r| self.live_in(r, to.other()))
             .cloned()
             .ok_or_else(|| MetaError::ReplicasUnavailable(key.to_string()))?;
         let (size, created_ms, put_id, checksum) =
@@ -1528,10 +1578,11 @@ impl MetaState {
             .get_mut(&target)
             .and_then(|a| a.allocate(size))
             .ok_or(MetaError::NoAvailableHandle(size))?;
-        let id = self.next_demotion_id.max(1);
-        self.next_demotion_id = id + 1;
-        let demotion = Demotion {
+        let id = self.next_tier_move_id.max(1);
+        self.next_tier_move_id = id + 1;
+        let moved = TierMove {
             id,
+            to,
             key: key.to_string(),
             created_ms,
             put_id,
@@ -1545,22 +1596,23 @@ impl MetaState {
             },
             release_at_ms,
         };
-        self.demotions.insert(id, demotion.clone());
-        Ok(demotion)
+        self.tier_moves.insert(id, moved.clone());
+        Ok(moved)
     }
 
-    /// Finishes demotion `id`: see [`Op::DemoteEnd`].
-    fn demote_end(
+    /// Finishes copy `id`: see [`Op::TierMoveEnd`].
+    fn tier_move_end(
         &mut self,
         now: u64,
-        id: DemotionId,
+        id: TierMoveId,
         copied: bool,
+        release_source: bool,
         hold_until: u64,
     ) -> Result<(), MetaError> {
         let d = self
-            .demotions
+            .tier_moves
             .remove(&id)
-            .ok_or_else(|| MetaError::InvalidParams(format!("no demotion {id} in flight")))?;
+            .ok_or_else(|| MetaError::InvalidParams(format!("no copy {id} in flight")))?;
         let target = std::slice::from_ref(&d.target);
         if !copied {
             self.free_replicas(target);
@@ -1569,8 +1621,8 @@ impl MetaState {
         if now > d.release_at_ms {
             self.free_replicas(target);
             return Err(MetaError::InvalidWrite(format!(
-                "{}: its demotion outlived its release time",
-                d.key
+                "{}: its copy to {:?} outlived its release time",
+                d.key, d.to
             )));
         }
         if !self
@@ -1578,8 +1630,8 @@ impl MetaState {
             .get(&d.target.segment_id)
             .is_some_and(Segment::is_live)
         {
-            // Its store went silent meanwhile: the object would be
-            // unreadable until it comes back. Keep it in memory.
+            // Its store went silent meanwhile: the copy would be
+            // unreadable until it comes back. Keep the object as it is.
             self.free_replicas(target);
             return Err(MetaError::SegmentNotFound(d.target.segment_id));
         }
@@ -1600,17 +1652,28 @@ impl MetaState {
             .map(|r| self.tier_of(r.segment_id))
             .collect();
         let obj = self.objects.get_mut(&d.key).expect("checked above");
-        let mut memory = Vec::new();
-        let mut kept = Vec::new();
+        let mut released = Vec::new();
+        let mut kept = vec![d.target];
         for (r, tier) in std::mem::take(&mut obj.replicas).into_iter().zip(tiers) {
-            match tier {
-                Tier::Memory => memory.push(r),
-                Tier::Disk => kept.push(r),
+            if release_source && tier != d.to {
+                released.push(r);
+            } else {
+                kept.push(r);
             }
         }
-        kept.push(d.target);
         obj.replicas = kept;
-        for replica in memory {
+        self.release_held(now, released, hold_until);
+        match d.to {
+            Tier::Disk => self.demoted_total += 1,
+            Tier::Memory => self.promoted_total += 1,
+        }
+        Ok(())
+    }
+
+    /// Frees `replicas` at `hold_until` (at once if that is not later than
+    /// `now`): readers leased before may still be reading them.
+    fn release_held(&mut self, now: u64, replicas: Vec<Replica>, hold_until: u64) {
+        for replica in replicas {
             if !self.allocators.contains_key(&replica.segment_id) {
                 continue;
             }
@@ -1623,8 +1686,32 @@ impl MetaState {
                 self.free_replicas(std::slice::from_ref(&replica));
             }
         }
-        self.demoted_total += 1;
-        Ok(())
+    }
+
+    /// See [`Op::DropMemoryCopies`]: true when `key`'s memory replicas went.
+    fn drop_memory_copies(&mut self, now: u64, key: &str, hold_until: u64) -> bool {
+        let Some(obj) = self.objects.get(key) else {
+            return false;
+        };
+        let droppable = obj.is_complete()
+            && obj.replicas.iter().any(|r| self.live_in(r, Tier::Disk))
+            && !self.tier_moves.values().any(|d| d.key == key);
+        if !droppable {
+            return false;
+        }
+        let (memory, disk): (Vec<Replica>, Vec<Replica>) = obj
+            .replicas
+            .iter()
+            .cloned()
+            .partition(|r| self.tier_of(r.segment_id) == Tier::Memory);
+        if memory.is_empty() {
+            return false;
+        }
+        if let Some(obj) = self.objects.get_mut(key) {
+            obj.replicas = disk;
+        }
+        self.release_held(now, memory, hold_until);
+        true
     }
 
     fn unmount(&mut self, segment_id: SegmentId) -> Result<(), MetaError> {
@@ -1635,7 +1722,7 @@ impl MetaState {
         self.pending_release
             .retain(|p| p.replica.segment_id != segment_id);
         self.reservations.retain(|_, r| r.segment_id != segment_id);
-        self.demotions
+        self.tier_moves
             .retain(|_, d| d.target.segment_id != segment_id);
         // Objects lose their replicas there; those left with none vanish (an
         // unfinished put then fails at PutEnd with OBJECT_NOT_FOUND).
@@ -1674,14 +1761,14 @@ impl MetaState {
             self.free_replicas(std::slice::from_ref(&p.replica));
             reclaimed += 1;
         }
-        let stale: Vec<DemotionId> = self
-            .demotions
+        let stale: Vec<TierMoveId> = self
+            .tier_moves
             .values()
             .filter(|d| d.release_at_ms <= now)
             .map(|d| d.id)
             .collect();
         for id in stale {
-            if let Some(d) = self.demotions.remove(&id) {
+            if let Some(d) = self.tier_moves.remove(&id) {
                 self.free_replicas(std::slice::from_ref(&d.target));
                 reclaimed += 1;
             }
@@ -1863,7 +1950,7 @@ impl MetaState {
     /// True when the earliest unfinished put or parked range is due for reclaim.
     pub fn has_reclaimable(&self, now_ms: u64) -> bool {
         self.pending_release.iter().any(|p| p.release_at_ms <= now_ms)
-            || self.demotions.values().any(|d| d.release_at_ms <= now_ms)
+            || self.tier_moves.values().any(|d| d.release_at_ms <= now_ms)
             || self.objects.values().any(
                 |o| matches!(o.phase, PutPhase::Processing { release_at_ms, .. } if release_at_ms <= now_ms),
             )

@@ -104,16 +104,27 @@ fn demote_start(
     now: u64,
     key: &str,
     target: SegmentId,
-) -> Result<Demotion, MetaError> {
+) -> Result<TierMove, MetaError> {
+    move_start(s, now, key, target, Tier::Disk)
+}
+
+fn move_start(
+    s: &mut MetaState,
+    now: u64,
+    key: &str,
+    target: SegmentId,
+    to: Tier,
+) -> Result<TierMove, MetaError> {
     match run(
         s,
         now,
-        Op::DemoteStart {
+        Op::TierMoveStart {
+            to,
             items: vec![(key.into(), target)],
             release_after_ms: 1_000,
         },
     ) {
-        Response::Demotions(mut r) => r.remove(0),
+        Response::TierMoves(mut r) => r.remove(0),
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -121,15 +132,27 @@ fn demote_start(
 fn demote_end(
     s: &mut MetaState,
     now: u64,
-    id: DemotionId,
+    id: TierMoveId,
     copied: bool,
+    hold_ms: u64,
+) -> Result<(), MetaError> {
+    move_end(s, now, id, copied, true, hold_ms)
+}
+
+fn move_end(
+    s: &mut MetaState,
+    now: u64,
+    id: TierMoveId,
+    copied: bool,
+    release_source: bool,
     hold_ms: u64,
 ) -> Result<(), MetaError> {
     match run(
         s,
         now,
-        Op::DemoteEnd {
+        Op::TierMoveEnd {
             items: vec![(id, copied)],
+            release_source,
             hold_ms,
         },
     ) {
@@ -272,7 +295,7 @@ fn a_demotion_moves_an_object_to_disk_and_holds_its_memory_for_readers() {
     demote_end(&mut s, 30, d.id, true, 100).unwrap();
     assert_eq!(s.lookup("k").unwrap().replicas, vec![d.target.clone()]);
     assert_eq!(s.demoted_total, 1);
-    assert!(s.demotions.is_empty());
+    assert!(s.tier_moves.is_empty());
     // The memory stays allocated for the lease TTL, then is reclaimed;
     // eviction does not count it meanwhile (it would demote ever more).
     assert_eq!(s.tier_usage(Tier::Memory).1, MB);
@@ -302,6 +325,105 @@ fn a_demotion_moves_an_object_to_disk_and_holds_its_memory_for_readers() {
         Response::Count(1)
     );
     assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+    recount_equal(&s);
+}
+
+/// A promotion copies a disk-only object back to memory and keeps its disk
+/// replica; evicting it from memory later only releases the memory copy.
+#[test]
+fn a_promotion_adds_a_memory_replica_and_keeps_the_disk_one() {
+    let mut s = MetaState::new();
+    let mem = mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "k", MB);
+    let d = demote_start(&mut s, 20, "k", disk).unwrap();
+    demote_end(&mut s, 30, d.id, true, 0).unwrap();
+    let on_disk = d.target.clone();
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![on_disk.clone()]);
+
+    // Refused: a target of the wrong tier, an object already in memory.
+    assert!(matches!(
+        move_start(&mut s, 40, "k", disk, Tier::Memory),
+        Err(MetaError::SegmentNotFound(_))
+    ));
+    put_done(&mut s, 40, 2, "in-memory", MB);
+    let before = s.clone();
+    assert!(move_start(&mut s, 41, "in-memory", mem, Tier::Memory).is_err());
+    assert_eq!(s.tier_moves, before.tier_moves, "a refusal changes nothing");
+
+    let p = move_start(&mut s, 50, "k", mem, Tier::Memory).unwrap();
+    assert_eq!((p.to, p.source.clone()), (Tier::Memory, on_disk.clone()));
+    // While copying, readers keep the disk replica; a demotion of the
+    // object, or a second promotion, is refused.
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![on_disk.clone()]);
+    assert!(move_start(&mut s, 51, "k", mem, Tier::Memory).is_err());
+    recount_equal(&s);
+    move_end(&mut s, 60, p.id, true, false, 100).unwrap();
+    assert_eq!(s.promoted_total, 1);
+    assert_eq!(
+        s.lookup("k").unwrap().replicas,
+        vec![p.target.clone(), on_disk.clone()],
+        "memory first, and the disk replica stays"
+    );
+    recount_equal(&s);
+    // Both tiers hold it: a memory victim, not a disk one (it is not
+    // only on disk), and a demotion of it is refused.
+    assert!(
+        select_victims_in(&s, Tier::Memory, 70, 1.0, |_| AccessInfo::default())
+            .contains(&"k".to_string())
+    );
+    assert!(select_victims_in(&s, Tier::Disk, 70, 1.0, |_| AccessInfo::default()).is_empty());
+    assert!(demote_start(&mut s, 70, "k", disk).is_err());
+
+    // Memory eviction of a promoted object: the memory copy goes (held for
+    // readers), the object stays on disk. A key only in memory, or unknown,
+    // is left alone.
+    let memory_used = s.tier_usage(Tier::Memory).1;
+    assert_eq!(
+        run(
+            &mut s,
+            80,
+            Op::DropMemoryCopies {
+                keys: vec!["k".into(), "in-memory".into(), "nope".into()],
+                hold_ms: 100,
+            }
+        ),
+        Response::Count(1)
+    );
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![on_disk.clone()]);
+    assert!(s.lookup("in-memory").is_ok());
+    assert_eq!(
+        s.tier_usage(Tier::Memory).1,
+        memory_used,
+        "held for readers"
+    );
+    recount_equal(&s);
+    run(&mut s, 180, Op::ReclaimStalePuts);
+    assert_eq!(s.tier_usage(Tier::Memory).1, memory_used - MB);
+    recount_equal(&s);
+
+    // A promotion whose object was removed and put again meanwhile keeps
+    // nothing; with release_source (the test-only exclusive promotion) the
+    // disk replica goes.
+    let p = move_start(&mut s, 200, "k", mem, Tier::Memory).unwrap();
+    run(
+        &mut s,
+        201,
+        Op::Remove {
+            keys: vec!["k".into()],
+            force: true,
+            leased: Default::default(),
+            hold_ms: 0,
+        },
+    );
+    put_done(&mut s, 202, 3, "k", MB);
+    assert!(move_end(&mut s, 203, p.id, true, false, 0).is_err());
+    recount_equal(&s);
+    let d = demote_start(&mut s, 210, "k", disk).unwrap();
+    demote_end(&mut s, 211, d.id, true, 0).unwrap();
+    let p = move_start(&mut s, 220, "k", mem, Tier::Memory).unwrap();
+    move_end(&mut s, 221, p.id, true, true, 0).unwrap();
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![p.target]);
     recount_equal(&s);
 }
 
@@ -482,8 +604,8 @@ fn a_restarted_store_takes_its_disk_segment_back_with_its_objects() {
     recount_equal(&s);
 }
 
-/// Random puts, removes, evictions, demotions (finished, failed, late,
-/// abandoned), reclaims, expiries and re-attaches over memory and disk
+/// Random puts, removes, evictions, demotions and promotions (finished,
+/// failed, late, abandoned), released memory copies, reclaims, expiries and re-attaches over memory and disk
 /// segments: after every command no two live ranges overlap and the derived
 /// allocators equal a recount.
 #[test]
@@ -551,20 +673,35 @@ fn tiers_never_overlap_under_random_commands() {
                     .map(|(k, o)| (k.clone(), 1, o.put_id))
                     .collect(),
             },
-            3 | 4 => Op::DemoteStart {
-                items: vec![(key, segs[(rnd() % 4) as usize])],
-                release_after_ms: 1 + rnd() % 60,
-            },
+            3 | 4 => {
+                // Even indices are memory segments, odd ones disk; now and
+                // then a target of the wrong tier, which must be refused.
+                let to = if rnd() % 3 == 0 {
+                    Tier::Memory
+                } else {
+                    Tier::Disk
+                };
+                let mut target = 2 * (rnd() % 2) as usize + usize::from(to == Tier::Disk);
+                if rnd() % 5 == 0 {
+                    target ^= 1;
+                }
+                Op::TierMoveStart {
+                    to,
+                    items: vec![(key, segs[target])],
+                    release_after_ms: 1 + rnd() % 60,
+                }
+            }
             5 => {
-                let mut items: Vec<(DemotionId, bool)> = Vec::new();
-                for id in s.demotions.keys().copied().collect::<Vec<_>>() {
+                let mut items: Vec<(TierMoveId, bool)> = Vec::new();
+                for id in s.tier_moves.keys().copied().collect::<Vec<_>>() {
                     if rnd() % 2 == 0 {
                         items.push((id, rnd() % 4 != 0));
                     }
                 }
                 items.push((rnd() % 50, true));
-                Op::DemoteEnd {
+                Op::TierMoveEnd {
                     items,
+                    release_source: rnd() % 4 != 0,
                     hold_ms: rnd() % 20,
                 }
             }
@@ -574,9 +711,26 @@ fn tiers_never_overlap_under_random_commands() {
                 leased: Default::default(),
                 hold_ms: rnd() % 20,
             },
-            7 => Op::Evict { keys: vec![key] },
+            7 if i % 2 == 0 => Op::Evict { keys: vec![key] },
+            7 => Op::DropMemoryCopies {
+                keys: vec![key],
+                hold_ms: rnd() % 20,
+            },
             8 if i % 97 == 0 => Op::UnmountClient {
                 client_id: format!("p{store}"),
+            },
+            8 if i % 5 == 0 => Op::MountTieredSegment {
+                spec: SegmentSpec {
+                    name: format!("m{store}"),
+                    endpoint: "x:1".into(),
+                    capacity: 8 * MB,
+                    ..Default::default()
+                },
+                owner: format!("p{store}"),
+                // The key `mount_tier` gave it: a re-mount by its owner.
+                key: SegmentKeyBytes(vec![2; 32]),
+                tier: Tier::Memory,
+                disk_id: String::new(),
             },
             8 if i % 7 == 0 => Op::MountTieredSegment {
                 spec: SegmentSpec {
@@ -598,7 +752,7 @@ fn tiers_never_overlap_under_random_commands() {
             .values()
             .flat_map(|o| o.replicas.iter())
             .chain(s.pending_release.iter().map(|p| &p.replica))
-            .chain(s.demotions.values().map(|d| &d.target))
+            .chain(s.tier_moves.values().map(|d| &d.target))
             .map(|r| {
                 (
                     r.segment_id,
@@ -627,4 +781,5 @@ fn tiers_never_overlap_under_random_commands() {
         recount_equal(&s);
     }
     assert!(s.demoted_total > 0, "some demotions finished");
+    assert!(s.promoted_total > 0, "some promotions finished");
 }
