@@ -196,6 +196,22 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_DEMOTION_TIMEOUT", default_value = "60s", value_parser = duration)]
     pub demotion_timeout: Duration,
 
+    /// Promotion: an object only on disk that is looked up this many times
+    /// within --promotion-window is copied back to memory (its disk replica
+    /// stays). 0 turns promotion off.
+    #[arg(long, env = "CRESCENT_PROMOTION_READS", default_value_t = 2)]
+    pub promotion_reads: u32,
+
+    /// The window of --promotion-reads.
+    #[arg(long, env = "CRESCENT_PROMOTION_WINDOW", default_value = "60s", value_parser = duration)]
+    pub promotion_window: Duration,
+
+    /// Promotion copies only while the memory tier stays at or below this
+    /// usage (and never above --eviction-high-watermark), so promoting
+    /// does not set off an eviction by itself.
+    #[arg(long, env = "CRESCENT_PROMOTION_MAX_MEMORY_USAGE", default_value_t = 0.85, value_parser = ratio)]
+    pub promotion_max_memory_usage: f64,
+
     /// Speak mutual TLS (--tls-cert/--tls-key/--tls-ca) to the stores' data
     /// ports when copying demoted objects, as stores started with
     /// --data-tls require.
@@ -307,6 +323,14 @@ pub struct MasterConfig {
     /// catches that. Hidden from --help; never set it in production.
     #[arg(long, env = "CRESCENT_UNSAFE_ADOPT_FOREIGN_RESERVATIONS", hide = true)]
     pub unsafe_adopt_foreign_reservations: bool,
+
+    /// TEST ONLY; breaks the disk tier's restart guarantee. A promotion
+    /// releases the object's disk replica once it is copied to memory, so
+    /// a store restart loses an object that was on its disk. The chaos
+    /// suite shows its checker catches that. Hidden from --help; never set
+    /// it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_EXCLUSIVE_PROMOTION", hide = true)]
+    pub unsafe_exclusive_promotion: bool,
 }
 
 /// How puts that ask for one commit are committed.

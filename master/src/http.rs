@@ -265,6 +265,26 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             &mm.demotion_failures,
         ),
         (
+            "master_promotions_total",
+            "Objects this node as leader copied from disk back to memory (they stay on disk too).",
+            &mm.promotions,
+        ),
+        (
+            "master_promotion_bytes_total",
+            "Bytes this node as leader copied from disk to memory.",
+            &mm.promotion_bytes,
+        ),
+        (
+            "master_promotion_failures_total",
+            "Promotion copies that failed (the object stays on disk only).",
+            &mm.promotion_failures,
+        ),
+        (
+            "master_memory_copies_released_total",
+            "Promoted objects whose memory copy eviction released (their disk replica stays).",
+            &mm.memory_copies_dropped,
+        ),
+        (
             "master_disk_evicted_key_count_total",
             "Objects this node as leader dropped from disk at the disk watermark.",
             &mm.disk_evictions,

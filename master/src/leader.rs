@@ -15,8 +15,8 @@ use crescent_store::TcpTransport;
 use openraft::ServerState;
 use tokio::task::JoinSet;
 
-use crate::demote;
 use crate::node::{now_ms, MasterNode};
+use crate::tier_move;
 
 /// Watches Raft metrics and runs the leader tasks for as long as this node leads.
 pub async fn run_leadership_watch(node: Arc<MasterNode>) {
@@ -50,6 +50,7 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 node.on_leadership(term);
                 let mut set = JoinSet::new();
                 set.spawn(eviction_loop(node.clone()));
+                set.spawn(promotion_loop(node.clone()));
                 set.spawn(liveness_loop(node.clone()));
                 set.spawn(reclaim_loop(node.clone()));
                 set.spawn(lease_sweep_loop(node.clone()));
@@ -80,20 +81,25 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
     }
 }
 
-async fn eviction_loop(node: Arc<MasterNode>) {
-    // For demotion copies (`demote`): TLS to the data ports when asked.
+/// The connection pool the leader copies objects between tiers with: TLS to
+/// the data ports when asked.
+fn data_transport(node: &MasterNode) -> Arc<TcpTransport> {
     let tls = if node.config().data_tls {
         node.config().tls().ok().flatten()
     } else {
         None
     };
-    let transport = Arc::new(match TcpTransport::with_tls(tls.as_ref()) {
+    Arc::new(match TcpTransport::with_tls(tls.as_ref()) {
         Ok(t) => t,
         Err(e) => {
-            tracing::error!(error = %e, "cannot set up TLS to the data ports; demotion copies will fail");
+            tracing::error!(error = %e, "cannot set up TLS to the data ports; copies between tiers will fail");
             TcpTransport::new()
         }
-    });
+    })
+}
+
+async fn eviction_loop(node: Arc<MasterNode>) {
+    let transport = data_transport(&node);
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -107,19 +113,27 @@ async fn eviction_loop(node: Arc<MasterNode>) {
             .eviction_rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Below the disk watermark, what a disk segment has room for moves
-        // there instead of being dropped; it is not evicted, so its doom
-        // mark is taken back at once (reads go on during the copy). What
-        // cannot be moved after all is evicted, as without a disk tier.
-        let (mut to_disk, mut victims) = node.split_for_demotion(victims);
-        if to_disk.len() > demote::MAX_DEMOTIONS_PER_ROUND {
-            let later = to_disk.split_off(demote::MAX_DEMOTIONS_PER_ROUND);
+        // there instead of being dropped, and a promoted object (on disk
+        // already) only loses its memory copy; neither is evicted, so their
+        // doom marks are taken back at once (reads go on). What cannot be
+        // moved after all is evicted, as without a disk tier.
+        let plan = node.split_for_demotion(victims);
+        let mut victims = plan.evict;
+        let mut to_disk = plan.demote;
+        let mut freed = 0;
+        if !plan.drop_memory_copy.is_empty() {
+            node.undoom(&plan.drop_memory_copy);
+            freed = drop_memory_copies(&node, plan.drop_memory_copy).await;
+        }
+        if to_disk.len() > tier_move::MAX_MOVES_PER_ROUND {
+            let later = to_disk.split_off(tier_move::MAX_MOVES_PER_ROUND);
             node.undoom(&later);
         }
         let mut demoted = 0;
         if !to_disk.is_empty() {
             node.undoom(&to_disk);
             let chosen = to_disk.len();
-            let round = demote::demote(&node, &transport, to_disk).await;
+            let round = tier_move::demote(&node, &transport, to_disk).await;
             demoted = round.moved;
             tracing::info!(
                 demoted,
@@ -135,6 +149,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                 }
             }
         }
+        let demoted = demoted + freed;
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {
@@ -171,6 +186,60 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+    }
+}
+
+/// Releases the memory copies of promoted objects (they stay on disk);
+/// returns how many were released.
+async fn drop_memory_copies(node: &Arc<MasterNode>, keys: Vec<String>) -> u64 {
+    let hold_ms = node.config().lease_ttl.as_millis() as u64;
+    match node
+        .propose(None, Op::DropMemoryCopies { keys, hold_ms })
+        .await
+    {
+        Ok(Response::Count(n)) => {
+            node.counters()
+                .memory_copies_dropped
+                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(released = n, "memory copies of promoted objects released");
+            n
+        }
+        Ok(other) => {
+            tracing::warn!(?other, "unexpected DropMemoryCopies result");
+            0
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "DropMemoryCopies proposal failed");
+            0
+        }
+    }
+}
+
+/// Copies objects read often enough from disk back to memory, while the
+/// memory tier has room for them (see
+/// [`MasterNode::take_promotion_candidates`]).
+async fn promotion_loop(node: Arc<MasterNode>) {
+    if node.config().promotion_reads == 0 {
+        return;
+    }
+    let transport = data_transport(&node);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let keys = node.take_promotion_candidates(tier_move::MAX_MOVES_PER_ROUND);
+        if keys.is_empty() {
+            continue;
+        }
+        let chosen = keys.len();
+        let round = tier_move::promote(&node, &transport, keys).await;
+        tracing::info!(
+            promoted = round.moved,
+            chosen,
+            failed = round.failed.len(),
+            usage_after = format!("{:.3}", usage(&node)),
+            "promotion round"
+        );
     }
 }
 

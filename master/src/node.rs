@@ -7,6 +7,7 @@
 
 mod one_commit;
 pub mod placer;
+mod promotion;
 mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -63,8 +64,23 @@ pub struct MasterMetrics {
     pub demotion_bytes: AtomicU64,
     pub demotion_failures: AtomicU64,
     pub disk_evictions: AtomicU64,
+    /// Objects copied from disk back to memory, bytes copied, copies that
+    /// failed, and promoted objects whose memory copy eviction released.
+    pub promotions: AtomicU64,
+    pub promotion_bytes: AtomicU64,
+    pub promotion_failures: AtomicU64,
+    pub memory_copies_dropped: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
+}
+
+/// What one eviction round does with its victims: see
+/// [`MasterNode::split_for_demotion`].
+#[derive(Debug, Default)]
+pub struct EvictionPlan {
+    pub drop_memory_copy: Vec<String>,
+    pub demote: Vec<String>,
+    pub evict: Vec<String>,
 }
 
 /// Why a request could not be served here.
@@ -98,6 +114,8 @@ pub struct LeaderMemory {
     /// lease is granted on them meanwhile.
     doomed: HashMap<String, u32>,
     seen_alloc_failures: u64,
+    /// Lookups of objects only on disk, and those due for promotion.
+    disk_reads: promotion::DiskReads,
 }
 
 impl LeaderMemory {
@@ -110,7 +128,15 @@ impl LeaderMemory {
             last_access_ms: HashMap::new(),
             doomed: HashMap::new(),
             seen_alloc_failures,
+            disk_reads: promotion::DiskReads::new(0, Duration::ZERO),
         }
+    }
+
+    /// Counts lookups of disk-only objects for promotion: see
+    /// [`promotion::DiskReads`].
+    fn promoting(mut self, reads: u32, window: Duration) -> Self {
+        self.disk_reads = promotion::DiskReads::new(reads, window);
+        self
     }
 
     pub fn is_leased(&self, key: &str, now: Instant) -> bool {
@@ -400,7 +426,9 @@ impl MasterNode {
             contacts,
             lease_clock,
             transfer_term: AtomicU64::new(0),
-            leader_mem: Mutex::new(LeaderMemory::new(0, 0)),
+            leader_mem: Mutex::new(
+                LeaderMemory::new(0, 0).promoting(config.promotion_reads, config.promotion_window),
+            ),
             placer: Mutex::new(placer::Placer::new(
                 0,
                 0,
@@ -878,17 +906,26 @@ impl MasterNode {
             settled.enable();
             return None;
         }
+        let now = Instant::now();
         let answers = keys
             .iter()
             .map(|k| {
                 let looked = sm.state.lookup(k);
-                if looked.is_ok() {
+                if let Ok(view) = &looked {
                     found.push(k.as_str());
+                    // Memory replicas are listed first: a disk one first
+                    // means the object is only on disk.
+                    if view
+                        .replicas
+                        .first()
+                        .is_some_and(|r| sm.state.tier_of(r.segment_id) == Tier::Disk)
+                    {
+                        mem.disk_reads.record(k, now);
+                    }
                 }
                 answer(&sm.state, looked)
             })
             .collect();
-        let now = Instant::now();
         mem.grant_leases(found, now + self.config.lease_ttl, now_ms());
         Some(answers)
     }
@@ -1027,16 +1064,74 @@ impl MasterNode {
         self.claim_victims_in(Tier::Disk).map(|(v, _)| v)
     }
 
-    /// Of eviction `victims`, those that can move to a disk segment now
-    /// (a live one has room), and the rest.
-    pub fn split_for_demotion(&self, victims: Vec<String>) -> (Vec<String>, Vec<String>) {
+    /// Eviction `victims` split by what frees their memory: those with a
+    /// replica on a live disk segment already (promoted: their memory
+    /// copies are simply released), those that can move to a disk segment
+    /// now (a live one has room), and the rest (evicted).
+    pub fn split_for_demotion(&self, victims: Vec<String>) -> EvictionPlan {
         let sm = self.shared.sm.read().expect("state lock poisoned");
         let state = &sm.state;
-        victims.into_iter().partition(|k| {
-            state.objects.get(k).is_some_and(|o| {
-                o.size <= crate::demote::MAX_DEMOTED_SIZE && state.disk_room_for(o.size)
-            })
-        })
+        let mut plan = EvictionPlan::default();
+        for key in victims {
+            let Some(o) = state.objects.get(&key) else {
+                plan.evict.push(key);
+                continue;
+            };
+            if o.replicas.iter().any(|r| state.live_in(r, Tier::Disk)) {
+                plan.drop_memory_copy.push(key);
+            } else if o.size <= crate::tier_move::MAX_MOVED_SIZE && state.disk_room_for(o.size) {
+                plan.demote.push(key);
+            } else {
+                plan.evict.push(key);
+            }
+        }
+        plan
+    }
+
+    /// Up to `max` keys due for promotion (looked up often enough while
+    /// only on disk), taken off the queue: those still only on disk, not
+    /// too large, whose copies keep the memory tier at or below
+    /// `--promotion-max-memory-usage` and its high watermark (so promoting
+    /// does not set off an eviction by itself). Keys that do not qualify
+    /// are dropped; they queue again when read again.
+    pub fn take_promotion_candidates(&self, max: usize) -> Vec<String> {
+        let sm = self.shared.sm.read().expect("state lock poisoned");
+        let state = &sm.state;
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        let queued = mem.disk_reads.take(max);
+        let (capacity, _) = state.tier_usage(Tier::Memory);
+        if queued.is_empty() || capacity == 0 {
+            return Vec::new();
+        }
+        let ceiling = self
+            .config
+            .promotion_max_memory_usage
+            .min(self.config.eviction_high_watermark);
+        let mut used = state.eviction_usage_ratio() * capacity as f64;
+        let mut out = Vec::new();
+        for key in queued {
+            if mem.is_doomed(&key) {
+                continue;
+            }
+            let Some(o) = state.objects.get(&key) else {
+                continue;
+            };
+            let live = |tier: Tier| o.replicas.iter().any(|r| state.live_in(r, tier));
+            let Some(len) = crescent_raft::alloc::aligned_len(o.size) else {
+                continue;
+            };
+            if !o.is_complete()
+                || o.size > crate::tier_move::MAX_MOVED_SIZE
+                || live(Tier::Memory)
+                || !live(Tier::Disk)
+                || (used + len as f64) / capacity as f64 > ceiling
+            {
+                continue;
+            }
+            used += len as f64;
+            out.push(key);
+        }
+        out
     }
 
     fn claim_victims_in(&self, tier: Tier) -> Option<(Vec<String>, u64)> {
@@ -1102,7 +1197,8 @@ impl MasterNode {
             .expect("state lock poisoned")
             .state
             .alloc_failures;
-        *self.leader_mem.lock().expect("lock poisoned") = LeaderMemory::new(term, failures);
+        *self.leader_mem.lock().expect("lock poisoned") = LeaderMemory::new(term, failures)
+            .promoting(self.config.promotion_reads, self.config.promotion_window);
         *self.placer.lock().expect("lock poisoned") = placer::Placer::new(
             term,
             now_ms(),

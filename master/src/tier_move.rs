@@ -1,36 +1,42 @@
-//! Demotion: at the memory high watermark the leader moves the coldest
-//! objects to a disk segment instead of dropping them.
+//! Copies between tiers. At the memory high watermark the leader moves the
+//! coldest objects to a disk segment instead of dropping them (demotion);
+//! an object only on disk that readers keep asking for is copied back to
+//! memory (promotion), and keeps its disk replica, so reading an object
+//! never makes a store restart lose it. Evicting a promoted object from
+//! memory later copies nothing: its memory replicas are simply released.
 //!
-//! A round: `DemoteStart` allocates each victim's disk range (one entry for
-//! the batch); the leader copies the bytes itself, reading a memory replica
-//! and writing the disk range over the stores' TCP data port under grants it
-//! signs; it checks the crc32c the object was put with before writing; then
-//! `DemoteEnd` swaps the memory replicas for the disk one (one entry).
+//! A round: `TierMoveStart` allocates each object's range in the target
+//! tier (one entry for the batch); the leader copies the bytes itself,
+//! reading a replica of the other tier and writing the range over the
+//! stores' TCP data port under grants it signs; it checks the crc32c the
+//! object was put with; then `TierMoveEnd` adds the new replica (and, for a
+//! demotion, releases the memory ones) in one entry.
 //!
-//! Why the copy cannot overwrite anything: the disk range stays allocated
-//! until `DemoteEnd` or, if this leader dies or stalls, until the
-//! demotion's release time, and the write grant expires well before that
+//! Why the copy cannot overwrite anything: the target range stays
+//! allocated until `TierMoveEnd` or, if this leader dies or stalls, until
+//! the copy's release time, and the write grant expires well before that
 //! (see [`grant_expiry`]); a store refuses a write under an expired grant.
 //! A copy whose write may or may not have happened is not reported at all:
-//! its range waits for the release time. Readers keep the memory replica
-//! until `DemoteEnd`, and its space stays unallocated for a lease TTL after.
+//! its range waits for the release time. Readers keep every replica until
+//! `TierMoveEnd`, and a released one's space stays unallocated for a lease
+//! TTL after.
 //!
 //! The leader moves the bytes because that needs no new store protocol; a
-//! store copying from its own memory to its own disk would save the round
+//! store copying between its own memory and disk would save the round
 //! trip through the master (not done yet).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_auth::capability::{Access, Capability, SegmentKey};
-use crescent_raft::state::{Demotion, DemotionId, MetaState, Op, SegmentId, Tier};
+use crescent_raft::state::{MetaState, Op, SegmentId, Tier, TierMove, TierMoveId};
 use crescent_raft::Response;
 use crescent_store::protocol::Grant;
 use crescent_store::{TcpTransport, TransferError};
 use futures::StreamExt;
 
-use crate::node::{now_ms, MasterNode};
+use crate::node::{now_ms, MasterMetrics, MasterNode};
 
 /// Copies in flight at once.
 const PARALLEL_COPIES: usize = 4;
@@ -38,20 +44,25 @@ const PARALLEL_COPIES: usize = 4;
 /// How one copy ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CopyOutcome {
-    /// Read, checked and written: the disk replica holds the object.
+    /// Read, checked and written: the target range holds the object.
     Done,
     /// Nothing was written (the read failed, or the bytes did not match
-    /// the object's checksum): the disk range can be freed now.
+    /// the object's checksum): the target range can be freed now.
     NotWritten,
     /// The write may have reached the store or not: leave the range to
-    /// the demotion's release time.
+    /// the copy's release time.
     Unknown,
 }
 
-/// The disk segment for an object whose memory replica is on `source`:
-/// one on the same host with room (no network hop for a store-local copy
-/// later), else the live disk segment with the most free space.
-pub fn pick_disk_segment(state: &MetaState, source: SegmentId, size: u64) -> Option<SegmentId> {
+/// The segment of tier `to` for an object whose source replica is on
+/// `source`: one on the same host with room (no network hop for a
+/// store-local copy later), else the live one with the most free space.
+pub fn pick_segment(
+    state: &MetaState,
+    to: Tier,
+    source: SegmentId,
+    size: u64,
+) -> Option<SegmentId> {
     let len = crescent_raft::alloc::aligned_len(size)?;
     let host = state
         .segments
@@ -60,7 +71,7 @@ pub fn pick_disk_segment(state: &MetaState, source: SegmentId, size: u64) -> Opt
     let candidates = state
         .segments
         .values()
-        .filter(|s| s.is_live() && s.tier == Tier::Disk)
+        .filter(|s| s.is_live() && s.tier == to)
         .filter_map(|s| state.allocator(s.id).map(|a| (s, a)))
         .filter(|(_, a)| a.largest_free() >= len);
     candidates
@@ -68,11 +79,11 @@ pub fn pick_disk_segment(state: &MetaState, source: SegmentId, size: u64) -> Opt
         .map(|(s, _)| s.id)
 }
 
-/// When a copy's write grant expires: at most a third of the demotion
-/// timeout from now, and a third of it before the range's release time,
-/// so a store's clock may run that far behind and a stalled leader's write
-/// is still refused before the range can be reused.
-fn grant_expiry(now: u64, d: &Demotion, timeout: Duration) -> u64 {
+/// When a copy's write grant expires: at most a third of the copy timeout
+/// from now, and a third of it before the range's release time, so a
+/// store's clock may run that far behind and a stalled leader's write is
+/// still refused before the range can be reused.
+fn grant_expiry(now: u64, d: &TierMove, timeout: Duration) -> u64 {
     let third = (timeout.as_millis() / 3) as u64;
     now.saturating_add(third)
         .min(d.release_at_ms.saturating_sub(third))
@@ -102,12 +113,13 @@ fn grant(
     }
 }
 
-/// Largest object demoted: a bigger one is dropped at the watermark, as
-/// without a disk tier (its copy could not finish well within its grant).
-pub const MAX_DEMOTED_SIZE: u64 = 256 << 20;
+/// Largest object copied between tiers: a bigger one is dropped at the
+/// watermark, as without a disk tier, and never promoted (its copy could
+/// not finish well within its grant).
+pub const MAX_MOVED_SIZE: u64 = 256 << 20;
 
-/// Most objects demoted per round; the next round takes the rest.
-pub const MAX_DEMOTIONS_PER_ROUND: usize = 64;
+/// Most objects copied per round; the next round takes the rest.
+pub const MAX_MOVES_PER_ROUND: usize = 64;
 
 /// Bytes read and written at a time: the leader holds at most
 /// `PARALLEL_COPIES` of these, whatever the objects' sizes.
@@ -115,33 +127,58 @@ const COPY_PIECE: usize = 4 << 20;
 
 /// What a round did.
 #[derive(Debug, Default)]
-pub struct Demoted {
-    /// Objects now on disk.
+pub struct Moved {
+    /// Objects copied to the target tier.
     pub moved: u64,
-    /// Keys still in memory because their demotion could not be done (no
-    /// room after all, a failed copy, a changed object): the caller evicts
-    /// them as it would have without a disk tier.
+    /// Keys whose copy could not be done (no room after all, a failed
+    /// copy, a changed object). A demotion's caller evicts them as it
+    /// would have without a disk tier; a promotion's leaves them on disk.
     pub failed: Vec<String>,
 }
 
-/// Moves `keys` to disk (at most [`MAX_DEMOTIONS_PER_ROUND`] of them).
+/// Moves `keys` to disk (at most [`MAX_MOVES_PER_ROUND`] of them),
+/// releasing their memory replicas.
 pub async fn demote(
     node: &Arc<MasterNode>,
     transport: &Arc<TcpTransport>,
     keys: Vec<String>,
-) -> Demoted {
+) -> Moved {
+    move_to(node, transport, Tier::Disk, keys).await
+}
+
+/// Copies `keys` (only on disk) back to memory (at most
+/// [`MAX_MOVES_PER_ROUND`] of them); their disk replicas stay.
+pub async fn promote(
+    node: &Arc<MasterNode>,
+    transport: &Arc<TcpTransport>,
+    keys: Vec<String>,
+) -> Moved {
+    move_to(node, transport, Tier::Memory, keys).await
+}
+
+/// The counters of copies to `to`: objects, bytes, failures.
+fn counters(m: &MasterMetrics, to: Tier) -> (&AtomicU64, &AtomicU64, &AtomicU64) {
+    match to {
+        Tier::Disk => (&m.demotions, &m.demotion_bytes, &m.demotion_failures),
+        Tier::Memory => (&m.promotions, &m.promotion_bytes, &m.promotion_failures),
+    }
+}
+
+async fn move_to(
+    node: &Arc<MasterNode>,
+    transport: &Arc<TcpTransport>,
+    to: Tier,
+    keys: Vec<String>,
+) -> Moved {
     let timeout = node.config().demotion_timeout;
-    let mut out = Demoted::default();
+    let mut out = Moved::default();
     let items: Vec<(String, SegmentId)> = {
         let state = node.state();
         keys.into_iter()
             .filter_map(|key| {
                 let target = state.objects.get(&key).and_then(|obj| {
-                    let source = obj
-                        .replicas
-                        .iter()
-                        .find(|r| state.tier_of(r.segment_id) == Tier::Memory)?;
-                    pick_disk_segment(&state, source.segment_id, obj.size)
+                    let source = obj.replicas.iter().find(|r| state.live_in(r, to.other()))?;
+                    pick_segment(&state, to, source.segment_id, obj.size)
                 });
                 match target {
                     Some(t) => Some((key, t)),
@@ -159,32 +196,33 @@ pub async fn demote(
     let started = match node
         .propose(
             None,
-            Op::DemoteStart {
+            Op::TierMoveStart {
+                to,
                 items: items.clone(),
                 release_after_ms: timeout.as_millis() as u64,
             },
         )
         .await
     {
-        Ok(Response::Demotions(r)) if r.len() == items.len() => r,
+        Ok(Response::TierMoves(r)) if r.len() == items.len() => r,
         other => {
-            tracing::warn!(?other, "DemoteStart failed");
+            tracing::warn!(?other, ?to, "TierMoveStart failed");
             out.failed.extend(items.into_iter().map(|(k, _)| k));
             return out;
         }
     };
-    let mut demotions = Vec::new();
+    let mut moves = Vec::new();
     for ((key, _), result) in items.into_iter().zip(started) {
         match result {
-            Ok(d) => demotions.push(d),
+            Ok(d) => moves.push(d),
             Err(e) => {
-                tracing::debug!(key, error = %e, "not demoted");
+                tracing::debug!(key, ?to, error = %e, "not copied");
                 out.failed.push(key);
             }
         }
     }
     let now = now_ms();
-    let copies = futures::stream::iter(demotions.into_iter().map(|d| {
+    let copies = futures::stream::iter(moves.into_iter().map(|d| {
         let node = node.clone();
         let transport = transport.clone();
         let expiry = grant_expiry(now, &d, timeout);
@@ -205,24 +243,24 @@ pub async fn demote(
     .buffer_unordered(PARALLEL_COPIES)
     .collect::<Vec<_>>()
     .await;
-    let metrics = node.counters();
-    let mut ends: Vec<(DemotionId, bool)> = Vec::new();
+    let (objects, bytes, failures) = counters(node.counters(), to);
+    let mut ends: Vec<(TierMoveId, bool)> = Vec::new();
     let mut ended: Vec<(String, bool)> = Vec::new();
     for (d, outcome) in copies {
         match outcome {
             CopyOutcome::Done => {
-                metrics.demotion_bytes.fetch_add(d.size, Ordering::Relaxed);
+                bytes.fetch_add(d.size, Ordering::Relaxed);
                 ends.push((d.id, true));
                 ended.push((d.key, true));
             }
             CopyOutcome::NotWritten => {
-                metrics.demotion_failures.fetch_add(1, Ordering::Relaxed);
+                failures.fetch_add(1, Ordering::Relaxed);
                 ends.push((d.id, false));
                 ended.push((d.key, false));
             }
             CopyOutcome::Unknown => {
                 // Not reported: its range waits for the release time.
-                metrics.demotion_failures.fetch_add(1, Ordering::Relaxed);
+                failures.fetch_add(1, Ordering::Relaxed);
                 out.failed.push(d.key);
             }
         }
@@ -231,11 +269,18 @@ pub async fn demote(
         return out;
     }
     let hold_ms = node.config().lease_ttl.as_millis() as u64;
+    // A demotion frees memory; a promotion keeps the disk replica (unless
+    // the test-only switch breaks that guarantee).
+    let release_source = match to {
+        Tier::Disk => true,
+        Tier::Memory => node.config().unsafe_exclusive_promotion,
+    };
     match node
         .propose(
             None,
-            Op::DemoteEnd {
+            Op::TierMoveEnd {
                 items: ends.clone(),
+                release_source,
                 hold_ms,
             },
         )
@@ -253,19 +298,19 @@ pub async fn demote(
         other => {
             // The entry may still commit; if not, the ranges wait for their
             // release time. Either way the next round looks again.
-            tracing::warn!(?other, "DemoteEnd failed");
+            tracing::warn!(?other, ?to, "TierMoveEnd failed");
         }
     }
-    metrics.demotions.fetch_add(out.moved, Ordering::Relaxed);
+    objects.fetch_add(out.moved, Ordering::Relaxed);
     out
 }
 
-/// Copies `d`'s source replica to its disk range a piece at a time under
+/// Copies `d`'s source replica to its target range a piece at a time under
 /// grants expiring at `expiry`, checking the whole object's crc32c.
 async fn copy(
     node: &MasterNode,
     transport: &TcpTransport,
-    d: &Demotion,
+    d: &TierMove,
     expiry: u64,
 ) -> CopyOutcome {
     let (source, target) = {
@@ -315,12 +360,12 @@ async fn copy(
             tracing::debug!(
                 key = d.key,
                 attempt,
-                "demotion read failed; retrying on a new connection"
+                "tier copy read failed; retrying on a new connection"
             );
         }
         if let Err(e) = read {
             // Every write so far was answered: none is in flight.
-            tracing::debug!(key = d.key, error = %e, "demotion read failed");
+            tracing::debug!(key = d.key, error = %e, "tier copy read failed");
             return CopyOutcome::NotWritten;
         }
         crc = crc32c::crc32c_append(crc, piece);
@@ -349,11 +394,11 @@ async fn copy(
                 | TransferError::Refused { .. }
                 | TransferError::Tls { .. }),
             ) => {
-                tracing::debug!(key = d.key, error = %e, "demotion write refused");
+                tracing::debug!(key = d.key, error = %e, "tier copy write refused");
                 return CopyOutcome::NotWritten;
             }
             Err(e) => {
-                tracing::debug!(key = d.key, error = %e, "demotion write failed");
+                tracing::debug!(key = d.key, error = %e, "tier copy write failed");
                 return CopyOutcome::Unknown;
             }
         }
@@ -362,7 +407,7 @@ async fn copy(
     if crc != d.checksum {
         tracing::warn!(
             key = d.key,
-            "demotion read bytes that do not match the object's checksum; not demoted"
+            "copy between tiers read bytes that do not match the object's checksum; not copied"
         );
         return CopyOutcome::NotWritten;
     }
@@ -375,8 +420,9 @@ mod tests {
 
     #[test]
     fn a_write_grant_expires_a_third_of_the_timeout_before_the_release() {
-        let d = Demotion {
+        let d = TierMove {
             id: 1,
+            to: Tier::Disk,
             key: "k".into(),
             created_ms: 0,
             put_id: 0,
