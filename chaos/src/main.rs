@@ -85,6 +85,12 @@ enum Cmd {
         /// lost; the run must then fail (use --schedule disk-restarts).
         #[arg(long, hide = true)]
         unsafe_forget_disk_on_restart: bool,
+        /// TEST ONLY: start masters with --unsafe-exclusive-promotion: a
+        /// promotion releases the object's disk replica, so a store restart
+        /// loses objects read from its disk; the run must then fail (use
+        /// --schedule disk-restarts).
+        #[arg(long, hide = true)]
+        unsafe_exclusive_promotion: bool,
     },
     /// Re-check a recorded run directory.
     Check { dir: PathBuf },
@@ -162,6 +168,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_forget_leases,
             unsafe_adopt_foreign_reservations,
             unsafe_forget_disk_on_restart,
+            unsafe_exclusive_promotion,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             // Short put timeouts: with the defaults (30 s, 600 s) an earlier
@@ -183,6 +190,12 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             // grace, and a demotion meanwhile may copy from its replica,
             // fail and evict the object although its other replica is
             // intact; the fillers wait until no such segment is listed.
+            //
+            // Promotion up to 1.5 % memory usage (the default 0.85 is above
+            // the watermark, which would cap it at 2 %): objects read twice
+            // from disk, the disk check's among them, come back to memory
+            // without pushing memory past the watermark, so promotion
+            // never makes the leader demote outside the disk check.
             let mut master_flags: Vec<String> = [
                 "--client-ttl",
                 "3s",
@@ -194,6 +207,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 "0.02",
                 "--expired-segment-grace",
                 "10s",
+                "--promotion-max-memory-usage",
+                "0.015",
             ]
             .map(String::from)
             .to_vec();
@@ -211,6 +226,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             if unsafe_adopt_foreign_reservations {
                 master_flags.push("--unsafe-adopt-foreign-reservations".into());
+            }
+            if unsafe_exclusive_promotion {
+                master_flags.push("--unsafe-exclusive-promotion".into());
             }
             let mut store_flags = Vec::new();
             if unsafe_forget_disk_on_restart {

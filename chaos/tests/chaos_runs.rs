@@ -310,3 +310,21 @@ fn forgetting_the_disk_on_restart_is_caught() {
         "expected disk objects lost across the store restarts, got {counts:?}"
     );
 }
+
+#[test]
+fn exclusive_promotion_is_caught() {
+    // The disk check reads each disk object twice before the restart, so
+    // the leader promotes it; with the switch the promotion releases its
+    // disk replica, and the restart loses the objects promoted into the
+    // restarted store's memory.
+    let counts = broken_run(
+        "chaos-exclusive-promotion",
+        "disk-restarts",
+        "19",
+        "--unsafe-exclusive-promotion",
+    );
+    assert!(
+        counts.contains_key("disk_lost"),
+        "expected promoted disk objects lost across a store restart, got {counts:?}"
+    );
+}

@@ -2,7 +2,9 @@
 //! disk segment. Objects past the memory watermark move to disk and stay
 //! readable; a store killed with SIGKILL and started again on the same
 //! directory serves its disk objects again; a leader killed while demoting
-//! loses nothing acknowledged. Needs `cargo build --bins` (`make test`).
+//! loses nothing acknowledged; an object read twice from disk is copied
+//! back to memory and keeps its disk replica across a store restart.
+//! Needs `cargo build --bins` (`make test`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -86,12 +88,14 @@ async fn kinds(c: &LocalCluster, key: &str) -> Option<Vec<pb::ReplicaKind>> {
     )
 }
 
+/// Those of `keys` with a disk replica (a promoted one has a memory
+/// replica too).
 async fn on_disk(c: &LocalCluster, keys: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for k in keys {
         if kinds(c, k)
             .await
-            .is_some_and(|ks| ks == [pb::ReplicaKind::Disk])
+            .is_some_and(|ks| ks.contains(&pb::ReplicaKind::Disk))
         {
             out.push(k.clone());
         }
@@ -120,7 +124,11 @@ async fn leader_metric(c: &LocalCluster, name: &str) -> u64 {
 /// Three demoting masters and one store with an 8 MiB memory segment and a
 /// disk segment in `disk` (both mounted), and a client.
 async fn disk_cluster(disk: &std::path::Path) -> (LocalCluster, Client) {
-    let mut cluster = LocalCluster::start(3, &master_flags()).unwrap();
+    disk_cluster_with(disk, &master_flags()).await
+}
+
+async fn disk_cluster_with(disk: &std::path::Path, flags: &[String]) -> (LocalCluster, Client) {
+    let mut cluster = LocalCluster::start(3, flags).unwrap();
     cluster
         .wait_for_leader(Duration::from_secs(15))
         .await
@@ -132,6 +140,25 @@ async fn disk_cluster(disk: &std::path::Path) -> (LocalCluster, Client) {
         .unwrap();
     let c = client(&cluster).await;
     (cluster, c)
+}
+
+/// Waits until store 0 reports its disk segment mounted.
+async fn wait_for_disk_mount(cluster: &LocalCluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = http_request(&cluster.stores[0].http, "GET", "/health", &[]).await;
+        if let Ok((200, body)) = health {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if v["disk"]["mounted"] == true {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted store's disk segment never mounted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,21 +194,7 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
     cluster.stores[0].restart().unwrap();
     // The new process mounts its disk segment (the masters took it back
     // rather than waiting for the old one to expire and starting afresh).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let health = http_request(&cluster.stores[0].http, "GET", "/health", &[]).await;
-        if let Ok((200, body)) = health {
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            if v["disk"]["mounted"] == true {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted store's disk segment never mounted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_disk_mount(&cluster).await;
     assert_eq!(
         on_disk(&cluster, &demoted).await,
         demoted,
@@ -240,4 +253,101 @@ async fn a_leader_killed_while_demoting_loses_nothing_acknowledged() {
     }
     let keys: Vec<String> = acked.keys().cloned().collect();
     assert!(!on_disk(&cluster, &keys).await.is_empty(), "demotion ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_read_twice_from_disk_is_promoted_and_keeps_its_disk_replica() {
+    let disk = tempfile::tempdir().unwrap();
+    // Promotion copies while memory stays at or below 0.5 here.
+    let flags: Vec<String> = [
+        "--eviction-high-watermark",
+        "0.6",
+        "--promotion-max-memory-usage",
+        "0.5",
+        "--eviction-ratio",
+        "0.1",
+        "--lease-ttl",
+        "2s",
+        "--demotion-timeout",
+        "15s",
+        "--promotion-reads",
+        "2",
+        "--promotion-window",
+        "30s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (mut cluster, c) = disk_cluster_with(disk.path(), &flags).await;
+    let keys: Vec<String> = (0..24).map(|i| format!("p-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&c, k, &value(i)).await.unwrap();
+    }
+    // Room for promotions: remove what is still in memory (its space is
+    // free a lease TTL later).
+    let mut disk_only = Vec::new();
+    for k in &keys {
+        match kinds(&cluster, k).await.as_deref() {
+            Some([pb::ReplicaKind::Disk]) => disk_only.push(k.clone()),
+            // Forced: the kind lookup just leased it.
+            _ => c
+                .remove(k, true)
+                .await
+                .unwrap_or_else(|e| panic!("{k}: {e}")),
+        }
+    }
+    assert!(disk_only.len() >= 8, "demoted: {disk_only:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // The kind lookups above were one read each; one get more is the
+    // second, and the leader copies the object back to memory.
+    let promoted: Vec<String> = disk_only.iter().take(4).cloned().collect();
+    for k in &promoted {
+        let i: usize = k.trim_start_matches("p-").parse().unwrap();
+        assert_eq!(c.get(k).await.unwrap(), value(i), "{k} from disk");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for k in &promoted {
+        loop {
+            let ks = kinds(&cluster, k).await.unwrap_or_default();
+            if ks == [pb::ReplicaKind::Memory, pb::ReplicaKind::Disk] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{k} was not promoted (memory first, disk kept): {ks:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let i: usize = k.trim_start_matches("p-").parse().unwrap();
+        assert_eq!(c.get(k).await.unwrap(), value(i), "{k} from memory");
+    }
+    assert!(leader_metric(&cluster, "master_promotions_total").await >= promoted.len() as u64);
+    // A key read once stays only on disk.
+    let unread = disk_only.last().unwrap();
+    assert_eq!(
+        kinds(&cluster, unread).await.unwrap(),
+        [pb::ReplicaKind::Disk],
+        "{unread} was read once"
+    );
+
+    // SIGKILL the store: the promoted objects' memory copies die with it,
+    // their disk replicas come back with the restart.
+    cluster.stores[0].kill();
+    cluster.stores[0].restart().unwrap();
+    wait_for_disk_mount(&cluster).await;
+    for k in &promoted {
+        let i: usize = k.trim_start_matches("p-").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let got = loop {
+            match c.get(k).await {
+                Ok(v) => break v,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("promoted {k} lost across the store restart: {e}"),
+            }
+        };
+        assert_eq!(got, value(i), "{k} after the restart");
+    }
 }

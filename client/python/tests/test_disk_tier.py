@@ -25,6 +25,9 @@ def disk_store():
             "--eviction-high-watermark", "0.5",
             "--eviction-ratio", "0.3",
             "--demotion-timeout", "15s",
+            # The descriptors are asked for again and again: with promotion
+            # on, objects read twice would gain memory replicas meanwhile.
+            "--promotion-reads", "0",
         ],
         store_extra=["--disk-path", str(root / "disk"), "--disk-size", "64mb"],
     )

@@ -135,6 +135,10 @@ pub async fn start_cluster(
         "0.3",
         "--demotion-timeout",
         "15s",
+        // The row measures reads of disk replicas: no promotion copies
+        // them back to memory while it reads.
+        "--promotion-reads",
+        "0",
     ]
     .map(String::from)
     .to_vec();
