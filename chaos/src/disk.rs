@@ -31,6 +31,10 @@
 //! object's pair of reads as a [`DiskCheck`] in [`DISK_CHECKS`], which the
 //! checker judges ([`crate::checker`]: a disk object missing, unreadable or
 //! different while no remove of its key could have run is `disk_lost`).
+//! Reading an object twice makes the leader promote it (copy it back to
+//! memory, on the same store when it has room), so the check waits
+//! [`PROMOTIONS_SETTLE`] before the kill: a promoted object must keep its
+//! disk replica across the restart too.
 //!
 //! [`FaultKind::RestartStoreWithDisk`]: crate::schedule::FaultKind::RestartStoreWithDisk
 
@@ -74,6 +78,9 @@ const BACK_WITHIN: Duration = Duration::from_secs(60);
 /// lost: the masters re-attach the disk segment as it mounts, so an honest
 /// cluster answers at once; the margin covers a slow lookup.
 const READ_BACK_WITHIN: Duration = Duration::from_secs(15);
+/// How long the objects read before a restart are left for the leader to
+/// promote (a promotion round starts within 20 ms and copies a few MiB).
+const PROMOTIONS_SETTLE: Duration = Duration::from_secs(1);
 /// Pause between rounds of those retries.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// New history bytes read at most per file and call (the rest next time):
@@ -666,6 +673,13 @@ pub async fn restart_store_with_disk(
         }
     }
     summary.checked = tracked.len();
+    if !tracked.is_empty() {
+        // Each tracked object was looked up twice (found, then read), so
+        // the leader promotes it back to memory: let those copies finish,
+        // so the restart also checks that a promoted object keeps its disk
+        // replica.
+        tokio::time::sleep(PROMOTIONS_SETTLE).await;
+    }
 
     dep.kill_store(idx)?;
     let killed_us = now_us();

@@ -55,8 +55,9 @@ enum CopyOutcome {
 }
 
 /// The segment of tier `to` for an object whose source replica is on
-/// `source`: one on the same host with room (no network hop for a
-/// store-local copy later), else the live one with the most free space.
+/// `source`, among the live ones with room: one of the same store process
+/// (its other tier), else one on the same host (no network hop for a
+/// store-local copy later), else the one with the most free space.
 pub fn pick_segment(
     state: &MetaState,
     to: Tier,
@@ -64,10 +65,9 @@ pub fn pick_segment(
     size: u64,
 ) -> Option<SegmentId> {
     let len = crescent_raft::alloc::aligned_len(size)?;
-    let host = state
-        .segments
-        .get(&source)
-        .map(|s| s.spec.hostname.as_str());
+    let source = state.segments.get(&source);
+    let owner = source.map(|s| s.owner.as_str());
+    let host = source.map(|s| s.spec.hostname.as_str());
     let candidates = state
         .segments
         .values()
@@ -75,7 +75,13 @@ pub fn pick_segment(
         .filter_map(|s| state.allocator(s.id).map(|a| (s, a)))
         .filter(|(_, a)| a.largest_free() >= len);
     candidates
-        .max_by_key(|(s, a)| (host == Some(s.spec.hostname.as_str()), a.free_bytes()))
+        .max_by_key(|(s, a)| {
+            (
+                owner == Some(s.owner.as_str()),
+                host == Some(s.spec.hostname.as_str()),
+                a.free_bytes(),
+            )
+        })
         .map(|(s, _)| s.id)
 }
 

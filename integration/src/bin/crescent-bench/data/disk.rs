@@ -212,14 +212,16 @@ pub async fn run(
         let started = Instant::now();
         let value = (0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
         let put_deadline = started + PUT_BUDGET;
+        let mut refused = 0;
         for k in &keys {
-            put_retrying(&client, k, &value, put_deadline).await?;
+            refused += put_retrying(&client, k, &value, put_deadline).await?;
         }
         let put_secs = started.elapsed().as_secs_f64();
         let (rounds, wait_secs) = demote_all(&client, &prefix, &keys, memory).await?;
         eprintln!(
-            "{label} disk {}: {n} objects put in {put_secs:.1} s, all disk replicas {wait_secs:.1} s later ({rounds} filler round(s) of {})",
+            "{label} disk {}: {n} objects put in {put_secs:.1} s ({:.0} MB/s; {refused} put attempts failed and were retried, target 0), all disk replicas {wait_secs:.1} s later ({rounds} filler round(s) of {})",
             format_size(size),
+            (size * n as u64) as f64 / put_secs / 1e6,
             format_size(memory)
         );
 
@@ -336,25 +338,30 @@ async fn measure_size(
 }
 
 /// Puts `key`, retrying while memory is full (demotion frees it) until
-/// `deadline`.
+/// `deadline`; returns how many attempts failed before it went through
+/// (whether demotion kept up with the puts).
 async fn put_retrying(
     c: &crescent_client::Client,
     key: &str,
     value: &[u8],
     deadline: Instant,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<u64> {
     let cfg = ReplicateConfig {
         replica_num: 1,
         ..Default::default()
     };
+    let mut failed = 0;
     loop {
         match c.put(key, value, &cfg).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(failed),
             Err(e) if Instant::now() >= deadline => {
                 return Err(anyhow::anyhow!("put {key}: {e}")
                     .context("memory never freed up: are demotions running?"))
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(_) => {
+                failed += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
         }
     }
 }
