@@ -122,7 +122,6 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         let mut to_disk = plan.demote;
         let mut freed = 0;
         if !plan.drop_memory_copy.is_empty() {
-            node.undoom(&plan.drop_memory_copy);
             freed = drop_memory_copies(&node, plan.drop_memory_copy).await;
         }
         if to_disk.len() > tier_move::MAX_MOVES_PER_ROUND {
@@ -190,11 +189,18 @@ async fn eviction_loop(node: Arc<MasterNode>) {
 }
 
 /// Releases the memory copies of promoted objects (they stay on disk);
-/// returns how many were released.
+/// returns how many were released. `keys` are doomed (claimed by the
+/// eviction round) and stay so until the entry's fate is known: a lease
+/// granted after the entry's time stamp would outlast the hold.
 async fn drop_memory_copies(node: &Arc<MasterNode>, keys: Vec<String>) -> u64 {
     let hold_ms = node.config().lease_ttl.as_millis() as u64;
+    let chosen = keys.clone();
     match node
-        .propose(None, Op::DropMemoryCopies { keys, hold_ms })
+        .propose_settled(
+            None,
+            Op::DropMemoryCopies { keys, hold_ms },
+            move |node, _| node.undoom(&chosen),
+        )
         .await
     {
         Ok(Response::Count(n)) => {

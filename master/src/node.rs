@@ -1065,9 +1065,11 @@ impl MasterNode {
     }
 
     /// Eviction `victims` split by what frees their memory: those with a
-    /// replica on a live disk segment already (promoted: their memory
-    /// copies are simply released), those that can move to a disk segment
-    /// now (a live one has room), and the rest (evicted).
+    /// disk replica already (promoted: their memory copies are simply
+    /// released; a disk replica on an expired segment too, which comes
+    /// back with its store, so the object must not be evicted), those that
+    /// can move to a disk segment now (a live one has room), and the rest
+    /// (evicted).
     pub fn split_for_demotion(&self, victims: Vec<String>) -> EvictionPlan {
         let sm = self.shared.sm.read().expect("state lock poisoned");
         let state = &sm.state;
@@ -1077,7 +1079,7 @@ impl MasterNode {
                 plan.evict.push(key);
                 continue;
             };
-            if o.replicas.iter().any(|r| state.live_in(r, Tier::Disk)) {
+            if state.has_disk_replica(o) {
                 plan.drop_memory_copy.push(key);
             } else if o.size <= crate::tier_move::MAX_MOVED_SIZE && state.disk_room_for(o.size) {
                 plan.demote.push(key);

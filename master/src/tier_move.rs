@@ -281,14 +281,28 @@ async fn move_to(
         Tier::Disk => true,
         Tier::Memory => node.config().unsafe_exclusive_promotion,
     };
+    // Released replicas are held a lease TTL from the entry's time stamp;
+    // a lease granted between the stamp and the apply would outlast that,
+    // so the copied keys are doomed (lookups wait) until the entry settles.
+    let doomed: Vec<String> = if release_source {
+        ended
+            .iter()
+            .filter(|(_, copied)| *copied)
+            .map(|(k, _)| k.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    node.doom(&doomed);
     match node
-        .propose(
+        .propose_settled(
             None,
             Op::TierMoveEnd {
                 items: ends.clone(),
                 release_source,
                 hold_ms,
             },
+            move |node, _| node.undoom(&doomed),
         )
         .await
     {

@@ -213,6 +213,19 @@ pub enum Op {
         tier: Tier,
         disk_id: String,
     },
+    /// A demotion's start from logs written before promotion existed
+    /// (bincode encodes the variant's position, so it keeps this one):
+    /// applied as `TierMoveStart` to disk. Never proposed now.
+    DemoteStart {
+        items: Vec<(String, SegmentId)>,
+        release_after_ms: u64,
+    },
+    /// Likewise `TierMoveEnd` of a demotion (memory released). Never
+    /// proposed now.
+    DemoteEnd {
+        items: Vec<(TierMoveId, bool)>,
+        hold_ms: u64,
+    },
     /// Starts copying objects to tier `to` (key, target segment of that
     /// tier): a demotion (to disk, from a memory replica) or a promotion (to
     /// memory, from a disk replica). Allocates each its target range, held
@@ -237,9 +250,10 @@ pub enum Op {
         hold_ms: u64,
     },
     /// Releases the memory replicas of objects that also have a replica on
-    /// a live disk segment (memory eviction of a promoted object: nothing
-    /// to copy), their space unallocated for `hold_ms`. Other keys are
-    /// left as they are.
+    /// a disk segment, live or expired (memory eviction of a promoted
+    /// object: nothing to copy; an expired disk segment comes back with
+    /// its store's restart), their space unallocated for `hold_ms`. Other
+    /// keys are left as they are.
     DropMemoryCopies {
         keys: Vec<String>,
         hold_ms: u64,
@@ -984,30 +998,17 @@ impl MetaState {
                 to,
                 items,
                 release_after_ms,
-            } => {
-                let release_at = now.saturating_add(*release_after_ms);
-                Response::TierMoves(
-                    items
-                        .iter()
-                        .map(|(key, target)| self.tier_move_start(key, *target, *to, release_at))
-                        .collect(),
-                )
-            }
+            } => self.tier_moves_start(now, items, *to, *release_after_ms),
+            Op::DemoteStart {
+                items,
+                release_after_ms,
+            } => self.tier_moves_start(now, items, Tier::Disk, *release_after_ms),
             Op::TierMoveEnd {
                 items,
                 release_source,
                 hold_ms,
-            } => {
-                let hold_until = now.saturating_add(*hold_ms);
-                Response::Items(
-                    items
-                        .iter()
-                        .map(|(id, copied)| {
-                            self.tier_move_end(now, *id, *copied, *release_source, hold_until)
-                        })
-                        .collect(),
-                )
-            }
+            } => self.tier_moves_end(now, items, *release_source, *hold_ms),
+            Op::DemoteEnd { items, hold_ms } => self.tier_moves_end(now, items, true, *hold_ms),
             Op::DropMemoryCopies { keys, hold_ms } => {
                 let hold_until = now.saturating_add(*hold_ms);
                 Response::Count(
@@ -1519,11 +1520,53 @@ impl MetaState {
         Ok(id)
     }
 
+    /// Whether `obj` has a replica on a disk segment, live or expired (one
+    /// that expired comes back, with its bytes, when its store restarts).
+    pub fn has_disk_replica(&self, obj: &Object) -> bool {
+        obj.replicas
+            .iter()
+            .any(|r| self.tier_of(r.segment_id) == Tier::Disk)
+    }
+
     /// Whether `r` is on a live segment of `tier`.
     pub fn live_in(&self, r: &Replica, tier: Tier) -> bool {
         self.segments
             .get(&r.segment_id)
             .is_some_and(|s| s.is_live() && s.tier == tier)
+    }
+
+    fn tier_moves_start(
+        &mut self,
+        now: u64,
+        items: &[(String, SegmentId)],
+        to: Tier,
+        release_after_ms: u64,
+    ) -> Response {
+        let release_at = now.saturating_add(release_after_ms);
+        Response::TierMoves(
+            items
+                .iter()
+                .map(|(key, target)| self.tier_move_start(key, *target, to, release_at))
+                .collect(),
+        )
+    }
+
+    fn tier_moves_end(
+        &mut self,
+        now: u64,
+        items: &[(TierMoveId, bool)],
+        release_source: bool,
+        hold_ms: u64,
+    ) -> Response {
+        let hold_until = now.saturating_add(hold_ms);
+        Response::Items(
+            items
+                .iter()
+                .map(|(id, copied)| {
+                    self.tier_move_end(now, *id, *copied, release_source, hold_until)
+                })
+                .collect(),
+        )
     }
 
     /// Allocates `key`'s range on `target` (a segment of tier `to`) for a
@@ -1694,7 +1737,7 @@ impl MetaState {
             return false;
         };
         let droppable = obj.is_complete()
-            && obj.replicas.iter().any(|r| self.live_in(r, Tier::Disk))
+            && self.has_disk_replica(obj)
             && !self.tier_moves.values().any(|d| d.key == key);
         if !droppable {
             return false;

@@ -427,6 +427,69 @@ fn a_promotion_adds_a_memory_replica_and_keeps_the_disk_one() {
     recount_equal(&s);
 }
 
+/// Logs written before promotion existed hold DemoteStart/DemoteEnd: they
+/// keep decoding and apply as tier moves to disk.
+#[test]
+fn retired_demote_entries_apply_as_moves_to_disk() {
+    let mut s = MetaState::new();
+    mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "k", MB);
+    let start = Op::DemoteStart {
+        items: vec![("k".into(), disk)],
+        release_after_ms: 1_000,
+    };
+    let start: Op = bincode::deserialize(&bincode::serialize(&start).unwrap()).unwrap();
+    let d = match run(&mut s, 20, start) {
+        Response::TierMoves(mut r) => r.remove(0).unwrap(),
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(d.to, Tier::Disk);
+    let end = Op::DemoteEnd {
+        items: vec![(d.id, true)],
+        hold_ms: 0,
+    };
+    assert_eq!(run(&mut s, 30, end), Response::Items(vec![Ok(())]));
+    assert_eq!(s.lookup("k").unwrap().replicas, vec![d.target]);
+    recount_equal(&s);
+}
+
+/// A promoted object whose disk store went silent keeps its disk replica
+/// when memory eviction releases its memory copy: the store's restart
+/// brings the object back.
+#[test]
+fn a_memory_copy_is_released_even_while_the_disk_segment_is_expired() {
+    let mut s = MetaState::new();
+    let mem = mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "k", MB);
+    let d = demote_start(&mut s, 20, "k", disk).unwrap();
+    demote_end(&mut s, 21, d.id, true, 0).unwrap();
+    let p = move_start(&mut s, 30, "k", mem, Tier::Memory).unwrap();
+    move_end(&mut s, 31, p.id, true, false, 0).unwrap();
+    run(
+        &mut s,
+        40,
+        Op::UnmountClient {
+            client_id: "store".into(),
+        },
+    );
+    assert!(!s.segments[&disk].is_live());
+    assert_eq!(
+        run(
+            &mut s,
+            50,
+            Op::DropMemoryCopies {
+                keys: vec!["k".into()],
+                hold_ms: 0,
+            }
+        ),
+        Response::Count(1)
+    );
+    assert_eq!(s.objects["k"].replicas, vec![d.target]);
+    recount_equal(&s);
+}
+
 #[test]
 fn a_demotion_keeps_nothing_of_an_object_that_changed_or_of_a_failed_copy() {
     let mut s = MetaState::new();
