@@ -118,6 +118,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         // doom marks are taken back at once (reads go on). What cannot be
         // moved after all is evicted, as without a disk tier.
         let plan = node.split_for_demotion(victims);
+        node.undoom(&plan.busy);
         let mut victims = plan.evict;
         let mut to_disk = plan.demote;
         let mut freed = 0;

@@ -81,6 +81,11 @@ pub struct EvictionPlan {
     pub drop_memory_copy: Vec<String>,
     pub demote: Vec<String>,
     pub evict: Vec<String>,
+    /// Being copied between tiers already (by this leader's promotion, or
+    /// an earlier leader's round that died before its end and waits for
+    /// its release time): left alone this round. A demotion of them would
+    /// be refused, and a refused demotion is evicted.
+    pub busy: Vec<String>,
 }
 
 /// Why a request could not be served here.
@@ -1068,8 +1073,9 @@ impl MasterNode {
     /// disk replica already (promoted: their memory copies are simply
     /// released; a disk replica on an expired segment too, which comes
     /// back with its store, so the object must not be evicted), those that
-    /// can move to a disk segment now (a live one has room), and the rest
-    /// (evicted).
+    /// can move to a disk segment now (a live one has room), those being
+    /// copied between tiers already (left alone: see
+    /// [`EvictionPlan::busy`]), and the rest (evicted).
     pub fn split_for_demotion(&self, victims: Vec<String>) -> EvictionPlan {
         let sm = self.shared.sm.read().expect("state lock poisoned");
         let state = &sm.state;
@@ -1079,7 +1085,9 @@ impl MasterNode {
                 plan.evict.push(key);
                 continue;
             };
-            if state.has_disk_replica(o) {
+            if state.tier_moves.values().any(|m| m.key == key) {
+                plan.busy.push(key);
+            } else if state.has_disk_replica(o) {
                 plan.drop_memory_copy.push(key);
             } else if o.size <= crate::tier_move::MAX_MOVED_SIZE && state.disk_room_for(o.size) {
                 plan.demote.push(key);
