@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
-use crescent_raft::eviction::{select_victims_in, should_evict, should_evict_disk, AccessInfo};
+use crescent_raft::eviction::{
+    plan_eviction, select_victims_in, should_evict, should_evict_disk, AccessInfo, EvictionPlan,
+};
 use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
 use crescent_raft::sizing;
@@ -72,20 +74,6 @@ pub struct MasterMetrics {
     pub memory_copies_dropped: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
-}
-
-/// What one eviction round does with its victims: see
-/// [`MasterNode::split_for_demotion`].
-#[derive(Debug, Default)]
-pub struct EvictionPlan {
-    pub drop_memory_copy: Vec<String>,
-    pub demote: Vec<String>,
-    pub evict: Vec<String>,
-    /// Being copied between tiers already (by this leader's promotion, or
-    /// an earlier leader's round that died before its end and waits for
-    /// its release time): left alone this round. A demotion of them would
-    /// be refused, and a refused demotion is evicted.
-    pub busy: Vec<String>,
 }
 
 /// Why a request could not be served here.
@@ -1069,33 +1057,11 @@ impl MasterNode {
         self.claim_victims_in(Tier::Disk).map(|(v, _)| v)
     }
 
-    /// Eviction `victims` split by what frees their memory: those with a
-    /// disk replica already (promoted: their memory copies are simply
-    /// released; a disk replica on an expired segment too, which comes
-    /// back with its store, so the object must not be evicted), those that
-    /// can move to a disk segment now (a live one has room), those being
-    /// copied between tiers already (left alone: see
-    /// [`EvictionPlan::busy`]), and the rest (evicted).
+    /// Eviction `victims` split by what frees their memory: see
+    /// [`plan_eviction`].
     pub fn split_for_demotion(&self, victims: Vec<String>) -> EvictionPlan {
         let sm = self.shared.sm.read().expect("state lock poisoned");
-        let state = &sm.state;
-        let mut plan = EvictionPlan::default();
-        for key in victims {
-            let Some(o) = state.objects.get(&key) else {
-                plan.evict.push(key);
-                continue;
-            };
-            if state.tier_moves.values().any(|m| m.key == key) {
-                plan.busy.push(key);
-            } else if state.has_disk_replica(o) {
-                plan.drop_memory_copy.push(key);
-            } else if o.size <= crate::tier_move::MAX_MOVED_SIZE && state.disk_room_for(o.size) {
-                plan.demote.push(key);
-            } else {
-                plan.evict.push(key);
-            }
-        }
-        plan
+        plan_eviction(&sm.state, victims, crate::tier_move::MAX_MOVED_SIZE)
     }
 
     /// Up to `max` keys due for promotion (looked up often enough while

@@ -28,6 +28,50 @@ pub fn should_evict_disk(state: &MetaState, disk_high_watermark: f64) -> bool {
     state.disk_usage_ratio() >= disk_high_watermark
 }
 
+/// What one memory eviction round does with its victims.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct EvictionPlan {
+    /// On disk already (a promoted object): only the memory replicas are
+    /// released; nothing is copied and nothing is lost.
+    pub drop_memory_copy: Vec<String>,
+    /// Copied to disk, then their memory released.
+    pub demote: Vec<String>,
+    /// Dropped for good: gone already, too large to move, or no disk room.
+    pub evict: Vec<String>,
+    /// Being copied between tiers already (by this leader's promotion, or
+    /// an earlier leader's round that died before its end and waits for
+    /// its release time): left alone this round. A demotion of them would
+    /// be refused, and a refused demotion is evicted.
+    pub busy: Vec<String>,
+}
+
+/// Splits memory eviction `victims` by what frees their memory: those
+/// with a disk replica already (promoted: their memory copies are simply
+/// released; a disk replica on an expired segment too, which comes back
+/// with its store, so the object must not be evicted), those being copied
+/// between tiers already (left alone: see [`EvictionPlan::busy`]), those
+/// up to `max_moved_size` a live disk segment has room for (demoted), and
+/// the rest (evicted).
+pub fn plan_eviction(state: &MetaState, victims: Vec<String>, max_moved_size: u64) -> EvictionPlan {
+    let mut plan = EvictionPlan::default();
+    for key in victims {
+        let Some(o) = state.objects.get(&key) else {
+            plan.evict.push(key);
+            continue;
+        };
+        if state.is_moving(&key) {
+            plan.busy.push(key);
+        } else if state.has_disk_replica(o) {
+            plan.drop_memory_copy.push(key);
+        } else if o.size <= max_moved_size && state.disk_room_for(o.size) {
+            plan.demote.push(key);
+        } else {
+            plan.evict.push(key);
+        }
+    }
+    plan
+}
+
 /// Keys to evict from memory, oldest access first. `ratio` of the objects
 /// in memory, at least one when any is evictable.
 pub fn select_victims<F>(state: &MetaState, now_ms: u64, ratio: f64, access: F) -> Vec<String>

@@ -1520,6 +1520,13 @@ impl MetaState {
         Ok(id)
     }
 
+    /// Whether a copy of `key` between tiers is in flight: started, and
+    /// neither ended nor released yet. A scan, bounded by
+    /// [`MAX_TIER_MOVES_IN_FLIGHT`].
+    pub fn is_moving(&self, key: &str) -> bool {
+        self.tier_moves.values().any(|m| m.key == key)
+    }
+
     /// Whether `obj` has a replica on a disk segment, live or expired (one
     /// that expired comes back, with its bytes, when its store restarts).
     pub fn has_disk_replica(&self, obj: &Object) -> bool {
@@ -1601,9 +1608,7 @@ impl MetaState {
         if to == Tier::Disk && obj.hard_pin {
             return Err(MetaError::ObjectPinned(key.to_string()));
         }
-        if obj.replicas.iter().any(|r| self.live_in(r, to))
-            || self.tier_moves.values().any(|d| d.key == key)
-        {
+        if obj.replicas.iter().any(|r| self.live_in(r, to)) || self.is_moving(key) {
             return Err(MetaError::InvalidParams(format!(
                 "{key:?} has a replica in {to:?} already, or is being copied"
             )));
@@ -1736,9 +1741,7 @@ impl MetaState {
         let Some(obj) = self.objects.get(key) else {
             return false;
         };
-        let droppable = obj.is_complete()
-            && self.has_disk_replica(obj)
-            && !self.tier_moves.values().any(|d| d.key == key);
+        let droppable = obj.is_complete() && self.has_disk_replica(obj) && !self.is_moving(key);
         if !droppable {
             return false;
         }

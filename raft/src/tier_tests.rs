@@ -1,7 +1,7 @@
 //! Unit tests of the disk tier in the state machine: tiered mounts, the
 //! re-attach of a restarted store's disk segment, and demotions.
 
-use crate::eviction::{select_victims_in, AccessInfo};
+use crate::eviction::{plan_eviction, select_victims_in, AccessInfo, EvictionPlan};
 use crate::state::*;
 
 const MB: u64 = 1 << 20;
@@ -325,6 +325,59 @@ fn a_demotion_moves_an_object_to_disk_and_holds_its_memory_for_readers() {
         Response::Count(1)
     );
     assert_eq!(s.tier_usage(Tier::Disk).1, 0);
+    recount_equal(&s);
+}
+
+/// Eviction victims are split by what frees their memory. A victim whose
+/// copy between tiers is in flight, such as one an earlier leader started
+/// and never ended (it died after its TierMoveStart), is left alone until
+/// that copy ends or is released: a demotion of it would be refused, and a
+/// refused demotion used to be evicted (a soak lost 30 keys that way).
+#[test]
+fn eviction_leaves_a_victim_being_copied_alone_and_demotes_it_once_released() {
+    let mut s = MetaState::new();
+    let mem = mount_tier(&mut s, 0, "m", "store", 8 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "cold", MB);
+    put_done(&mut s, 10, 2, "copying", MB);
+    put_done(&mut s, 10, 3, "promoted", MB);
+    put_done(&mut s, 10, 4, "large", 2 * MB);
+    let d = demote_start(&mut s, 11, "promoted", disk).unwrap();
+    demote_end(&mut s, 12, d.id, true, 0).unwrap();
+    let p = move_start(&mut s, 13, "promoted", mem, Tier::Memory).unwrap();
+    move_end(&mut s, 14, p.id, true, false, 0).unwrap();
+    // An earlier leader's demotion round, cut off after its start.
+    let orphan = demote_start(&mut s, 20, "copying", disk).unwrap();
+    recount_equal(&s);
+
+    let victims = ["cold", "copying", "promoted", "large", "gone"].map(String::from);
+    let before = s.clone();
+    assert_eq!(
+        plan_eviction(&s, victims.to_vec(), MB),
+        EvictionPlan {
+            drop_memory_copy: vec!["promoted".into()],
+            demote: vec!["cold".into()],
+            evict: vec!["large".into(), "gone".into()],
+            busy: vec!["copying".into()],
+        }
+    );
+    assert_eq!(s, before, "planning changes nothing");
+    assert!(s.is_moving("copying") && !s.is_moving("cold"));
+
+    // Its release time passes with no end: the held target range is
+    // released, the object is still whole in memory, and the next round
+    // demotes it.
+    assert!(s.has_reclaimable(orphan.release_at_ms));
+    run(&mut s, orphan.release_at_ms, Op::ReclaimStalePuts);
+    assert!(!s.is_moving("copying"));
+    assert_eq!(
+        s.lookup("copying").unwrap().replicas,
+        vec![orphan.source.clone()]
+    );
+    assert_eq!(
+        plan_eviction(&s, vec!["copying".into()], MB).demote,
+        vec!["copying".to_string()]
+    );
     recount_equal(&s);
 }
 
