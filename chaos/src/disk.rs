@@ -4,11 +4,17 @@
 //! segments, and a store SIGKILLed and started again on the same disk
 //! directory must get its disk segment back with its objects.
 //!
-//! First it makes the masters demote: it puts *fillers* (1 MiB objects,
-//! `chaos-disk-fill-…`, which no worker reads, leased so they are not
-//! demoted themselves) until memory passes the masters' watermark and the
-//! leader has demoted a few dozen objects (the least recently read of the
-//! workers'), then removes them and waits until no demotion runs.
+//! First it puts *probes*, a few dozen small objects of its own on that
+//! store's memory segment, never read and never touched by a worker, so
+//! they are the coldest objects and every one is judged (the workers'
+//! keys are rewritten or removed so often that few of them are on disk,
+//! unchanged, by the time the check looks). Then it makes the masters
+//! demote: it puts *fillers* (1 MiB objects, `chaos-disk-fill-…`, which
+//! no worker reads, leased so they are not demoted themselves) until
+//! memory passes the masters' watermark and the leader has demoted a few
+//! dozen objects (the probes and the least recently read of the
+//! workers'), then removes them and waits until no demotion runs. The
+//! probes are removed after the restart's check.
 //!
 //! Why demotions only in that window, not all run long: the leader evicts
 //! an object whose demotion copy fails, and an evicted key is
@@ -21,9 +27,10 @@
 //! replaced first). The last two are master weaknesses, not the guarantee
 //! under test; see [`DiskChecker::replace_stale_leader`].
 //!
-//! Then this finds acknowledged objects (from the recorded histories: an
-//! acknowledged put and no remove since) that the leader lists with a disk
-//! replica on that store's disk segment, and reads each (its bytes must
+//! Then this finds acknowledged objects (the probes, then the recorded
+//! histories': an acknowledged put and no remove since) that the leader
+//! lists with a disk replica on that store's disk segment, and reads each
+//! (its bytes must
 //! match the checksum the master gave). After the restart, once the store
 //! says its disk segment is mounted again, it reads each once more: every
 //! one must hold the same value. The reads are recorded as gets in
@@ -48,8 +55,8 @@ use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
 use crescent_proto::{pb, ErrorCode};
 use crescent_store::transport::TcpTransport;
 
-use crate::history::{now_us, DiskCheck, Op, OpKind, Outcome, Recorder};
-use crate::workload::read_every_replica;
+use crate::history::{now_us, value_bytes, DiskCheck, Op, OpKind, Outcome, Recorder};
+use crate::workload::{put_outcome, read_every_replica, remove_outcome};
 
 /// The reads this check makes, as gets (next to the workers' histories,
 /// so a re-check reads them too).
@@ -86,6 +93,13 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// New history bytes read at most per file and call (the rest next time):
 /// bounds one call's work in a long soak.
 const MAX_TAIL_BYTES: u64 = 64 << 20;
+/// The check's own objects per restart, and their size: the workers'
+/// few dozen keys are overwritten and removed all the time, so on a busy
+/// run few of those the leader demoted are still there, unchanged, when
+/// the check looks (a CI run found 0-6 a restart, and a broken run with
+/// nothing to judge passes). 24 × 64 KiB stays far below the watermark.
+const PROBES: usize = 24;
+const PROBE_BYTES: usize = 64 << 10;
 /// One filler's size, and at most how many are put per restart: 64 MiB
 /// passes the chaos masters' 2 % watermark even with a few expired memory
 /// segments of restarted stores still counted (256 MiB each, for their
@@ -141,6 +155,10 @@ pub struct RestartSummary {
     pub quiet: bool,
     pub segment: String,
     pub segment_after: String,
+    /// The check's own objects put (acknowledged) before the fillers, and
+    /// how many of them the leader listed on the disk segment.
+    pub probes: usize,
+    pub probes_on_disk: usize,
     pub looked_up: usize,
     pub on_disk: usize,
     pub checked: usize,
@@ -172,13 +190,16 @@ impl std::fmt::Display for RestartSummary {
         };
         write!(
             f,
-            "{} fillers, {demoted} objects demoted{quiet}; disk segment {:?}: {} of {} \
-             acknowledged keys looked up have a replica on it, {} read and checked; \
-             {back}{name}; after: {} intact, {} missing, {} unreadable, {} different",
+            "{} probes and {} fillers, {demoted} objects demoted{quiet}; disk segment {:?}: \
+             {} of {} acknowledged keys looked up have a replica on it ({} probes), {} read \
+             and checked; {back}{name}; after: {} intact, {} missing, {} unreadable, {} \
+             different",
+            self.probes,
             self.fillers,
             self.segment,
             self.on_disk,
             self.looked_up,
+            self.probes_on_disk,
             self.checked,
             self.intact,
             self.missing,
@@ -186,6 +207,15 @@ impl std::fmt::Display for RestartSummary {
             self.different
         )
     }
+}
+
+/// What a store's /health says of its segments.
+#[derive(Debug)]
+struct StoreHealth {
+    memory_segment: Option<String>,
+    memory_mounted: bool,
+    disk_segment: Option<String>,
+    disk_mounted: bool,
 }
 
 /// A disk object read before the kill.
@@ -473,9 +503,9 @@ impl DiskChecker {
         Some(leader.id)
     }
 
-    /// The store's segment names from its /health: (memory mounted, disk
-    /// segment name, disk mounted); None when it does not answer.
-    async fn health(http: &str) -> Option<(bool, Option<String>, bool)> {
+    /// The store's segments as its /health tells them; None when it does
+    /// not answer.
+    async fn health(http: &str) -> Option<StoreHealth> {
         let (status, body) = tokio::time::timeout(
             Duration::from_secs(2),
             crescent_integration::http_request(http, "GET", "/health", &[]),
@@ -490,23 +520,96 @@ impl DiskChecker {
         let json = &body[body.find('{')?..=body.rfind('}')?];
         let v: serde_json::Value = serde_json::from_str(json).ok()?;
         let disk = v.get("disk").filter(|d| !d.is_null());
-        Some((
-            v["mounted"] == true,
-            disk.and_then(|d| d["segment"].as_str()).map(str::to_string),
-            disk.is_some_and(|d| d["mounted"] == true),
-        ))
+        Some(StoreHealth {
+            memory_segment: v["segment"].as_str().map(str::to_string),
+            memory_mounted: v["mounted"] == true,
+            disk_segment: disk.and_then(|d| d["segment"].as_str()).map(str::to_string),
+            disk_mounted: disk.is_some_and(|d| d["mounted"] == true),
+        })
     }
 
-    /// Acknowledged keys the leader lists with a disk replica on `segment`
-    /// (tried [`FIND_TRIES`] times while none is found), and how many were
-    /// looked up.
-    async fn find_on_disk(&self, segment: &str) -> (Vec<String>, usize) {
+    /// Puts [`PROBES`] objects of the check's own on the store's memory
+    /// segment (preferred), recorded as puts in [`DISK_HISTORY`]: the keys
+    /// acknowledged. Put before the fillers and never read, they are the
+    /// coldest objects when memory passes the watermark, so the leader
+    /// demotes them, to the same store's disk first; no worker touches
+    /// them, so a remove never excuses one.
+    async fn put_probes(&self, process: u32, memory_segment: &str) -> Vec<String> {
+        let config = ReplicateConfig {
+            replica_num: 1,
+            preferred_segments: vec![memory_segment.to_string()],
+            ..Default::default()
+        };
+        let mut acked = Vec::new();
+        for i in 0..PROBES {
+            let key = format!("chaos-disk-probe-{}-{process}-{i}", now_us());
+            let value = ((process as u64) << 40) | i as u64;
+            let bytes = value_bytes(value, PROBE_BYTES);
+            let put = async { put_outcome(self.filler.put(&key, &bytes, &config).await) };
+            if self
+                .recorded(process, &key, OpKind::Put { value }, put)
+                .await
+                == Outcome::Ok
+            {
+                acked.push(key);
+            }
+        }
+        acked
+    }
+
+    /// Removes the probes once checked (recorded): left behind, one
+    /// dropped at the disk watermark later would count as evicted.
+    async fn remove_probes(&self, process: u32, probes: &[String]) {
+        for key in probes {
+            let remove = async { remove_outcome(self.filler.remove(key, true).await) };
+            self.recorded(process, key, OpKind::Remove { force: true }, remove)
+                .await;
+        }
+    }
+
+    /// Runs `op` (bounded by [`STEP_TIMEOUT`]) and records it in
+    /// [`DISK_HISTORY`]; its outcome.
+    async fn recorded(
+        &self,
+        process: u32,
+        key: &str,
+        kind: OpKind,
+        op: impl std::future::Future<Output = Outcome>,
+    ) -> Outcome {
+        let invoke_us = now_us();
+        let outcome = tokio::time::timeout(STEP_TIMEOUT, op)
+            .await
+            .unwrap_or_else(|_| Outcome::Unknown {
+                error: format!("no answer within {STEP_TIMEOUT:?}"),
+            });
+        let op = Op {
+            process,
+            key: key.to_string(),
+            kind,
+            invoke_us,
+            complete_us: now_us(),
+            outcome: outcome.clone(),
+        };
+        self.record(&self.history, &op);
+        outcome
+    }
+
+    /// Acknowledged keys the leader lists with a disk replica on `segment`,
+    /// the `probes` first (tried [`FIND_TRIES`] times while none is found),
+    /// and how many were looked up.
+    async fn find_on_disk(&self, segment: &str, probes: &[String]) -> (Vec<String>, usize) {
         let mut looked_up = 0;
         for attempt in 0..FIND_TRIES {
             if attempt > 0 {
                 tokio::time::sleep(FIND_PAUSE).await;
             }
-            let keys = self.acked_keys(MAX_LOOKUPS);
+            let mut keys = probes.to_vec();
+            keys.extend(
+                self.acked_keys(MAX_LOOKUPS)
+                    .into_iter()
+                    .filter(|k| !probes.contains(k)),
+            );
+            keys.truncate(MAX_LOOKUPS);
             if keys.is_empty() {
                 continue;
             }
@@ -631,14 +734,21 @@ pub async fn restart_store_with_disk(
     let mut summary = RestartSummary::default();
     // Which disk segment is this store's: its name is kept in the disk
     // file, so it is the same after an honest restart.
-    let segment = match DiskChecker::health(&http).await {
-        Some((_, Some(name), true)) => Some(name),
+    let health = DiskChecker::health(&http).await;
+    let segment = match &health {
+        Some(StoreHealth {
+            disk_segment: Some(name),
+            disk_mounted: true,
+            ..
+        }) => Some(name.clone()),
         other => {
             println!("chaos:      disk: store {idx} has no mounted disk segment ({other:?})");
             None
         }
     };
+    let memory_segment = health.and_then(|h| h.memory_segment).unwrap_or_default();
     let mut tracked = Vec::new();
+    let mut probes = Vec::new();
     if let Some(segment) = &segment {
         summary.segment = segment.clone();
         if let Some(id) = checker.replace_stale_leader(dep).await {
@@ -648,6 +758,8 @@ pub async fn restart_store_with_disk(
             );
         }
         if checker.old_memory_segments_gone(memory_bytes).await {
+            probes = checker.put_probes(process, &memory_segment).await;
+            summary.probes = probes.len();
             checker.demote_some(round, &mut summary).await;
         } else {
             println!(
@@ -655,9 +767,10 @@ pub async fn restart_store_with_disk(
                  after {OLD_SEGMENTS_WITHIN:?}; no demotions this time"
             );
         }
-        let (keys, looked_up) = checker.find_on_disk(segment).await;
+        let (keys, looked_up) = checker.find_on_disk(segment, &probes).await;
         summary.looked_up = looked_up;
         summary.on_disk = keys.len();
+        summary.probes_on_disk = keys.iter().filter(|k| probes.contains(k)).count();
         for key in keys.into_iter().take(MAX_OBJECTS) {
             let (op, listed) = checker.recorded_read(process, &key, Some(segment)).await;
             // Only an object read whole while the leader still listed it on
@@ -690,8 +803,14 @@ pub async fn restart_store_with_disk(
     // whose segment never comes back is read anyway, and counts as lost).
     let mut back_us = None;
     while restarted.elapsed() < BACK_WITHIN {
-        if let Some((true, name, true)) = DiskChecker::health(&http).await {
-            summary.segment_after = name.unwrap_or_default();
+        if let Some(StoreHealth {
+            memory_mounted: true,
+            disk_segment,
+            disk_mounted: true,
+            ..
+        }) = DiskChecker::health(&http).await
+        {
+            summary.segment_after = disk_segment.unwrap_or_default();
             summary.back_after = Some(restarted.elapsed());
             back_us = Some(now_us());
             break;
@@ -749,6 +868,7 @@ pub async fn restart_store_with_disk(
             },
         );
     }
+    checker.remove_probes(process, &probes).await;
     Ok(summary)
 }
 

@@ -372,7 +372,7 @@ pub(crate) fn definite_refusal(code: ErrorCode) -> bool {
     )
 }
 
-fn put_outcome(r: Result<(), Error>) -> Outcome {
+pub(crate) fn put_outcome(r: Result<(), Error>) -> Outcome {
     match r {
         Ok(()) => Outcome::Ok,
         Err(Error::Master { code, message }) if definite_refusal(code) => Outcome::Fail {
@@ -384,7 +384,7 @@ fn put_outcome(r: Result<(), Error>) -> Outcome {
     }
 }
 
-fn remove_outcome(r: Result<(), Error>) -> Outcome {
+pub(crate) fn remove_outcome(r: Result<(), Error>) -> Outcome {
     match r {
         Ok(()) => Outcome::Ok,
         Err(Error::NotFound(_)) => Outcome::Missing,
