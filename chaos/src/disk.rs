@@ -106,14 +106,23 @@ const PROBE_BYTES: usize = 64 << 10;
 /// grace), and fits the disk segments should some of it be demoted.
 const FILLER_BYTES: usize = 1 << 20;
 const MAX_FILLERS: usize = 64;
-/// Filling stops once the leader has demoted this many objects since it
-/// began (about half go to each store's disk) ...
+/// Filling stops once the leader has demoted, since it began, at least
+/// this many objects, and as many as were only in memory when it began
+/// (plus the probes): the leader demotes the least recently used first,
+/// and a long soak piles up keys no worker touches again (shared keys of
+/// past epochs), all older than the probes, which the probes wait behind
+/// (a soak found none of them on disk once a few hundred had piled up) ...
 const WANT_DEMOTIONS: u64 = 48;
+/// ... but never waits for more than this many.
+const MAX_WANT_DEMOTIONS: u64 = 4096;
 /// ... or after this long, and demotions are awaited at most this long
 /// after it (a new leader demotes only once its predecessor's read leases
-/// are over).
+/// are over), or until the leader's count, once it moved, stands still for
+/// [`STALLED_FOR`] with the fillers still in memory (nothing unleased is
+/// left to demote).
 const FILL_WITHIN: Duration = Duration::from_secs(30);
 const DEMOTIONS_WITHIN: Duration = Duration::from_secs(20);
+const STALLED_FOR: Duration = Duration::from_secs(3);
 /// Demotion is over when the leader's count has not moved for this long
 /// (rounds run every 10 ms while memory is past the watermark) ...
 const QUIET_FOR: Duration = Duration::from_millis(1500);
@@ -150,6 +159,8 @@ pub struct RestartSummary {
     /// Fillers put, and objects the leader demoted meanwhile (None: its
     /// count could not be read).
     pub fillers: usize,
+    /// Demotions the filling aimed at (see [`WANT_DEMOTIONS`]).
+    pub wanted: u64,
     pub demoted: Option<u64>,
     /// Demotion was over before the kill.
     pub quiet: bool,
@@ -190,12 +201,14 @@ impl std::fmt::Display for RestartSummary {
         };
         write!(
             f,
-            "{} probes and {} fillers, {demoted} objects demoted{quiet}; disk segment {:?}: \
+            "{} probes and {} fillers, {demoted} objects demoted of {} wanted{quiet}; disk \
+             segment {:?}: \
              {} of {} acknowledged keys looked up have a replica on it ({} probes), {} read \
              and checked; {back}{name}; after: {} intact, {} missing, {} unreadable, {} \
              different",
             self.probes,
             self.fillers,
+            self.wanted,
             self.segment,
             self.on_disk,
             self.looked_up,
@@ -355,10 +368,10 @@ impl DiskChecker {
         }
     }
 
-    /// Puts fillers until the leader has demoted [`WANT_DEMOTIONS`]
-    /// objects (or [`MAX_FILLERS`], or [`FILL_WITHIN`]), waits for those
-    /// demotions a while, removes the fillers and waits until no demotion
-    /// runs. Fills in `summary`.
+    /// Puts fillers until the leader has demoted every object that was
+    /// only in memory (at least [`WANT_DEMOTIONS`], or [`MAX_FILLERS`], or
+    /// [`FILL_WITHIN`]), waits for those demotions a while, removes the
+    /// fillers and waits until no demotion runs. Fills in `summary`.
     ///
     /// The fillers are looked up after every put: a lookup grants a read
     /// lease, and the leader demotes no leased object. Unleased, the
@@ -369,6 +382,12 @@ impl DiskChecker {
     /// quiet wait covers it.
     async fn demote_some(&self, round: u32, summary: &mut RestartSummary) {
         let start = self.demotions().await;
+        let memory_only = self
+            .leader_status()
+            .await
+            .map_or(0, |(s, _)| s.key_count.saturating_sub(s.disk_key_count));
+        let want = (memory_only + PROBES as u64).clamp(WANT_DEMOTIONS, MAX_WANT_DEMOTIONS);
+        summary.wanted = want;
         let value = vec![0xA5u8; FILLER_BYTES];
         let one = ReplicateConfig {
             replica_num: 1,
@@ -376,7 +395,7 @@ impl DiskChecker {
         };
         let began = Instant::now();
         let mut fillers = Vec::new();
-        let enough = |n: Option<u64>| n.is_some_and(|n| n >= WANT_DEMOTIONS);
+        let enough = |n: Option<u64>| n.is_some_and(|n| n >= want);
         for i in 0..MAX_FILLERS {
             if began.elapsed() >= FILL_WITHIN {
                 break;
@@ -395,9 +414,28 @@ impl DiskChecker {
             }
         }
         summary.fillers = fillers.len();
+        // The fillers' leases are renewed meanwhile: expired, the fillers
+        // would be the coldest objects and demoted themselves.
         let waited = Instant::now();
-        while waited.elapsed() < DEMOTIONS_WITHIN && !enough(self.demoted_since(start).await) {
+        let mut last = self.demoted_since(start).await;
+        let mut still = Instant::now();
+        // Stalled only once demotion began: a new leader demotes nothing
+        // until its predecessor's leases are over.
+        let stalled = |last: Option<u64>, still: Instant| {
+            last.is_some_and(|n| n > 0) && still.elapsed() >= STALLED_FOR
+        };
+        while waited.elapsed() < DEMOTIONS_WITHIN && !enough(last) && !stalled(last, still) {
             tokio::time::sleep(Duration::from_millis(250)).await;
+            let _ = tokio::time::timeout(
+                STEP_TIMEOUT,
+                self.client.batch_get_replica_list(fillers.clone()),
+            )
+            .await;
+            let now = self.demoted_since(start).await;
+            if now != last {
+                last = now;
+                still = Instant::now();
+            }
         }
         // Removed (forced: nobody reads them) so memory falls back below
         // the watermark; retried a few times, since fillers left in memory
