@@ -583,10 +583,12 @@ impl DiskChecker {
             let key = format!("chaos-disk-probe-{}-{process}-{i}", now_us());
             let value = ((process as u64) << 40) | i as u64;
             let bytes = value_bytes(value, PROBE_BYTES);
-            let put = async { put_outcome(self.filler.put(&key, &bytes, &config).await) };
+            let put =
+                within_step(async { put_outcome(self.filler.put(&key, &bytes, &config).await) });
             if self
                 .recorded(process, &key, OpKind::Put { value }, put)
                 .await
+                .outcome
                 == Outcome::Ok
             {
                 acked.push(key);
@@ -599,37 +601,33 @@ impl DiskChecker {
     /// dropped at the disk watermark later would count as evicted.
     async fn remove_probes(&self, process: u32, probes: &[String]) {
         for key in probes {
-            let remove = async { remove_outcome(self.filler.remove(key, true).await) };
+            let remove = within_step(async { remove_outcome(self.filler.remove(key, true).await) });
             self.recorded(process, key, OpKind::Remove { force: true }, remove)
                 .await;
         }
     }
 
-    /// Runs `op` (bounded by [`STEP_TIMEOUT`]) and records it in
-    /// [`DISK_HISTORY`]; its outcome.
+    /// Runs `op` and records it in [`DISK_HISTORY`], timed from its start
+    /// to its outcome.
     async fn recorded(
         &self,
         process: u32,
         key: &str,
         kind: OpKind,
         op: impl std::future::Future<Output = Outcome>,
-    ) -> Outcome {
+    ) -> Op {
         let invoke_us = now_us();
-        let outcome = tokio::time::timeout(STEP_TIMEOUT, op)
-            .await
-            .unwrap_or_else(|_| Outcome::Unknown {
-                error: format!("no answer within {STEP_TIMEOUT:?}"),
-            });
+        let outcome = op.await;
         let op = Op {
             process,
             key: key.to_string(),
             kind,
             invoke_us,
             complete_us: now_us(),
-            outcome: outcome.clone(),
+            outcome,
         };
         self.record(&self.history, &op);
-        outcome
+        op
     }
 
     /// Acknowledged keys the leader lists with a disk replica on `segment`,
@@ -726,19 +724,25 @@ impl DiskChecker {
 
     /// A recorded get of `key` (its outcome and when it ran).
     async fn recorded_read(&self, process: u32, key: &str, segment: Option<&str>) -> (Op, bool) {
-        let invoke_us = now_us();
-        let (outcome, listed) = self.read(key, segment).await;
-        let op = Op {
-            process,
-            key: key.to_string(),
-            kind: OpKind::Get,
-            invoke_us,
-            complete_us: now_us(),
-            outcome,
+        let mut listed = false;
+        let read = async {
+            let (outcome, on_it) = self.read(key, segment).await;
+            listed = on_it;
+            outcome
         };
-        self.record(&self.history, &op);
+        let op = self.recorded(process, key, OpKind::Get, read).await;
         (op, listed)
     }
+}
+
+/// `op`'s outcome, or unknown once it has run [`STEP_TIMEOUT`] (it may
+/// still take effect).
+async fn within_step(op: impl std::future::Future<Output = Outcome>) -> Outcome {
+    tokio::time::timeout(STEP_TIMEOUT, op)
+        .await
+        .unwrap_or_else(|_| Outcome::Unknown {
+            error: format!("no answer within {STEP_TIMEOUT:?}"),
+        })
 }
 
 /// Whether a lookup lists a disk replica on `segment`.

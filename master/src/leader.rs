@@ -149,7 +149,9 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                 }
             }
         }
-        let demoted = demoted + freed;
+        // Memory freed this round without evicting: moved to disk, or a
+        // promoted object's memory copy released.
+        let spared = demoted + freed;
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {
@@ -175,7 +177,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                         "eviction round"
                     );
                 }
-                if victims.is_empty() && demoted == 0 {
+                if victims.is_empty() && spared == 0 {
                     // Nothing evictable: do not spin at 10 ms on a full pool.
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
