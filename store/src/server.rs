@@ -971,6 +971,48 @@ mod tests {
         assert_eq!(ping(&mut s, 2).await.status, Status::Ok);
     }
 
+    #[tokio::test]
+    async fn a_pooled_connection_the_store_closed_is_replaced_once() {
+        // The store closes connections idle for 300 ms, as a store that
+        // restarted drops them all: the transport's pooled connection is
+        // then stale, and only a retry on a new one can succeed.
+        let (addr, stats) = start(small_limits()).await;
+        let tcp = crate::transport::TcpTransport::new();
+        let expiry = unix_ms() + 60_000;
+        let data = vec![0x5au8; 4096];
+        let put = |off: u64| (grant(&KEY, Op::Write, off, 4096, expiry), off, &data[..]);
+        tcp.write(&addr, &[put(0)]).await.expect("first write");
+        for round in 1..=2u64 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            // Each op below starts on a pooled connection the store closed.
+            tcp.write(&addr, &[put(round * 4096)])
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("write on a stale pooled connection, round {round}: {e}")
+                });
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let mut buf = vec![0u8; 4096];
+            let g = grant(&KEY, Op::Read, round * 4096, 4096, expiry);
+            tcp.read(&addr, &mut [(g, round * 4096, &mut buf[..])])
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("read on a stale pooled connection, round {round}: {e}")
+                });
+            assert_eq!(buf, data, "round {round}: wrong bytes");
+        }
+        assert_eq!(stats.bytes_written.load(Ordering::Relaxed), 3 * 4096);
+        // A refusal is an answer, not a stale connection: not retried.
+        let bad = grant(&SegmentKey::generate(), Op::Write, 0, 4096, expiry);
+        let refused = tcp.write(&addr, &[(bad, 0, &data[..])]).await;
+        assert!(
+            matches!(
+                refused,
+                Err(crate::transport::TransferError::Refused { .. })
+            ),
+            "{refused:?}"
+        );
+    }
+
     /// Waits (at most 10 s) for the store to close `s`.
     async fn closed_by_the_store(s: &mut TcpStream) -> bool {
         let mut rest = Vec::new();

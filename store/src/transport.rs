@@ -1,6 +1,8 @@
 //! Client side of the TCP transfer protocol: pooled connections per store,
 //! requests pipelined (all sent before, and while, answers are read), payloads
-//! read straight into the caller's buffers.
+//! read straight into the caller's buffers. A pooled connection that breaks
+//! before any answer (its store restarted, or closed it while idle) is
+//! replaced by a new one and the exchange sent again, once.
 //!
 //! With TLS files ([`TcpTransport::with_tls`]) every connection is mutual
 //! TLS: the store's certificate must be one the CA signed for the host the
@@ -9,6 +11,7 @@
 //! [`TransferError::Tls`]: a configuration error, not an outage.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -98,16 +101,25 @@ impl TcpTransport {
         self.tls.is_some()
     }
 
-    async fn checkout(&self, endpoint: &str) -> Result<Conn, TransferError> {
-        if let Some(c) = self
-            .pools
+    /// An idle pooled connection to `endpoint`, if any.
+    fn pooled(&self, endpoint: &str) -> Option<Conn> {
+        self.pools
             .lock()
             .expect("pool lock poisoned")
             .get_mut(endpoint)
             .and_then(|v| v.pop())
-        {
-            return Ok(c);
+    }
+
+    /// A pooled connection (true) or a new one (false).
+    async fn checkout(&self, endpoint: &str) -> Result<(Conn, bool), TransferError> {
+        match self.pooled(endpoint) {
+            Some(c) => Ok((c, true)),
+            None => Ok((self.connect(endpoint).await?, false)),
         }
+    }
+
+    /// A new connection, with the TLS handshake when configured.
+    async fn connect(&self, endpoint: &str) -> Result<Conn, TransferError> {
         let connect = TcpStream::connect(endpoint);
         let stream = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(s)) => s,
@@ -225,7 +237,47 @@ impl TcpTransport {
         if reads.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self.checkout(endpoint).await?;
+        let (mut conn, mut pooled) = self.checkout(endpoint).await?;
+        loop {
+            let answered = AtomicUsize::new(0);
+            match self
+                .read_on(&mut conn, endpoint, &mut *reads, &answered)
+                .await
+            {
+                Ok(crcs) => {
+                    self.checkin(endpoint, conn);
+                    return Ok(crcs);
+                }
+                Err(e) if pooled && went_stale(&e, &answered) => {
+                    conn = self.replace_stale(endpoint, &e).await?;
+                    pooled = false;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Drops every idle connection to `endpoint` (the one that failed says
+    /// they are likely stale too) and opens a new one for the retry.
+    async fn replace_stale(
+        &self,
+        endpoint: &str,
+        e: &TransferError,
+    ) -> Result<Conn, TransferError> {
+        tracing::debug!(endpoint, error = %e, "pooled connection failed before any answer; retrying on a new one");
+        self.forget(endpoint);
+        self.connect(endpoint).await
+    }
+
+    /// One pipelined exchange of reads on `conn`, counting the answers
+    /// read in `answered`.
+    async fn read_on(
+        &self,
+        conn: &mut Conn,
+        endpoint: &str,
+        reads: &mut [(Grant, u64, &mut [u8])],
+        answered: &AtomicUsize,
+    ) -> Result<Vec<u32>, TransferError> {
         let total: u64 = reads.iter().map(|(_, _, b)| b.len() as u64).sum();
         let mut crcs = vec![0u32; reads.len()];
         let first_id = conn.next_id;
@@ -244,7 +296,7 @@ impl TcpTransport {
                 .encode()
             })
             .collect();
-        let Conn { r, w, .. } = &mut conn;
+        let Conn { r, w, .. } = conn;
         let send = async {
             for h in &headers {
                 w.write_all(h).await?;
@@ -255,6 +307,7 @@ impl TcpTransport {
         let recv = async move {
             for (i, (_, _, buf)) in reads.iter_mut().enumerate() {
                 let resp = read_response(r).await?;
+                answered.fetch_add(1, Ordering::Relaxed);
                 check_response(&resp, first_id + i as u64, buf.len() as u64)?;
                 let mut crc = 0u32;
                 for piece in buf.chunks_mut(CRC_PIECE) {
@@ -266,7 +319,6 @@ impl TcpTransport {
             Ok::<(), IoOrRefused>(())
         };
         self.exchange(endpoint, total, send, recv).await?;
-        self.checkin(endpoint, conn);
         Ok(crcs)
     }
 
@@ -280,11 +332,39 @@ impl TcpTransport {
         if writes.is_empty() {
             return Ok(());
         }
-        let mut conn = self.checkout(endpoint).await?;
+        let (mut conn, mut pooled) = self.checkout(endpoint).await?;
+        loop {
+            let answered = AtomicUsize::new(0);
+            match self.write_on(&mut conn, endpoint, writes, &answered).await {
+                Ok(()) => {
+                    self.checkin(endpoint, conn);
+                    return Ok(());
+                }
+                // Sending the same bytes to the same ranges under the same
+                // grants again is harmless: the ranges are the caller's
+                // until it finishes, and the grants bound when a write lands.
+                Err(e) if pooled && went_stale(&e, &answered) => {
+                    conn = self.replace_stale(endpoint, &e).await?;
+                    pooled = false;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One pipelined exchange of writes on `conn`, counting the answers
+    /// read in `answered`.
+    async fn write_on(
+        &self,
+        conn: &mut Conn,
+        endpoint: &str,
+        writes: &[(Grant, u64, &[u8])],
+        answered: &AtomicUsize,
+    ) -> Result<(), TransferError> {
         let total: u64 = writes.iter().map(|(_, _, b)| b.len() as u64).sum();
         let first_id = conn.next_id;
         conn.next_id += writes.len() as u64;
-        let Conn { r, w, .. } = &mut conn;
+        let Conn { r, w, .. } = conn;
         let send = async {
             for (i, (grant, off, buf)) in writes.iter().enumerate() {
                 let h = Request {
@@ -303,13 +383,12 @@ impl TcpTransport {
         let recv = async {
             for i in 0..writes.len() {
                 let resp = read_response(r).await?;
+                answered.fetch_add(1, Ordering::Relaxed);
                 check_response(&resp, first_id + i as u64, 0)?;
             }
             Ok::<(), IoOrRefused>(())
         };
-        self.exchange(endpoint, total, send, recv).await?;
-        self.checkin(endpoint, conn);
-        Ok(())
+        self.exchange(endpoint, total, send, recv).await
     }
 
     /// Runs the sending and receiving halves of one pipelined exchange
@@ -342,6 +421,14 @@ impl TcpTransport {
             Ok(Ok(())) => Ok(()),
         }
     }
+}
+
+/// Whether a failed exchange on a pooled connection looks like that
+/// connection having gone stale while idle (its store restarted, or closed
+/// it): it broke, with no answer read at all. Not a refusal, a TLS error or
+/// a timeout (a store that hangs would only be waited for twice).
+fn went_stale(e: &TransferError, answered: &AtomicUsize) -> bool {
+    matches!(e, TransferError::Io { .. }) && answered.load(Ordering::Relaxed) == 0
 }
 
 enum IoOrRefused {
