@@ -3,7 +3,8 @@
 //! readable; a store killed with SIGKILL and started again on the same
 //! directory serves its disk objects again; a leader killed while demoting
 //! loses nothing acknowledged; an object read twice from disk is copied
-//! back to memory and keeps its disk replica across a store restart.
+//! back to memory and keeps its disk replica across a store restart; puts
+//! that find memory full go to disk rather than fail.
 //! Needs `cargo build --bins` (`make test`).
 
 use std::collections::BTreeMap;
@@ -186,7 +187,18 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
         "at least 12 MiB of 16 must be on disk, found {}",
         demoted.len()
     );
-    assert!(leader_metric(&cluster, "master_demotions_total").await >= demoted.len() as u64);
+    // On disk by demotion, or put there while memory was full. Memory is
+    // past the watermark either way, so demotions run (after the puts,
+    // when these went to disk rather than waiting for them).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut demotions = 0;
+    while demotions == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        demotions = leader_metric(&cluster, "master_demotions_total").await;
+    }
+    let puts_to_disk = leader_metric(&cluster, "master_puts_to_disk_total").await;
+    assert!(demotions > 0, "no demotion ran");
+    assert!(demotions + puts_to_disk >= demoted.len() as u64);
 
     // SIGKILL the store and start it again on the same directory: its
     // memory objects are gone, its disk objects come back with no re-put.
@@ -211,6 +223,48 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
         .await
         .unwrap();
     assert!(health.contains("\"disk\":{"), "{health}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_memory_cannot_hold_go_to_disk_and_none_fails() {
+    let disk = tempfile::tempdir().unwrap();
+    let (mut cluster, c) = disk_cluster(disk.path()).await;
+
+    // 24 MiB back to back through an 8 MiB memory segment, each put tried
+    // once: demotion frees memory only a lease TTL after each round, so
+    // most of these find memory full, and must go to disk, not fail.
+    let keys: Vec<String> = (0..48).map(|i| format!("over-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        c.put(k, &value(i), &ReplicateConfig::default())
+            .await
+            .unwrap_or_else(|e| panic!("{k} refused while the disk has room: {e}"));
+    }
+    let to_disk = leader_metric(&cluster, "master_puts_to_disk_total").await;
+    assert!(to_disk > 0, "no put went to disk: the test proved nothing");
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            c.get(k).await.unwrap_or_else(|e| panic!("{k}: {e}")),
+            value(i),
+            "{k}"
+        );
+    }
+    // Put to disk, they survive the store's restart as demoted ones do.
+    let on_disk_before = on_disk(&cluster, &keys).await;
+    assert!(on_disk_before.len() as u64 >= to_disk.min(keys.len() as u64) / 2);
+    cluster.stores[0].kill();
+    cluster.stores[0].restart().unwrap();
+    wait_for_disk_mount(&cluster).await;
+    // The client's pooled connections to the store are stale now: the
+    // first reads go through a new one.
+    for k in &on_disk_before {
+        let i: usize = k.trim_start_matches("over-").parse().unwrap();
+        assert_eq!(c.get(k).await.unwrap(), value(i), "{k} after the restart");
+    }
+    // A put right after the restart goes through on the first try, on a
+    // new connection, although the pool's were to the old process.
+    c.put("after", &value(7), &ReplicateConfig::default())
+        .await
+        .expect("first put after the store restarted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

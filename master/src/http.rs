@@ -310,6 +310,11 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             &mm.two_commit_fallbacks,
         ),
         (
+            "master_puts_to_disk_total",
+            "Puts placed straight on a disk segment because memory had no room (retried, not refused).",
+            &mm.puts_to_disk,
+        ),
+        (
             "master_reservations_made_total",
             "Reservations this leader committed for one-commit puts.",
             &mm.reservations_made,

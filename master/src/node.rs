@@ -58,6 +58,9 @@ pub struct MasterMetrics {
     /// the reservations they live in.
     pub one_commit_placements: AtomicU64,
     pub two_commit_fallbacks: AtomicU64,
+    /// Puts placed on disk because memory had no room (see
+    /// `MetaState::put_start_one`).
+    pub puts_to_disk: AtomicU64,
     pub reservations_made: AtomicU64,
     pub reservations_retired: AtomicU64,
     /// Objects moved from memory to disk, bytes copied, copies that failed,

@@ -480,6 +480,17 @@ impl MasterApi {
             Ok(Response::PutStart(v)) if v.len() == two_commit.len() => {
                 let state = self.node.state();
                 for (&i, r) in two_commit.iter().zip(v) {
+                    if let Ok(reps) = &r {
+                        if reps
+                            .iter()
+                            .any(|x| state.tier_of(x.segment_id) == Tier::Disk)
+                        {
+                            self.node
+                                .counters()
+                                .puts_to_disk
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
                     out[i] = Some(Started {
                         replicas: r
                             .map(|reps| reps.iter().map(|x| replica_pb(&state, x, terms)).collect())

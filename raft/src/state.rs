@@ -1150,11 +1150,36 @@ impl MetaState {
         if replicas.is_empty() {
             // Only a failure eviction could cure asks for an eviction round:
             // a size no live segment could hold even empty evicted 85 of 100
-            // objects of a nearly empty pool when repeated (issue 11).
+            // objects of a nearly empty pool when repeated (issue 11). Asked
+            // for also when the put goes to disk below: memory is full, and
+            // the next puts want it.
             if self.fits_some_empty_live_segment(size) {
                 self.alloc_failures += 1;
             }
-            return Err(MetaError::NoAvailableHandle(size));
+            // Memory is full: the bytes go straight to disk, where a
+            // demotion would have put them, rather than the put failing
+            // while the disk has room. One disk replica, as a demotion
+            // leaves (and as tier moves assume), whatever `replica_num`:
+            // a put gets fewer replicas than asked when memory has room
+            // for fewer, too. Never for a hard-pinned object, which must
+            // stay in memory.
+            if !config.hard_pin {
+                for sid in self.disk_placement_order(seed, &config.preferred_segments) {
+                    if let Some(offset) =
+                        self.allocators.get_mut(&sid).and_then(|a| a.allocate(size))
+                    {
+                        replicas.push(Replica {
+                            segment_id: sid,
+                            offset,
+                            len: size,
+                        });
+                        break;
+                    }
+                }
+            }
+            if replicas.is_empty() {
+                return Err(MetaError::NoAvailableHandle(size));
+            }
         }
         let granted = replicas.clone();
         let obj = Object {
@@ -1242,6 +1267,28 @@ impl MetaState {
             order.extend(rest[start..].iter().chain(rest[..start].iter()));
         }
         order
+    }
+
+    /// Live disk segments for a put memory has no room for: those of the
+    /// store processes owning the preferred (memory) segments first (a
+    /// store's disk segment has its own name and port), the rest rotated
+    /// by the seed.
+    fn disk_placement_order(&self, seed: u64, preferred: &[String]) -> Vec<SegmentId> {
+        let preferred_owners: Vec<&str> = preferred
+            .iter()
+            .filter_map(|name| self.segment_by_name(name))
+            .map(|s| s.owner.as_str())
+            .collect();
+        let (mut order, rest): (Vec<&Segment>, Vec<&Segment>) = self
+            .segments
+            .values()
+            .filter(|s| s.is_live() && s.is_disk())
+            .partition(|s| preferred_owners.contains(&s.owner.as_str()));
+        if !rest.is_empty() {
+            let start = (seed % rest.len() as u64) as usize;
+            order.extend(rest[start..].iter().chain(rest[..start].iter()));
+        }
+        order.into_iter().map(|s| s.id).collect()
     }
 
     fn put_end(

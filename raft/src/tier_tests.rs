@@ -168,13 +168,13 @@ fn recount_equal(s: &MetaState) {
 }
 
 #[test]
-fn puts_go_to_memory_only_and_each_tier_has_its_own_usage() {
+fn puts_go_to_disk_only_when_memory_is_full_and_each_tier_has_its_own_usage() {
     let mut s = MetaState::new();
     let mem = mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
     let disk = mount_tier(&mut s, 0, "m-disk", "store", 64 * MB, Tier::Disk, "d1").unwrap();
     for i in 0..3 {
         let r = put_done(&mut s, 1, 10 + i, &format!("k{i}"), MB);
-        assert_eq!(r.segment_id, mem, "a put never lands on disk");
+        assert_eq!(r.segment_id, mem, "a put lands in memory while it has room");
     }
     assert_eq!(s.tier_usage(Tier::Memory), (4 * MB, 3 * MB));
     assert_eq!(s.tier_usage(Tier::Disk), (64 * MB, 0));
@@ -213,25 +213,87 @@ fn puts_go_to_memory_only_and_each_tier_has_its_own_usage() {
         matches!(res, Response::Reserved(Err(MetaError::SegmentNotFound(_)))),
         "{res:?}"
     );
-    // A full memory tier makes a put fail, whatever room the disk has.
-    let full = run_as(
-        &mut s,
-        4,
-        "w",
-        100,
-        Op::PutStartNamed {
-            items: vec![("big".into(), 2 * MB, 100)],
-            config: ReplicateConfig {
-                replica_num: 1,
-                ..Default::default()
+    // Memory full: the put goes to disk rather than failing, and still
+    // counts as a memory allocation failure (the leader demotes to make
+    // room for the next puts).
+    let start =
+        |s: &mut MetaState, now: u64, seq: u64, key: &str, size: u64, hard_pin: bool| match run_as(
+            s,
+            now,
+            "w",
+            seq,
+            Op::PutStartNamed {
+                items: vec![(key.into(), size, seq)],
+                config: ReplicateConfig {
+                    replica_num: 1,
+                    hard_pin,
+                    ..Default::default()
+                },
+                policy: policy(),
             },
-            policy: policy(),
-        },
+        ) {
+            Response::PutStart(mut r) => r.remove(0),
+            other => panic!("unexpected {other:?}"),
+        };
+    let failures = s.alloc_failures;
+    let big = start(&mut s, 4, 100, "big", 2 * MB, false).expect("placed on disk");
+    assert_eq!(big.len(), 1);
+    assert_eq!(big[0].segment_id, disk, "memory full: the put goes to disk");
+    assert_eq!(
+        s.alloc_failures,
+        failures + 1,
+        "memory's failure is counted"
     );
+    assert_eq!(s.tier_usage(Tier::Disk), (64 * MB, 2 * MB));
+    // A hard-pinned object must stay in memory: it fails instead.
+    let pinned = start(&mut s, 5, 101, "pinned", 2 * MB, true);
     assert!(
-        matches!(&full, Response::PutStart(r) if matches!(r[0], Err(MetaError::NoAvailableHandle(_)))),
-        "{full:?}"
+        matches!(pinned, Err(MetaError::NoAvailableHandle(_))),
+        "{pinned:?}"
     );
+    // Disk full too: the put fails, and nothing changed.
+    let before = s.clone();
+    let huge = start(&mut s, 6, 102, "huge", 63 * MB, false);
+    assert!(
+        matches!(huge, Err(MetaError::NoAvailableHandle(_))),
+        "{huge:?}"
+    );
+    assert_eq!(s.objects, before.objects);
+    assert_eq!(s.tier_usage(Tier::Disk), before.tier_usage(Tier::Disk));
+    // A put that prefers a store's memory segment goes to that store's
+    // disk, whatever the rotation would pick.
+    let other = mount_tier(&mut s, 6, "o-disk", "other", 64 * MB, Tier::Disk, "d2").unwrap();
+    for seq in 200..206u64 {
+        let placed = run_as(
+            &mut s,
+            6,
+            "w",
+            seq,
+            Op::PutStartNamed {
+                items: vec![(format!("pref{seq}"), 2 * MB, seq)],
+                config: ReplicateConfig {
+                    replica_num: 1,
+                    preferred_segments: vec!["m".into()],
+                    ..Default::default()
+                },
+                policy: policy(),
+            },
+        );
+        assert!(
+            matches!(&placed, Response::PutStart(r) if r[0].as_ref().is_ok_and(|x| x[0].segment_id == disk)),
+            "{placed:?}"
+        );
+    }
+    // Without a preference, the rotation uses both disks.
+    let mut used = std::collections::BTreeSet::new();
+    for seq in 300..306u64 {
+        let r = start(&mut s, 7, seq, &format!("any{seq}"), 2 * MB, false).expect("on disk");
+        used.insert(r[0].segment_id);
+    }
+    assert_eq!(used, [disk, other].into(), "rotation over the disks");
+    // Room in memory again: puts go there, not to disk.
+    let r = put_done(&mut s, 7, 103, "small", 64);
+    assert_eq!(r.segment_id, mem);
     recount_equal(&s);
 }
 

@@ -160,8 +160,17 @@ impl MasterNode {
                                         let (cap, free) = state
                                             .allocator(sid)
                                             .map_or((0, 0), |a| (a.capacity(), a.largest_free()));
+                                        // A reservation the segment has no
+                                        // room for would be a commit only to
+                                        // be refused: with memory full, the
+                                        // item takes the two-commit path at
+                                        // once (where it may go to disk).
+                                        if free < need {
+                                            continue;
+                                        }
                                         let chunk = placer.reservation_len(cap);
-                                        let most = placer.reservation_cap(cap).min(free).max(chunk);
+                                        // Never more than the segment has.
+                                        let most = placer.reservation_cap(cap).max(chunk).min(free);
                                         wanted.push((sid, need.max(chunk), most));
                                     }
                                 }
