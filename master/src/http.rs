@@ -285,6 +285,11 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             &mm.memory_copies_dropped,
         ),
         (
+            "master_disk_copies_released_total",
+            "Promoted objects whose disk copy the disk watermark released (their memory replica stays).",
+            &mm.disk_copies_dropped,
+        ),
+        (
             "master_disk_evicted_key_count_total",
             "Objects this node as leader dropped from disk at the disk watermark.",
             &mm.disk_evictions,

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_raft::state::Op;
+use crescent_raft::state::{Op, Tier};
 use crescent_raft::Response;
 use crescent_store::TcpTransport;
 use openraft::ServerState;
@@ -123,7 +123,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         let mut to_disk = plan.demote;
         let mut freed = 0;
         if !plan.drop_memory_copy.is_empty() {
-            freed = drop_memory_copies(&node, plan.drop_memory_copy).await;
+            freed = drop_copies_in(&node, Tier::Memory, plan.drop_memory_copy).await;
         }
         if to_disk.len() > tier_move::MAX_MOVES_PER_ROUND {
             let later = to_disk.split_off(tier_move::MAX_MOVES_PER_ROUND);
@@ -191,34 +191,39 @@ async fn eviction_loop(node: Arc<MasterNode>) {
     }
 }
 
-/// Releases the memory copies of promoted objects (they stay on disk);
-/// returns how many were released. `keys` are doomed (claimed by the
-/// eviction round) and stay so until the entry's fate is known: a lease
-/// granted after the entry's time stamp would outlast the hold.
-async fn drop_memory_copies(node: &Arc<MasterNode>, keys: Vec<String>) -> u64 {
+/// Releases the `tier` copies of promoted objects (they stay in the other
+/// tier), held a lease TTL for readers; returns how many were released.
+/// `keys` are doomed (claimed by the eviction round) and stay so until
+/// the entry's fate is known: a lease granted after the entry's time
+/// stamp would outlast the hold.
+async fn drop_copies_in(node: &Arc<MasterNode>, tier: Tier, keys: Vec<String>) -> u64 {
     let hold_ms = node.config().lease_ttl.as_millis() as u64;
     let chosen = keys.clone();
-    match node
-        .propose_settled(
-            None,
+    let (op, counter) = match tier {
+        Tier::Memory => (
             Op::DropMemoryCopies { keys, hold_ms },
-            move |node, _| node.undoom(&chosen),
-        )
+            &node.counters().memory_copies_dropped,
+        ),
+        Tier::Disk => (
+            Op::DropDiskCopies { keys, hold_ms },
+            &node.counters().disk_copies_dropped,
+        ),
+    };
+    match node
+        .propose_settled(None, op, move |node, _| node.undoom(&chosen))
         .await
     {
         Ok(Response::Count(n)) => {
-            node.counters()
-                .memory_copies_dropped
-                .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-            tracing::info!(released = n, "memory copies of promoted objects released");
+            counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(released = n, ?tier, "copies of promoted objects released");
             n
         }
         Ok(other) => {
-            tracing::warn!(?other, "unexpected DropMemoryCopies result");
+            tracing::warn!(?other, ?tier, "unexpected result of releasing copies");
             0
         }
         Err(e) => {
-            tracing::warn!(error = %e, "DropMemoryCopies proposal failed");
+            tracing::warn!(error = %e, ?tier, "releasing copies: proposal failed");
             0
         }
     }
@@ -252,8 +257,18 @@ async fn promotion_loop(node: Arc<MasterNode>) {
     }
 }
 
-/// At the disk watermark, drops the coldest disk-only objects for good.
+/// At the disk watermark, first releases the disk copies of promoted
+/// objects (they stay readable from memory), and only when there are none
+/// drops the coldest disk-only objects for good.
 async fn evict_from_disk(node: &Arc<MasterNode>) {
+    match node.claim_disk_copies() {
+        None => return,
+        Some(copies) if !copies.is_empty() => {
+            drop_copies_in(node, Tier::Disk, copies).await;
+            return;
+        }
+        Some(_) => {}
+    }
     let Some(victims) = node.claim_disk_eviction_victims() else {
         return;
     };

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use crescent_raft::eviction::{
-    plan_eviction, select_victims_in, should_evict, should_evict_disk, AccessInfo, EvictionPlan,
+    plan_eviction, select_disk_copies, select_victims_in, should_evict, should_evict_disk,
+    AccessInfo, EvictionPlan,
 };
 use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
@@ -75,6 +76,8 @@ pub struct MasterMetrics {
     pub promotion_bytes: AtomicU64,
     pub promotion_failures: AtomicU64,
     pub memory_copies_dropped: AtomicU64,
+    /// Promoted objects whose disk copy the disk watermark released.
+    pub disk_copies_dropped: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }
@@ -1058,6 +1061,34 @@ impl MasterNode {
     /// disk tier at its own watermark: objects only on disk, dropped for good.
     pub fn claim_disk_eviction_victims(&self) -> Option<Vec<String>> {
         self.claim_victims_in(Tier::Disk).map(|(v, _)| v)
+    }
+
+    /// At the disk watermark, the promoted objects (also in memory) whose
+    /// disk copies go first, doomed until the entry's fate is known (as
+    /// for [`claim_eviction_victims`](Self::claim_eviction_victims): a
+    /// lease granted after the entry's time stamp would outlast the hold);
+    /// None when no disk round is due, or a predecessor's leases may still
+    /// be in force. Empty when no object is in both tiers.
+    pub fn claim_disk_copies(&self) -> Option<Vec<String>> {
+        let term = self.current_term();
+        let sm = self.shared.sm.read().expect("state lock poisoned");
+        let state = &sm.state;
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        if self.honours_predecessor_leases(&mem, term)
+            || !should_evict_disk(state, self.config.disk_eviction_high_watermark)
+        {
+            return None;
+        }
+        let now = Instant::now();
+        let copies = select_disk_copies(state, now_ms(), self.config.eviction_ratio, |k| {
+            mem.access_info(k, now)
+        });
+        let copies = sizing::chunk_keys(copies, sizing::ENTRY_KEY_BUDGET)
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        mem.doom(&copies);
+        Some(copies)
     }
 
     /// Eviction `victims` split by what frees their memory: see

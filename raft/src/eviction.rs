@@ -81,19 +81,34 @@ where
     select_victims_in(state, Tier::Memory, now_ms, ratio, access)
 }
 
-/// Whether `obj` holds space in `tier`: memory when any replica is in
-/// memory (demoting or evicting it frees memory); disk when it is only on
-/// disk (an object still in memory is the memory tier's business).
-fn holds(state: &MetaState, obj: &Object, tier: Tier) -> bool {
+/// Which objects a selection considers.
+#[derive(Clone, Copy)]
+enum Holding {
+    /// Any replica in memory: demoting or evicting it frees memory.
+    Memory,
+    /// Only on disk: dropping it frees disk and loses the object.
+    DiskOnly,
+    /// On disk and on a live memory segment (promoted): dropping its disk
+    /// copy frees disk and the object stays readable.
+    DiskCopy,
+}
+
+fn holds(state: &MetaState, obj: &Object, holding: Holding) -> bool {
     let mut tiers = obj.replicas.iter().map(|r| state.tier_of(r.segment_id));
-    match tier {
-        Tier::Memory => tiers.any(|t| t == Tier::Memory),
-        Tier::Disk => tiers.all(|t| t == Tier::Disk),
+    match holding {
+        Holding::Memory => tiers.any(|t| t == Tier::Memory),
+        Holding::DiskOnly => tiers.all(|t| t == Tier::Disk),
+        Holding::DiskCopy => {
+            state.has_disk_replica(obj)
+                && obj.replicas.iter().any(|r| state.live_in(r, Tier::Memory))
+        }
     }
 }
 
 /// Keys to drop or move out of `tier`, oldest access first: `ratio` of the
-/// objects holding space there, at least one when any is evictable.
+/// objects holding space there, at least one when any is evictable. For
+/// the disk tier, objects only on disk (an object still in memory is the
+/// memory tier's business, or [`select_disk_copies`]').
 pub fn select_victims_in<F>(
     state: &MetaState,
     tier: Tier,
@@ -104,17 +119,38 @@ pub fn select_victims_in<F>(
 where
     F: Fn(&str) -> AccessInfo,
 {
+    let holding = match tier {
+        Tier::Memory => Holding::Memory,
+        Tier::Disk => Holding::DiskOnly,
+    };
+    select(state, holding, now_ms, ratio, access)
+}
+
+/// Objects whose disk copy the disk watermark should release before any
+/// object is dropped from disk: those also in memory (promoted), oldest
+/// access first, `ratio` of them, at least one when any.
+pub fn select_disk_copies<F>(state: &MetaState, now_ms: u64, ratio: f64, access: F) -> Vec<String>
+where
+    F: Fn(&str) -> AccessInfo,
+{
+    select(state, Holding::DiskCopy, now_ms, ratio, access)
+}
+
+fn select<F>(state: &MetaState, holding: Holding, now_ms: u64, ratio: f64, access: F) -> Vec<String>
+where
+    F: Fn(&str) -> AccessInfo,
+{
     let in_tier = state
         .objects
         .values()
-        .filter(|o| holds(state, o, tier))
+        .filter(|o| holds(state, o, holding))
         .count();
     let target = ((in_tier as f64) * ratio.clamp(0.0, 1.0)).ceil() as usize;
     let target = target.max(1);
     let mut unpinned: Vec<(u64, &str)> = Vec::new();
     let mut soft_pinned: Vec<(u64, &str)> = Vec::new();
     for (key, obj) in &state.objects {
-        if !obj.is_complete() || obj.hard_pin || !holds(state, obj, tier) {
+        if !obj.is_complete() || obj.hard_pin || !holds(state, obj, holding) {
             continue;
         }
         let info = access(key);

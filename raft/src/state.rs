@@ -258,6 +258,15 @@ pub enum Op {
         keys: Vec<String>,
         hold_ms: u64,
     },
+    /// Releases the disk replicas of objects that also have a replica on a
+    /// live memory segment (disk eviction of a promoted object: it stays
+    /// readable from memory, and only loses its survival of a store
+    /// restart), their space unallocated for `hold_ms`. Other keys (only
+    /// on disk, being copied, unfinished) are left as they are.
+    DropDiskCopies {
+        keys: Vec<String>,
+        hold_ms: u64,
+    },
 }
 
 pub type TierMoveId = u64;
@@ -1013,7 +1022,15 @@ impl MetaState {
                 let hold_until = now.saturating_add(*hold_ms);
                 Response::Count(
                     keys.iter()
-                        .filter(|k| self.drop_memory_copies(now, k, hold_until))
+                        .filter(|k| self.drop_copies_in(now, k, Tier::Memory, hold_until))
+                        .count() as u64,
+                )
+            }
+            Op::DropDiskCopies { keys, hold_ms } => {
+                let hold_until = now.saturating_add(*hold_ms);
+                Response::Count(
+                    keys.iter()
+                        .filter(|k| self.drop_copies_in(now, k, Tier::Disk, hold_until))
                         .count() as u64,
                 )
             }
@@ -1783,27 +1800,35 @@ impl MetaState {
         }
     }
 
-    /// See [`Op::DropMemoryCopies`]: true when `key`'s memory replicas went.
-    fn drop_memory_copies(&mut self, now: u64, key: &str, hold_until: u64) -> bool {
+    /// See [`Op::DropMemoryCopies`] and [`Op::DropDiskCopies`]: true when
+    /// `key`'s replicas in `tier` went, the object keeping those in the
+    /// other tier.
+    fn drop_copies_in(&mut self, now: u64, key: &str, tier: Tier, hold_until: u64) -> bool {
         let Some(obj) = self.objects.get(key) else {
             return false;
         };
-        let droppable = obj.is_complete() && self.has_disk_replica(obj) && !self.is_moving(key);
-        if !droppable {
+        // What must stay: for memory copies a disk replica, live or expired
+        // (an expired one comes back with its store); for disk copies a
+        // replica on a live memory segment (the object stays readable).
+        let other_stays = match tier {
+            Tier::Memory => self.has_disk_replica(obj),
+            Tier::Disk => obj.replicas.iter().any(|r| self.live_in(r, Tier::Memory)),
+        };
+        if !obj.is_complete() || !other_stays || self.is_moving(key) {
             return false;
         }
-        let (memory, disk): (Vec<Replica>, Vec<Replica>) = obj
+        let (dropped, kept): (Vec<Replica>, Vec<Replica>) = obj
             .replicas
             .iter()
             .cloned()
-            .partition(|r| self.tier_of(r.segment_id) == Tier::Memory);
-        if memory.is_empty() {
+            .partition(|r| self.tier_of(r.segment_id) == tier);
+        if dropped.is_empty() {
             return false;
         }
         if let Some(obj) = self.objects.get_mut(key) {
-            obj.replicas = disk;
+            obj.replicas = kept;
         }
-        self.release_held(now, memory, hold_until);
+        self.release_held(now, dropped, hold_until);
         true
     }
 

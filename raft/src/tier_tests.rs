@@ -1,7 +1,9 @@
 //! Unit tests of the disk tier in the state machine: tiered mounts, the
 //! re-attach of a restarted store's disk segment, and demotions.
 
-use crate::eviction::{plan_eviction, select_victims_in, AccessInfo, EvictionPlan};
+use crate::eviction::{
+    plan_eviction, select_disk_copies, select_victims_in, AccessInfo, EvictionPlan,
+};
 use crate::state::*;
 
 const MB: u64 = 1 << 20;
@@ -542,6 +544,88 @@ fn a_promotion_adds_a_memory_replica_and_keeps_the_disk_one() {
     recount_equal(&s);
 }
 
+#[test]
+fn the_disk_watermark_releases_disk_copies_of_promoted_objects_first() {
+    let mut s = MetaState::new();
+    let mem = mount_tier(&mut s, 0, "m", "store", 8 * MB, Tier::Memory, "").unwrap();
+    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    // "promoted": on disk and in memory; "cold": on disk only; "hot": in
+    // memory only; "moving": on disk only, being promoted now.
+    for (seq, key) in [(1, "promoted"), (2, "cold"), (3, "moving")] {
+        put_done(&mut s, 10, seq, key, MB);
+        let d = demote_start(&mut s, 20, key, disk).unwrap();
+        demote_end(&mut s, 30, d.id, true, 0).unwrap();
+    }
+    put_done(&mut s, 40, 4, "hot", MB);
+    let p = move_start(&mut s, 50, "promoted", mem, Tier::Memory).unwrap();
+    move_end(&mut s, 60, p.id, true, false, 0).unwrap();
+    move_start(&mut s, 70, "moving", mem, Tier::Memory).unwrap();
+    recount_equal(&s);
+
+    // Only the promoted object is a disk copy to release.
+    let copies = select_disk_copies(&s, 80, 1.0, |_| AccessInfo::default());
+    assert_eq!(copies, vec!["promoted".to_string()]);
+    let leased = select_disk_copies(&s, 80, 1.0, |_| AccessInfo {
+        leased: true,
+        last_access_ms: None,
+    });
+    assert!(leased.is_empty(), "a leased object is left alone");
+
+    let disk_used = s.tier_usage(Tier::Disk).1;
+    let before = s.clone();
+    let n = run(
+        &mut s,
+        90,
+        Op::DropDiskCopies {
+            keys: ["promoted", "cold", "hot", "moving", "nope"]
+                .map(String::from)
+                .to_vec(),
+            hold_ms: 100,
+        },
+    );
+    assert_eq!(n, Response::Count(1));
+    assert_eq!(
+        s.lookup("promoted").unwrap().replicas,
+        vec![p.target.clone()]
+    );
+    for key in ["cold", "hot", "moving"] {
+        assert_eq!(s.objects[key], before.objects[key], "{key} changed");
+    }
+    assert_eq!(s.tier_usage(Tier::Disk).1, disk_used, "held for readers");
+    recount_equal(&s);
+    run(&mut s, 190, Op::ReclaimStalePuts);
+    assert_eq!(s.tier_usage(Tier::Disk).1, disk_used - MB);
+    recount_equal(&s);
+
+    // Its memory segment expired (its store missed heartbeats): the disk
+    // copy is then the one a restart keeps, and stays.
+    let d = demote_start(&mut s, 200, "hot", disk).unwrap();
+    demote_end(&mut s, 201, d.id, true, 0).unwrap();
+    let p = move_start(&mut s, 210, "hot", mem, Tier::Memory).unwrap();
+    move_end(&mut s, 211, p.id, true, false, 0).unwrap();
+    run(
+        &mut s,
+        220,
+        Op::UnmountClient {
+            client_id: "store".into(),
+        },
+    );
+    let before = s.clone();
+    assert_eq!(
+        run(
+            &mut s,
+            230,
+            Op::DropDiskCopies {
+                keys: vec!["hot".into()],
+                hold_ms: 0,
+            },
+        ),
+        Response::Count(0)
+    );
+    assert_eq!(s.objects, before.objects);
+    assert!(select_disk_copies(&s, 240, 1.0, |_| AccessInfo::default()).is_empty());
+}
+
 /// Logs written before promotion existed hold DemoteStart/DemoteEnd: they
 /// keep decoding and apply as tier moves to disk.
 #[test]
@@ -890,6 +974,10 @@ fn tiers_never_overlap_under_random_commands() {
                 hold_ms: rnd() % 20,
             },
             7 if i % 2 == 0 => Op::Evict { keys: vec![key] },
+            7 if i % 3 == 0 => Op::DropDiskCopies {
+                keys: vec![key],
+                hold_ms: rnd() % 20,
+            },
             7 => Op::DropMemoryCopies {
                 keys: vec![key],
                 hold_ms: rnd() % 20,
