@@ -4,7 +4,8 @@
 //! directory serves its disk objects again; a leader killed while demoting
 //! loses nothing acknowledged; an object read twice from disk is copied
 //! back to memory and keeps its disk replica across a store restart; puts
-//! that find memory full go to disk rather than fail.
+//! that find memory full go to disk rather than fail; the disk watermark
+//! releases promoted objects' disk copies before it drops any object.
 //! Needs `cargo build --bins` (`make test`).
 
 use std::collections::BTreeMap;
@@ -404,4 +405,128 @@ async fn an_object_read_twice_from_disk_is_promoted_and_keeps_its_disk_replica()
         };
         assert_eq!(got, value(i), "{k} after the restart");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_watermark_releases_promoted_objects_disk_copies_first() {
+    let disk = tempfile::tempdir().unwrap();
+    // As in the promotion test, with a 16 MiB disk whose watermark is
+    // half of it.
+    let flags: Vec<String> = [
+        "--eviction-high-watermark",
+        "0.6",
+        "--promotion-max-memory-usage",
+        "0.5",
+        "--eviction-ratio",
+        "0.1",
+        "--lease-ttl",
+        "2s",
+        "--demotion-timeout",
+        "15s",
+        "--promotion-reads",
+        "2",
+        "--promotion-window",
+        "30s",
+        "--disk-eviction-high-watermark",
+        "0.5",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut cluster = LocalCluster::start(3, &flags).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut store = store_flags(disk.path());
+    let size = store.iter().position(|f| f == "--disk-size").unwrap() + 1;
+    store[size] = "16mb".into();
+    cluster.start_store("8mb", &store).unwrap();
+    cluster
+        .wait_for_segments(2, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let c = client(&cluster).await;
+
+    // Objects on disk only, as in the promotion test; four promoted.
+    let keys: Vec<String> = (0..24).map(|i| format!("w-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&c, k, &value(i)).await.unwrap();
+    }
+    // Demotion runs after the puts (those that found memory full went to
+    // disk at once).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while on_disk(&cluster, &keys).await.len() < 8 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut disk_only = Vec::new();
+    for k in &keys {
+        match kinds(&cluster, k).await.as_deref() {
+            Some([pb::ReplicaKind::Disk]) => disk_only.push(k.clone()),
+            // Gone already: dropped at this small disk's watermark.
+            None => {}
+            // Still in memory: removed, to leave room for promotions. It
+            // may have gone to disk and been dropped since the lookup.
+            Some(_) => match c.remove(k, true).await {
+                Ok(()) | Err(crescent_client::Error::NotFound(_)) => {}
+                Err(e) => panic!("{k}: {e}"),
+            },
+        }
+    }
+    assert!(disk_only.len() >= 4, "demoted: {disk_only:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The last looked up: the disk watermark, dropping the coldest
+    // disk-only objects, would come to them last.
+    let promoted: Vec<String> = disk_only[disk_only.len() - 4..].to_vec();
+    let index = |k: &str| -> usize { k.rsplit('-').next().unwrap().parse().unwrap() };
+    for k in &promoted {
+        assert_eq!(c.get(k).await.unwrap(), value(index(k)), "{k} from disk");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for k in &promoted {
+        while kinds(&cluster, k).await.unwrap_or_default()
+            != [pb::ReplicaKind::Memory, pb::ReplicaKind::Disk]
+        {
+            assert!(Instant::now() < deadline, "{k} was not promoted");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        leader_metric(&cluster, "master_disk_copies_released_total").await,
+        0
+    );
+
+    // More objects, until the disk passes its watermark. The promoted ones
+    // are read after every put: fresh and leased, memory eviction leaves
+    // them in memory, and the disk watermark must take their disk copies
+    // before it drops any object for good.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut released = 0;
+    let mut i = 100;
+    while released == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no disk copy released within 60 s"
+        );
+        put_retrying(&c, &format!("fill-{i}"), &value(i))
+            .await
+            .unwrap();
+        i += 1;
+        for k in &promoted {
+            assert_eq!(c.get(k).await.unwrap(), value(index(k)), "{k}");
+        }
+        released = leader_metric(&cluster, "master_disk_copies_released_total").await;
+    }
+    // Their bytes are still there, from memory; at least one has no disk
+    // replica any more.
+    let mut memory_only = 0;
+    for k in &promoted {
+        assert_eq!(c.get(k).await.unwrap(), value(index(k)), "{k} after");
+        if kinds(&cluster, k).await.unwrap_or_default() == [pb::ReplicaKind::Memory] {
+            memory_only += 1;
+        }
+    }
+    assert!(
+        memory_only >= 1,
+        "released {released}, yet every promoted object is on disk"
+    );
 }

@@ -127,8 +127,8 @@ where
 }
 
 /// Objects whose disk copy the disk watermark should release before any
-/// object is dropped from disk: those also in memory (promoted), oldest
-/// access first, `ratio` of them, at least one when any.
+/// object is dropped from disk: those also in memory (promoted), leased
+/// or not, oldest access first, `ratio` of them, at least one when any.
 pub fn select_disk_copies<F>(state: &MetaState, now_ms: u64, ratio: f64, access: F) -> Vec<String>
 where
     F: Fn(&str) -> AccessInfo,
@@ -154,7 +154,10 @@ where
             continue;
         }
         let info = access(key);
-        if info.leased {
+        // A leased object's disk copy may go: it stays readable from
+        // memory, and the copy's space is held a lease TTL for a reader
+        // that reads it anyway.
+        if info.leased && !matches!(holding, Holding::DiskCopy) {
             continue;
         }
         let age_key = info
