@@ -22,10 +22,11 @@ pub fn should_evict(state: &MetaState, high_watermark: f64, alloc_failure_seen: 
         && (alloc_failure_seen || state.eviction_usage_ratio() >= high_watermark)
 }
 
-/// True when the disk tier has reached its own high watermark: only then are
+/// True when the disk tier has reached its own high watermark (space held
+/// for readers not counted): only then are disk copies released and
 /// objects dropped from disk for good.
 pub fn should_evict_disk(state: &MetaState, disk_high_watermark: f64) -> bool {
-    state.disk_usage_ratio() >= disk_high_watermark
+    state.disk_eviction_usage_ratio() >= disk_high_watermark
 }
 
 /// What one memory eviction round does with its victims.

@@ -731,6 +731,31 @@ impl MetaState {
         }
     }
 
+    /// Share of the disk tier in use for the disk watermark: without the
+    /// ranges held for readers (released disk copies and removed disk
+    /// objects, free once their hold ends), as
+    /// [`eviction_usage_ratio`](Self::eviction_usage_ratio) does for
+    /// memory. Counting them would keep the tier over its watermark for a
+    /// whole hold after each release, and the leader would release every
+    /// disk copy and then drop disk-only objects it did not need to.
+    pub fn disk_eviction_usage_ratio(&self) -> f64 {
+        let (cap, used) = self.tier_usage(Tier::Disk);
+        if cap == 0 {
+            return 0.0;
+        }
+        used.saturating_sub(self.held_in(Tier::Disk)) as f64 / cap as f64
+    }
+
+    /// Bytes of `tier` allocated but only held for readers until a release
+    /// time (`pending_release`), saturating.
+    fn held_in(&self, tier: Tier) -> u64 {
+        self.pending_release
+            .iter()
+            .filter(|p| self.tier_of(p.replica.segment_id) == tier)
+            .filter_map(|p| crate::alloc::aligned_len(p.replica.len))
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Objects with a disk replica: a scan of every object, so 0 at once
     /// when no disk segment exists (metrics and status ask on every call).
     pub fn disk_object_count(&self) -> usize {
@@ -811,14 +836,8 @@ impl MetaState {
         if cap == 0 {
             return 0.0;
         }
-        let held = self
-            .pending_release
-            .iter()
-            .filter(|p| self.tier_of(p.replica.segment_id) == Tier::Memory)
-            .filter_map(|p| crate::alloc::aligned_len(p.replica.len))
-            .fold(0u64, u64::saturating_add);
         used.saturating_sub(self.reserved_free())
-            .saturating_sub(held) as f64
+            .saturating_sub(self.held_in(Tier::Memory)) as f64
             / cap as f64
     }
 

@@ -595,6 +595,12 @@ fn the_disk_watermark_releases_disk_copies_of_promoted_objects_first() {
         assert_eq!(s.objects[key], before.objects[key], "{key} changed");
     }
     assert_eq!(s.tier_usage(Tier::Disk).1, disk_used, "held for readers");
+    // The held range does not count for the watermark: one release is
+    // seen at once, and does not make the leader release (or drop) more
+    // while the hold lasts.
+    let watermark = disk_used as f64 / (8 * MB) as f64;
+    assert!(crate::eviction::should_evict_disk(&before, watermark));
+    assert!(!crate::eviction::should_evict_disk(&s, watermark));
     recount_equal(&s);
     run(&mut s, 190, Op::ReclaimStalePuts);
     assert_eq!(s.tier_usage(Tier::Disk).1, disk_used - MB);

@@ -227,8 +227,9 @@ impl MasterNode {
         state: &crescent_raft::MetaState,
         preferred: &[String],
     ) -> Vec<SegmentId> {
-        // Memory only: puts never go to a disk segment (the state refuses
-        // reservations there).
+        // Memory only: one-commit puts never go to a disk segment (the state
+        // refuses reservations there); a put memory cannot hold goes to
+        // disk by the two-commit path.
         let usable =
             |s: &&crescent_raft::state::Segment| s.is_live() && !s.is_disk() && !s.key.0.is_empty();
         let mut order: Vec<SegmentId> = Vec::with_capacity(state.segments.len());
