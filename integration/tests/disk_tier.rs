@@ -44,6 +44,29 @@ fn master_flags() -> Vec<String> {
     .to_vec()
 }
 
+/// Masters that promote an object read twice within 30 s, copying while
+/// memory stays at or below 0.5.
+fn promotion_flags() -> Vec<String> {
+    [
+        "--eviction-high-watermark",
+        "0.6",
+        "--promotion-max-memory-usage",
+        "0.5",
+        "--eviction-ratio",
+        "0.1",
+        "--lease-ttl",
+        "2s",
+        "--demotion-timeout",
+        "15s",
+        "--promotion-reads",
+        "2",
+        "--promotion-window",
+        "30s",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 fn store_flags(disk: &std::path::Path) -> Vec<String> {
     vec![
         "--segment-name".into(),
@@ -313,25 +336,7 @@ async fn a_leader_killed_while_demoting_loses_nothing_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_read_twice_from_disk_is_promoted_and_keeps_its_disk_replica() {
     let disk = tempfile::tempdir().unwrap();
-    // Promotion copies while memory stays at or below 0.5 here.
-    let flags: Vec<String> = [
-        "--eviction-high-watermark",
-        "0.6",
-        "--promotion-max-memory-usage",
-        "0.5",
-        "--eviction-ratio",
-        "0.1",
-        "--lease-ttl",
-        "2s",
-        "--demotion-timeout",
-        "15s",
-        "--promotion-reads",
-        "2",
-        "--promotion-window",
-        "30s",
-    ]
-    .map(String::from)
-    .to_vec();
+    let flags = promotion_flags();
     let (mut cluster, c) = disk_cluster_with(disk.path(), &flags).await;
     let keys: Vec<String> = (0..24).map(|i| format!("p-{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
@@ -412,26 +417,8 @@ async fn the_disk_watermark_releases_promoted_objects_disk_copies_first() {
     let disk = tempfile::tempdir().unwrap();
     // As in the promotion test, with a 16 MiB disk whose watermark is
     // half of it.
-    let flags: Vec<String> = [
-        "--eviction-high-watermark",
-        "0.6",
-        "--promotion-max-memory-usage",
-        "0.5",
-        "--eviction-ratio",
-        "0.1",
-        "--lease-ttl",
-        "2s",
-        "--demotion-timeout",
-        "15s",
-        "--promotion-reads",
-        "2",
-        "--promotion-window",
-        "30s",
-        "--disk-eviction-high-watermark",
-        "0.5",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut flags = promotion_flags();
+    flags.extend(["--disk-eviction-high-watermark".into(), "0.5".into()]);
     let mut cluster = LocalCluster::start(3, &flags).unwrap();
     cluster
         .wait_for_leader(Duration::from_secs(15))
