@@ -71,7 +71,22 @@ pub struct ClientConfig {
     /// `data_tls`). Every store and engine of a cluster must agree; off by
     /// default (see `crescent_auth::tls::for_data_port`).
     pub data_tls: bool,
+    /// Directory of this client's disk segment (the disk tier), contributed
+    /// to the pool beside its memory: the masters demote objects there from
+    /// memory past the watermark, and they stay readable across a restart of
+    /// this process on the same directory. One process per directory (the
+    /// file is locked). `CRESCENT_DISK_PATH`, JSON `disk_path`; Mooncake's
+    /// `enable_ssd_offload` with `ssd_offload_path` (JSON, and Python's
+    /// `setup`) or `MOONCAKE_ENABLE_SSD_OFFLOAD` with
+    /// `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`. `None`: memory only.
+    pub disk_path: Option<std::path::PathBuf>,
+    /// Size of the disk segment, pre-allocated (`CRESCENT_DISK_SIZE`, JSON
+    /// `disk_size`).
+    pub disk_size: u64,
 }
+
+/// The disk segment's size when none is given (as `crescent-store --disk-size`).
+pub const DEFAULT_DISK_SIZE: u64 = 16 << 30;
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -94,6 +109,8 @@ impl Default for ClientConfig {
             tls_ca: None,
             etcd_tls: false,
             data_tls: false,
+            disk_path: None,
+            disk_size: DEFAULT_DISK_SIZE,
         }
     }
 }
@@ -134,6 +151,12 @@ struct JsonConfig {
     tls_ca: Option<String>,
     etcd_tls: Option<bool>,
     data_tls: Option<bool>,
+    /// Mooncake's switch for `ssd_offload_path`.
+    enable_ssd_offload: Option<bool>,
+    ssd_offload_path: Option<String>,
+    /// Crescent's names for the disk tier (`disk_path` needs no switch).
+    disk_path: Option<String>,
+    disk_size: Option<SizeValue>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -151,6 +174,18 @@ impl SizeValue {
             SizeValue::Num(n) => Ok(*n),
             SizeValue::Text(s) => parse_size(s).map_err(|e| ConfigError(format!("{field}: {e}"))),
         }
+    }
+}
+
+/// The directory an offload switch that is on names; `missing` says which
+/// setting is absent when it names none.
+pub fn offload_path(
+    path: Option<String>,
+    missing: &str,
+) -> Result<std::path::PathBuf, ConfigError> {
+    match path {
+        Some(p) if !p.trim().is_empty() => Ok(p.into()),
+        _ => Err(ConfigError(missing.to_string())),
     }
 }
 
@@ -231,6 +266,23 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_SHM") {
             c.shm = matches!(v.as_str(), "1" | "true" | "yes");
         }
+        // Mooncake's offload path counts only with its switch on, as there
+        // (and as crescent-store reads the same two variables).
+        if let Some(on) = get("MOONCAKE_ENABLE_SSD_OFFLOAD") {
+            if boolish("MOONCAKE_ENABLE_SSD_OFFLOAD", &on)? {
+                c.disk_path = Some(offload_path(
+                    get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"),
+                    "MOONCAKE_ENABLE_SSD_OFFLOAD is on but MOONCAKE_OFFLOAD_FILE_STORAGE_PATH is not set",
+                )?);
+            }
+        }
+        if let Some(v) = get("CRESCENT_DISK_PATH").filter(|v| !v.is_empty()) {
+            c.disk_path = Some(v.into());
+        }
+        if let Some(v) = get("CRESCENT_DISK_SIZE") {
+            c.disk_size =
+                parse_size(&v).map_err(|e| ConfigError(format!("CRESCENT_DISK_SIZE: {e}")))?;
+        }
         Ok(c)
     }
 
@@ -284,6 +336,18 @@ impl ClientConfig {
         }
         if let Some(v) = j.data_tls {
             self.data_tls = v;
+        }
+        if j.enable_ssd_offload == Some(true) {
+            self.disk_path = Some(offload_path(
+                j.ssd_offload_path,
+                "enable_ssd_offload is true but ssd_offload_path is not set",
+            )?);
+        }
+        if let Some(v) = j.disk_path.filter(|v| !v.is_empty()) {
+            self.disk_path = Some(v.into());
+        }
+        if let Some(v) = j.disk_size {
+            self.disk_size = v.bytes("disk_size")?;
         }
         Ok(())
     }
@@ -409,5 +473,72 @@ mod tests {
         assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).is_err());
         std::fs::write(&path, r#"{"protocol": 7}"#).unwrap();
         assert!(ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).is_err());
+    }
+
+    #[test]
+    fn the_disk_tier_is_named_as_mooncake_names_its_offload() {
+        let none = ClientConfig::from_lookup(lookup(&[])).unwrap();
+        assert_eq!((none.disk_path, none.disk_size), (None, DEFAULT_DISK_SIZE));
+        // Mooncake's path counts only with its switch on.
+        let off = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "/ssd/a"),
+            ("MOONCAKE_ENABLE_SSD_OFFLOAD", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(off.disk_path, None);
+        let on = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "/ssd/a"),
+            ("MOONCAKE_ENABLE_SSD_OFFLOAD", "true"),
+            ("CRESCENT_DISK_SIZE", "2gb"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            on.disk_path.as_deref(),
+            Some(std::path::Path::new("/ssd/a"))
+        );
+        assert_eq!(on.disk_size, 2 << 30);
+        // The switch with no path, or a bad size, is an error, not memory only.
+        let e =
+            ClientConfig::from_lookup(lookup(&[("MOONCAKE_ENABLE_SSD_OFFLOAD", "1")])).unwrap_err();
+        assert!(e.0.contains("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"), "{e}");
+        assert!(ClientConfig::from_lookup(lookup(&[("CRESCENT_DISK_SIZE", "big")])).is_err());
+        assert!(
+            ClientConfig::from_lookup(lookup(&[("MOONCAKE_ENABLE_SSD_OFFLOAD", "maybe")])).is_err()
+        );
+
+        // JSON: Mooncake's pair, Crescent's names; the environment wins.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mooncake.json");
+        let p = path.display().to_string();
+        std::fs::write(
+            &path,
+            r#"{"enable_ssd_offload": true, "ssd_offload_path": "/ssd/j", "disk_size": "1gb"}"#,
+        )
+        .unwrap();
+        let j = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
+        assert_eq!(j.disk_path.as_deref(), Some(std::path::Path::new("/ssd/j")));
+        assert_eq!(j.disk_size, 1 << 30);
+        let env = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_CONFIG_PATH", &p),
+            ("CRESCENT_DISK_PATH", "/ssd/e"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            env.disk_path.as_deref(),
+            Some(std::path::Path::new("/ssd/e"))
+        );
+        std::fs::write(
+            &path,
+            r#"{"enable_ssd_offload": false, "ssd_offload_path": "/ssd/j"}"#,
+        )
+        .unwrap();
+        let j = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
+        assert_eq!(j.disk_path, None);
+        std::fs::write(&path, r#"{"disk_path": "/ssd/c"}"#).unwrap();
+        let j = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
+        assert_eq!(j.disk_path.as_deref(), Some(std::path::Path::new("/ssd/c")));
+        std::fs::write(&path, r#"{"enable_ssd_offload": true}"#).unwrap();
+        let e = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap_err();
+        assert!(e.0.contains("ssd_offload_path"), "{e}");
     }
 }

@@ -5,7 +5,8 @@
 //! loses nothing acknowledged; an object read twice from disk is copied
 //! back to memory and keeps its disk replica across a store restart; puts
 //! that find memory full go to disk rather than fail; the disk watermark
-//! releases promoted objects' disk copies before it drops any object.
+//! releases promoted objects' disk copies before it drops any object; an
+//! engine's client contributes a disk segment of its own (`disk_path`).
 //! Needs `cargo build --bins` (`make test`).
 
 use std::collections::BTreeMap;
@@ -516,4 +517,106 @@ async fn the_disk_watermark_releases_promoted_objects_disk_copies_first() {
         memory_only >= 1,
         "released {released}, yet every promoted object is on disk"
     );
+}
+
+/// The endpoints of `key`'s disk replicas.
+async fn disk_endpoints(c: &LocalCluster, key: &str) -> Vec<String> {
+    let Ok(master) = c.master_client() else {
+        return Vec::new();
+    };
+    match master.get_replica_list(key).await {
+        Ok(r) => r
+            .replicas
+            .iter()
+            .filter(|d| d.kind == pb::ReplicaKind::Disk as i32)
+            .map(|d| d.endpoint.clone())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// An engine's client with `disk_path` (Mooncake's `enable_ssd_offload`)
+/// contributes a disk segment beside its memory: objects past the
+/// watermark go there and read back right, from it and from another
+/// client; and the engine started again on the same directory serves them
+/// again, with no re-put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_restart() {
+    let disk = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::start(3, &master_flags()).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let engine_config = ClientConfig {
+        master: cluster.masters_arg(),
+        global_segment_size: 8 << 20,
+        disk_path: Some(disk.path().to_path_buf()),
+        disk_size: 64 << 20,
+        ..Default::default()
+    };
+    let engine = Client::connect(engine_config.clone()).await.unwrap();
+    let (disk_name, disk_endpoint) = {
+        let d = engine
+            .local_disk()
+            .expect("the client serves a disk segment");
+        (d.name.clone(), d.endpoint.clone())
+    };
+    cluster
+        .wait_for_segments(2, Duration::from_secs(15))
+        .await
+        .unwrap();
+
+    // 16 MiB through the client's 8 MiB of memory: the only disk is its own.
+    let keys: Vec<String> = (0..32).map(|i| format!("engine-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&engine, k, &value(i)).await.unwrap();
+    }
+    let reader = client(&cluster).await;
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(engine.get(k).await.unwrap(), value(i), "{k} (engine)");
+        assert_eq!(reader.get(k).await.unwrap(), value(i), "{k} (reader)");
+    }
+    let on_disk_now = on_disk(&cluster, &keys).await;
+    assert!(
+        on_disk_now.len() >= 12,
+        "at least 12 MiB of 16 must be on the client's disk, found {}",
+        on_disk_now.len()
+    );
+    for k in &on_disk_now {
+        assert_eq!(
+            disk_endpoints(&cluster, k).await,
+            vec![disk_endpoint.clone()],
+            "{k} is on the client's disk segment"
+        );
+    }
+
+    // The engine stops and starts again on the same directory: its memory
+    // objects are gone with its memory segment, its disk objects come back.
+    engine.close().await;
+    drop(engine);
+    let engine = Client::connect(engine_config).await.unwrap();
+    let d = engine.local_disk().expect("the disk segment again");
+    assert_eq!(d.name, disk_name, "the file keeps the segment's name");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut listed = on_disk(&cluster, &on_disk_now).await;
+    while listed != on_disk_now && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        listed = on_disk(&cluster, &on_disk_now).await;
+    }
+    assert_eq!(listed, on_disk_now, "every disk object is listed again");
+    for k in &on_disk_now {
+        let i: usize = k.trim_start_matches("engine-").parse().unwrap();
+        assert_eq!(
+            reader.get(k).await.unwrap(),
+            value(i),
+            "{k} after the restart"
+        );
+        assert_eq!(
+            engine.get(k).await.unwrap(),
+            value(i),
+            "{k} (engine, after)"
+        );
+    }
+    engine.close().await;
 }

@@ -143,6 +143,11 @@ pub async fn serve(
 /// mutual TLS only, each connection with the acceptor `tls` holds when it
 /// is accepted (so a [`ServingTls::reload`] reaches every later
 /// connection); without, clear text.
+///
+/// Dropping the task closes every connection it accepted too. Each holds
+/// the segment, so a segment that stops being served is released at once:
+/// a disk segment's file lock with it, which a process that serves the
+/// same directory again (an engine's client reconnecting) waits for.
 pub async fn serve_tls(
     segment: Arc<Segment>,
     listener: TcpListener,
@@ -151,8 +156,14 @@ pub async fn serve_tls(
     tls: Option<Arc<ServingTls>>,
 ) {
     let limits = Arc::new(limits);
+    let mut connections = tokio::task::JoinSet::<()>::new();
     loop {
-        match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            // Reaps finished connections, so the set holds live ones only.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        match accepted {
             Ok((stream, peer)) => {
                 if stats.connections.load(Ordering::Relaxed) >= limits.max_connections {
                     stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
@@ -168,7 +179,7 @@ pub async fn serve_tls(
                 // Counted from here, handshake included: a connection
                 // stuck in its handshake holds a slot like any other.
                 stats.connections.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let served = match acceptor {
                         None => {
                             let (r, w) = stream.into_split();

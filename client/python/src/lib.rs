@@ -110,6 +110,7 @@ struct SetupArgs {
     rdma_devices: Option<String>,
     master_server_addr: Option<String>,
     enable_ssd_offload: bool,
+    ssd_offload_path: Option<String>,
 }
 
 impl SetupArgs {
@@ -143,6 +144,7 @@ impl SetupArgs {
                 .map_err(|e| e.to_string())?
                 .map(|v| v.is_truthy().unwrap_or(false))
                 .unwrap_or(false),
+            ssd_offload_path: text(&["ssd_offload_path"])?,
         })
     }
 
@@ -182,7 +184,21 @@ impl SetupArgs {
             c.protocol = Protocol::Tcp;
         }
         if self.enable_ssd_offload {
-            tracing::warn!("enable_ssd_offload is not supported yet; objects stay in memory");
+            // The argument's directory, else the one the environment or the
+            // config file gave (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH, even
+            // without its switch, since this call is the switch).
+            let path = self
+                .ssd_offload_path
+                .filter(|p| !p.trim().is_empty())
+                .or_else(|| std::env::var("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").ok())
+                .or_else(|| c.disk_path.as_ref().map(|p| p.display().to_string()));
+            c.disk_path = Some(
+                crescent_client::config::offload_path(
+                    path,
+                    "enable_ssd_offload needs ssd_offload_path (or MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)",
+                )
+                .map_err(|e| e.to_string())?,
+            );
         }
         Ok(c)
     }
@@ -663,7 +679,6 @@ impl MooncakeDistributedStore {
         let _ = (
             metadata_server,
             engine,
-            ssd_offload_path,
             enable_client_http_server,
             client_http_port,
         );
@@ -689,6 +704,7 @@ impl MooncakeDistributedStore {
                     rdma_devices,
                     master_server_addr,
                     enable_ssd_offload,
+                    ssd_offload_path,
                 })
             })(),
         };

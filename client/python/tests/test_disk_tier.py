@@ -1,6 +1,8 @@
 """The disk tier from Python: a store with a disk segment, masters that
 demote early; replica descriptors say which replicas are on disk (as vLLM's
-connector asks), and objects read back right from either tier."""
+connector asks), and objects read back right from either tier. An engine
+set up with Mooncake's enable_ssd_offload contributes a disk segment of its
+own, which keeps its objects across the engine's restart."""
 
 import os
 import shutil
@@ -12,6 +14,8 @@ import pytest
 from cluster import Cluster, wait_until
 
 BLOCK = 256 << 10
+# The disk_store cluster's masters, for tests that set up engines of their own.
+MASTERS = ""
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +37,8 @@ def disk_store():
     )
     try:
         c.start()
+        global MASTERS
+        MASTERS = c.masters
         from crescent.store import MooncakeDistributedStore
 
         s = MooncakeDistributedStore()
@@ -83,3 +89,57 @@ def test_objects_past_the_watermark_are_disk_replicas_and_read_back(disk_store):
     assert s.remove(on_disk[0], True) == 0
     time.sleep(0.1)
     assert s.get_replica_desc(on_disk[0]) == []
+
+
+def engine_with_disk(masters: str, directory) -> "MooncakeDistributedStore":  # noqa: F821
+    from crescent.store import MooncakeDistributedStore
+
+    e = MooncakeDistributedStore()
+    rc = e.setup(
+        "localhost", "P2PHANDSHAKE", 4 << 20, 16 << 20, "tcp", "", masters,
+        enable_ssd_offload=True, ssd_offload_path=str(directory),
+    )
+    assert rc == 0, f"setup with enable_ssd_offload returned {rc}"
+    return e
+
+
+def test_an_engine_with_ssd_offload_keeps_its_disk_objects_across_its_restart(disk_store):
+    from crescent.store import MooncakeDistributedStore, ReplicateConfig
+
+    masters = MASTERS
+    directory = Path(tempfile.mkdtemp(prefix="crescent-pytest-offload-"))
+    try:
+        engine = engine_with_disk(masters, directory)
+        own = engine.get_hostname()  # its memory segment's name
+        config = ReplicateConfig()
+        config.preferred_segment = own
+        keys = [f"py-offload-{i}" for i in range(32)]  # 8 MiB through 4 MiB of its memory
+        for i, k in enumerate(keys):
+            wait_until(f"put {k}", lambda k=k, i=i: engine.put(k, value(i), config) == 0, timeout=60, interval=0.05)
+
+        def on_own_disk():
+            descs = engine.batch_get_replica_desc(keys)
+            return [k for k in keys if any(d.is_disk_replica() and d.segment_name == f"{own}-disk" for d in descs[k])]
+
+        wait_until("objects on the engine's own disk", lambda: len(on_own_disk()) >= 8, timeout=30)
+        kept = on_own_disk()
+        for i, k in enumerate(keys):
+            assert engine.get(k) == value(i), k
+        # The engine stops and starts again on the same directory: its disk
+        # objects are served again, with no re-put.
+        assert engine.close() == 0
+        engine = engine_with_disk(masters, directory)
+        wait_until("the disk objects listed again", lambda: set(kept) <= set(on_own_disk()), timeout=30)
+        for k in kept:
+            assert disk_store.get(k) == value(keys.index(k)), k
+        assert engine.close() == 0
+        # A switch with no directory, or a directory that is a file, fails
+        # setup rather than run with no disk tier.
+        bad = MooncakeDistributedStore()
+        assert bad.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", masters, enable_ssd_offload=True) != 0
+        not_a_dir = directory / "file"
+        not_a_dir.write_bytes(b"x")
+        assert bad.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", masters, enable_ssd_offload=True, ssd_offload_path=str(not_a_dir)) != 0
+        assert bad.health_check() == 1, "a failed setup leaves the store not set up"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

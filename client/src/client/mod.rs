@@ -78,6 +78,8 @@ pub struct ClientCore {
     tcp: TcpTransport,
     shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
     local: Option<Arc<StoreAgent>>,
+    /// The embedded disk segment, when `disk_path` is set.
+    disk: Option<Arc<StoreAgent>>,
     config: ClientConfig,
     degraded: AtomicBool,
     last_master_ok: Mutex<Instant>,
@@ -148,23 +150,24 @@ impl Client {
                 .min(config.degrade_after.max(Duration::from_millis(500)))
         };
         let master = Arc::new(master);
+        let contributes = config.global_segment_size > 0 || config.disk_path.is_some();
+        let listen: std::net::SocketAddr = config.transfer_listen.parse().map_err(|_| {
+            Error::Config(format!(
+                "bad transfer listen address {:?}",
+                config.transfer_listen
+            ))
+        })?;
+        // With `data_tls` the segments' transfer ports are mutual TLS with
+        // this client's files, as every store's is with its own: its
+        // certificate must then be fit to serve (see the README).
+        let serving_tls = match data_tls.filter(|_| contributes) {
+            Some(files) => Some(Arc::new(
+                crescent_auth::tls::ServingTls::new(files)
+                    .map_err(|e| Error::Config(e.to_string()))?,
+            )),
+            None => None,
+        };
         let local = if config.global_segment_size > 0 {
-            let listen = config.transfer_listen.parse().map_err(|_| {
-                Error::Config(format!(
-                    "bad transfer listen address {:?}",
-                    config.transfer_listen
-                ))
-            })?;
-            // With `data_tls` the segment's transfer port is mutual TLS with
-            // this client's files, as every store's is with its own: its
-            // certificate must then be fit to serve (see the README).
-            let serving_tls = match data_tls {
-                Some(files) => Some(Arc::new(
-                    crescent_auth::tls::ServingTls::new(files)
-                        .map_err(|e| Error::Config(e.to_string()))?,
-                )),
-                None => None,
-            };
             let agent = StoreAgent::start(
                 master.clone(),
                 AgentConfig {
@@ -172,7 +175,7 @@ impl Client {
                     listen,
                     hostname: config.local_hostname.clone(),
                     shm: config.shm,
-                    tls: serving_tls,
+                    tls: serving_tls.clone(),
                     ..Default::default()
                 },
             )
@@ -191,6 +194,46 @@ impl Client {
         } else {
             None
         };
+        let disk = match &config.disk_path {
+            Some(dir) => {
+                let disk_cfg = AgentConfig {
+                    // Beside the memory segment's name, as crescent-store
+                    // names its disk (a reopened file keeps the name it has).
+                    name: local
+                        .as_ref()
+                        .map(|m| format!("{}-disk", m.name))
+                        .unwrap_or_default(),
+                    segment_size: config.disk_size,
+                    listen: std::net::SocketAddr::new(listen.ip(), 0),
+                    hostname: config.local_hostname.clone(),
+                    tls: serving_tls.clone(),
+                    disk_path: Some(dir.clone()),
+                    ..Default::default()
+                };
+                match start_disk_segment(&master, disk_cfg).await {
+                    Ok(agent) => {
+                        if agent
+                            .wait_mounted(config.master_deadline.min(Duration::from_secs(5)))
+                            .await
+                            .is_none()
+                        {
+                            tracing::warn!("this client's disk segment is not mounted yet; it keeps trying in the background");
+                        }
+                        Some(agent)
+                    }
+                    Err(e) => {
+                        if let Some(memory) = &local {
+                            memory.shutdown().await;
+                        }
+                        return Err(Error::Config(format!(
+                            "disk segment in {}: {e}",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+            None => None,
+        };
         let tcp = TcpTransport::with_tls(data_tls).map_err(|e| Error::Config(e.to_string()))?;
         let core = Arc::new(ClientCore {
             stats: ClientStats::default(),
@@ -198,6 +241,7 @@ impl Client {
             tcp,
             shm: Mutex::new(HashMap::new()),
             local,
+            disk,
             degraded: AtomicBool::new(false),
             last_master_ok: Mutex::new(Instant::now()),
             local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
@@ -214,11 +258,40 @@ impl Client {
         Self::connect(config).await
     }
 
-    /// Unmounts this client's segment (if any) and stops serving it.
+    /// Unmounts this client's memory segment (if any) and stops serving
+    /// it and its disk segment. The disk segment stays mounted until it
+    /// expires, and a client started again on the same directory takes it
+    /// back with its objects.
     pub async fn close(&self) {
         self.monitor.abort();
         if let Some(agent) = &self.core.local {
             agent.shutdown().await;
+        }
+        if let Some(agent) = &self.core.disk {
+            agent.shutdown().await;
+        }
+    }
+}
+
+/// How long a client waits for a disk segment another process still holds
+/// (the previous process of a restarted engine, exiting).
+const DISK_IN_USE_WAIT: Duration = Duration::from_secs(10);
+
+/// Opens and serves the disk segment `cfg` names, waiting up to
+/// [`DISK_IN_USE_WAIT`] while another process holds its file.
+async fn start_disk_segment(
+    master: &Arc<MasterClient>,
+    cfg: AgentConfig,
+) -> std::result::Result<Arc<StoreAgent>, crate::agent::AgentError> {
+    let deadline = Instant::now() + DISK_IN_USE_WAIT;
+    loop {
+        match StoreAgent::start(master.clone(), cfg.clone()).await {
+            Err(crate::agent::AgentError::Segment(
+                crescent_store::segment::SegmentError::DiskInUse { .. },
+            )) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            done => return done,
         }
     }
 }
@@ -271,6 +344,12 @@ impl ClientCore {
     /// The embedded store, when this client contributes memory.
     pub fn local_store(&self) -> Option<&Arc<StoreAgent>> {
         self.local.as_ref()
+    }
+
+    /// The embedded disk segment, when this client contributes one
+    /// (`disk_path`).
+    pub fn local_disk(&self) -> Option<&Arc<StoreAgent>> {
+        self.disk.as_ref()
     }
 
     fn replicate(&self, cfg: &ReplicateConfig) -> pb::ReplicateConfig {

@@ -53,6 +53,12 @@ class MooncakeDistributedStore:
     # CRESCENT_TLS_CERT, CRESCENT_TLS_KEY, CRESCENT_TLS_CA (and
     # CRESCENT_ETCD_TLS=1 to read an etcd:// address over TLS with them,
     # CRESCENT_DATA_TLS=1 for stores started with --data-tls).
+    # enable_ssd_offload=True with ssd_offload_path (or
+    # MOONCAKE_OFFLOAD_FILE_STORAGE_PATH) contributes a disk segment in that
+    # directory beside global_segment_size of memory: objects the masters
+    # demote go there and survive this process's restart on the same
+    # directory. Its size is CRESCENT_DISK_SIZE (default 16gb); one process
+    # per directory. A directory that cannot be used fails setup.
     def setup(
         self,
         local_hostname: Union[str, dict[str, Any], None] = None,
