@@ -83,6 +83,13 @@ pub struct ClientConfig {
     /// Size of the disk segment, pre-allocated (`CRESCENT_DISK_SIZE`, JSON
     /// `disk_size`).
     pub disk_size: u64,
+    /// Read a key again straight from the store while the read lease its
+    /// last lookup granted lasts, with no master call
+    /// (`CRESCENT_DESCRIPTOR_CACHE`, JSON `descriptor_cache`; off by
+    /// default). The cost: a key removed with `force` (which ignores read
+    /// leases) or lost with its store, and put again meanwhile, may be read
+    /// with its previous value until that lease ends. See the README.
+    pub descriptor_cache: bool,
 }
 
 /// The disk segment's size when none is given (as `crescent-store --disk-size`).
@@ -111,6 +118,7 @@ impl Default for ClientConfig {
             data_tls: false,
             disk_path: None,
             disk_size: DEFAULT_DISK_SIZE,
+            descriptor_cache: false,
         }
     }
 }
@@ -157,6 +165,7 @@ struct JsonConfig {
     /// Crescent's names for the disk tier (`disk_path` needs no switch).
     disk_path: Option<String>,
     disk_size: Option<SizeValue>,
+    descriptor_cache: Option<bool>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -279,6 +288,9 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_DISK_PATH").filter(|v| !v.is_empty()) {
             c.disk_path = Some(v.into());
         }
+        if let Some(v) = get("CRESCENT_DESCRIPTOR_CACHE") {
+            c.descriptor_cache = boolish("CRESCENT_DESCRIPTOR_CACHE", &v)?;
+        }
         if let Some(v) = get("CRESCENT_DISK_SIZE") {
             c.disk_size =
                 parse_size(&v).map_err(|e| ConfigError(format!("CRESCENT_DISK_SIZE: {e}")))?;
@@ -349,6 +361,9 @@ impl ClientConfig {
         if let Some(v) = j.disk_size {
             self.disk_size = v.bytes("disk_size")?;
         }
+        if let Some(v) = j.descriptor_cache {
+            self.descriptor_cache = v;
+        }
         Ok(())
     }
 
@@ -392,6 +407,12 @@ mod tests {
         assert_eq!(c.local_buffer_size, 16 << 20);
         assert_eq!(c.local_hostname, "node-b");
         assert_eq!(c.token_file, None);
+        assert!(!c.descriptor_cache, "off unless asked for");
+        let cached = ClientConfig::from_lookup(lookup(&[("CRESCENT_DESCRIPTOR_CACHE", "1")]));
+        assert!(cached.unwrap().descriptor_cache);
+        assert!(
+            ClientConfig::from_lookup(lookup(&[("CRESCENT_DESCRIPTOR_CACHE", "lots")])).is_err()
+        );
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_TOKEN_FILE", "/run/t")])).unwrap();
         assert_eq!(
             c.token_file.as_deref(),

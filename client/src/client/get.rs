@@ -2,7 +2,7 @@
 //! falling back across replicas; batches.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
@@ -10,7 +10,49 @@ use crescent_store::protocol::{Grant, MAX_TRANSFER};
 
 use super::*;
 
+/// How much of a cached descriptor's lease must be left to read with it: a
+/// read takes time, and a store refuses a grant past its expiry.
+const CACHED_LEASE_MARGIN: Duration = Duration::from_millis(250);
+
 impl ClientCore {
+    /// With `descriptor_cache`, the answer of this client's last lookup of
+    /// `key`, while enough of the read lease it granted is left. Under that
+    /// lease the masters neither evict, demote nor (unforced) remove the
+    /// object, and keep the space of one removed by force for a lease TTL;
+    /// every byte read is still checked against the object's checksum.
+    fn cached_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
+        if !self.config.descriptor_cache {
+            return None;
+        }
+        let d = self.descriptors.lock().expect("lock poisoned");
+        d.get(key)
+            .filter(|(_, until)| *until > Instant::now() + CACHED_LEASE_MARGIN)
+            .map(|(r, _)| r.clone())
+    }
+
+    fn forget_descriptor(&self, key: &str) {
+        self.descriptors.lock().expect("lock poisoned").remove(key);
+    }
+
+    /// Reads `key` with its cached descriptor, if it has one that still
+    /// reads; `None`: ask the masters (a failed cached read is forgotten).
+    async fn read_cached(&self, key: &str, buf: &mut [u8]) -> Option<usize> {
+        let found = self.cached_descriptor(key)?;
+        match self.read_verified(key, &found, buf).await {
+            Ok(n) => {
+                self.stats
+                    .cached_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Some(n)
+            }
+            Err(e) => {
+                tracing::debug!(key, error = %e, "cached descriptor no longer reads; asking the masters");
+                self.forget_descriptor(key);
+                None
+            }
+        }
+    }
+
     /// GetReplicaList, remembering the answer for degraded reads.
     pub(super) async fn lookup(&self, key: &str) -> Result<pb::GetReplicaListResponse> {
         let asked = Instant::now();
@@ -35,6 +77,12 @@ impl ClientCore {
                 .get_degraded(key, None)
                 .await
                 .map(|(_, v)| v.unwrap_or_default());
+        }
+        if let Some(size) = self.cached_descriptor(key).map(|f| f.size as usize) {
+            let mut buf = vec![0u8; size];
+            if self.read_cached(key, &mut buf).await.is_some() {
+                return Ok(buf);
+            }
         }
         match self.lookup(key).await {
             Ok(found) => {
@@ -64,6 +112,9 @@ impl ClientCore {
         if self.is_degraded() {
             return self.get_degraded(key, Some(buf)).await.map(|(n, _)| n);
         }
+        if let Some(n) = self.read_cached(key, buf).await {
+            return Ok(n);
+        }
         match self.lookup(key).await {
             Ok(found) => self.read_verified(key, &found, buf).await,
             Err(e @ Error::Unavailable(_)) if self.is_degraded() => {
@@ -79,7 +130,7 @@ impl ClientCore {
         if self.is_degraded() {
             return Ok(self.get_batch_degraded(keys).await);
         }
-        let found = match self.lookup_batch(keys).await {
+        let (found, cached) = match self.lookup_batch_cached(keys).await {
             Ok(found) => found,
             Err(Error::Unavailable(_)) if self.is_degraded() => {
                 return Ok(self.get_batch_degraded(keys).await)
@@ -94,7 +145,9 @@ impl ClientCore {
             })
             .collect();
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let sizes = self.read_batch(keys, &found, &mut slices).await;
+        let sizes = self
+            .read_batch_cached(keys, &found, &cached, &mut slices)
+            .await;
         Ok(sizes
             .into_iter()
             .zip(bufs)
@@ -118,14 +171,75 @@ impl ClientCore {
         if self.is_degraded() {
             return Ok(self.batch_get_into_degraded(keys, bufs).await);
         }
-        let found = match self.lookup_batch(keys).await {
+        let (found, cached) = match self.lookup_batch_cached(keys).await {
             Ok(found) => found,
             Err(Error::Unavailable(_)) if self.is_degraded() => {
                 return Ok(self.batch_get_into_degraded(keys, bufs).await)
             }
             Err(e) => return Err(e),
         };
-        Ok(self.read_batch(keys, &found, bufs).await)
+        Ok(self.read_batch_cached(keys, &found, &cached, bufs).await)
+    }
+
+    /// [`lookup_batch`](Self::lookup_batch) of the keys with no usable
+    /// cached descriptor (all of them without `descriptor_cache`); also
+    /// which answers came from the cache.
+    async fn lookup_batch_cached(
+        &self,
+        keys: &[&str],
+    ) -> Result<(Vec<Result<pb::GetReplicaListResponse>>, Vec<bool>)> {
+        let cached: Vec<Option<pb::GetReplicaListResponse>> =
+            keys.iter().map(|k| self.cached_descriptor(k)).collect();
+        let missing: Vec<&str> = keys
+            .iter()
+            .zip(&cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        let mut asked = self.lookup_batch(&missing).await?.into_iter();
+        let from_cache = cached.iter().map(Option::is_some).collect();
+        let found = cached
+            .into_iter()
+            .map(|c| match c {
+                Some(r) => Ok(r),
+                None => asked.next().unwrap_or_else(|| {
+                    Err(Error::Master {
+                        code: ErrorCode::InternalError,
+                        message: "master answered a different number of items".into(),
+                    })
+                }),
+            })
+            .collect();
+        Ok((found, from_cache))
+    }
+
+    /// [`read_batch`](Self::read_batch); an item read with a cached
+    /// descriptor that failed is forgotten and read again after a lookup.
+    async fn read_batch_cached(
+        &self,
+        keys: &[&str],
+        found: &[Result<pb::GetReplicaListResponse>],
+        cached: &[bool],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<Result<usize>> {
+        let mut results = self.read_batch(keys, found, bufs).await;
+        for (i, r) in results.iter_mut().enumerate() {
+            if !cached[i] {
+                continue;
+            }
+            if r.is_ok() {
+                self.stats
+                    .cached_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            self.forget_descriptor(keys[i]);
+            *r = match self.lookup(keys[i]).await {
+                Ok(again) => self.read_verified(keys[i], &again, bufs[i]).await,
+                Err(e) => Err(e),
+            };
+        }
+        results
     }
 
     /// BatchGetReplicaList; like [`lookup`](Self::lookup) it remembers each

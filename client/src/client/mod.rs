@@ -68,6 +68,8 @@ pub struct ClientStats {
     pub shm_bytes: std::sync::atomic::AtomicU64,
     pub tcp_bytes: std::sync::atomic::AtomicU64,
     pub checksum_failures: std::sync::atomic::AtomicU64,
+    /// Objects read with a cached descriptor, no master call (`descriptor_cache`).
+    pub cached_reads: std::sync::atomic::AtomicU64,
 }
 
 /// The client's state and operations; [`Client`] owns it together with the
@@ -400,6 +402,8 @@ impl ClientCore {
     }
 
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        // Not read again from a cached descriptor once this client removed it.
+        self.descriptors.lock().expect("lock poisoned").remove(key);
         self.master
             .remove(key, force)
             .await
@@ -407,6 +411,7 @@ impl ClientCore {
     }
 
     pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64> {
+        self.descriptors.lock().expect("lock poisoned").clear();
         self.master
             .remove_by_regex(regex, force)
             .await
@@ -414,6 +419,7 @@ impl ClientCore {
     }
 
     pub async fn remove_all(&self, force: bool) -> Result<u64> {
+        self.descriptors.lock().expect("lock poisoned").clear();
         self.master
             .remove_all(force)
             .await

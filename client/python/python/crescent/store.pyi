@@ -59,6 +59,9 @@ class MooncakeDistributedStore:
     # demote go there and survive this process's restart on the same
     # directory. Its size is CRESCENT_DISK_SIZE (default 16gb); one process
     # per directory. A directory that cannot be used fails setup.
+    # CRESCENT_DESCRIPTOR_CACHE=1 reads a key looked up before with no
+    # master call while its read lease lasts (not linearizable against a
+    # forced remove; see the README's Guarantees).
     def setup(
         self,
         local_hostname: Union[str, dict[str, Any], None] = None,

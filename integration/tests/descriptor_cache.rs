@@ -1,0 +1,125 @@
+//! The client's descriptor cache (`descriptor_cache`) against real masters
+//! and a real store: a key read once is read again, while its read lease
+//! lasts, with no master call (every master paused, the read still
+//! succeeds, where a client without the cache cannot look the key up);
+//! batches mix cached and looked-up keys; a descriptor the store no longer
+//! honours (the store restarted) is dropped and the key looked up again, so
+//! the new value is read, never the old bytes; after the lease, reads ask
+//! the masters again. Needs `cargo build --bins` (`make test`).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_integration::LocalCluster;
+
+/// Long enough for a pause of every master inside one lease.
+const LEASE: Duration = Duration::from_secs(10);
+
+fn config(c: &LocalCluster, cache: bool) -> ClientConfig {
+    ClientConfig {
+        master: c.masters_arg(),
+        descriptor_cache: cache,
+        // Degraded mode reads leased descriptors too: off, so a read with
+        // every master paused can only be the cache's.
+        degrade_after: Duration::ZERO,
+        master_deadline: Duration::from_secs(2),
+        ..Default::default()
+    }
+}
+
+fn cached_reads(c: &Client) -> u64 {
+    c.stats.cached_reads.load(Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_key_is_read_again_without_the_masters_and_never_with_stale_grants() {
+    let mut cluster = LocalCluster::start(3, &["--lease-ttl".into(), "10s".into()]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    cluster.start_store("64mb", &[]).unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let cached = Client::connect(config(&cluster, true)).await.unwrap();
+    let plain = Client::connect(config(&cluster, false)).await.unwrap();
+    let cfg = ReplicateConfig::default();
+    plain.put("k1", b"value-1", &cfg).await.unwrap();
+    plain.put("k2", b"value-2", &cfg).await.unwrap();
+
+    // The first read looks the key up (and leases it).
+    assert_eq!(cached.get("k1").await.unwrap(), b"value-1");
+    assert_eq!(cached_reads(&cached), 0);
+    let leased_at = Instant::now();
+
+    // Every master paused: only the cache can answer.
+    let ids: Vec<u64> = cluster.masters.iter().map(|m| m.id).collect();
+    for &id in &ids {
+        cluster.pause(id).unwrap();
+    }
+    let mut buf = vec![0u8; 64];
+    let read = cached.get_into("k1", &mut buf).await;
+    let plain_read = plain.get("k1").await;
+    for &id in &ids {
+        cluster.resume(id).unwrap();
+    }
+    assert_eq!(read.unwrap(), 7, "the cached read needs no master");
+    assert_eq!(&buf[..7], b"value-1");
+    assert_eq!(cached_reads(&cached), 1);
+    assert!(
+        plain_read.is_err(),
+        "without the cache no master means no lookup: {plain_read:?}"
+    );
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+
+    // A batch: k1 from the cache, k2 looked up.
+    let got = cached.get_batch(&["k1", "k2"]).await.unwrap();
+    assert_eq!(got[0].as_deref().unwrap(), b"value-1");
+    assert_eq!(got[1].as_deref().unwrap(), b"value-2");
+    assert_eq!(cached_reads(&cached), 2);
+    assert!(
+        leased_at.elapsed() < LEASE - Duration::from_secs(2),
+        "the test ran too slowly to prove anything about the lease"
+    );
+
+    // The store restarts: the cached descriptor's grant was signed with
+    // the old process's segment key, which the new one refuses. The key,
+    // removed by force and put again meanwhile, reads with its new value.
+    cluster.stores[0].kill();
+    cluster.stores[0].restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let _ = plain.remove("k1", true).await;
+        if plain.put("k1", b"value-1-new", &cfg).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no put after the store restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = cached_reads(&cached);
+    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert_eq!(
+        cached_reads(&cached),
+        before,
+        "the refused cached read is not counted"
+    );
+
+    // k2 (cached by the batch) went with the restarted store's memory: a
+    // cached read of it fails, and the lookup says it is gone.
+    assert!(cached.get("k2").await.is_err());
+
+    // Once the lease is over, a read asks the masters again.
+    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    let seen = cached_reads(&cached);
+    tokio::time::sleep(LEASE).await;
+    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert_eq!(cached_reads(&cached), seen, "an expired lease is not used");
+    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert_eq!(cached_reads(&cached), seen + 1, "the new lease is");
+}
