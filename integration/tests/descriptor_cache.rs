@@ -35,15 +35,7 @@ fn cached_reads(c: &Client) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leased_key_is_read_again_without_the_masters_and_never_with_stale_grants() {
     let mut cluster = LocalCluster::start(3, &["--lease-ttl".into(), "10s".into()]).unwrap();
-    cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    cluster.start_store("64mb", &[]).unwrap();
-    cluster
-        .wait_for_segments(1, Duration::from_secs(15))
-        .await
-        .unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
     let cached = Client::connect(config(&cluster, true)).await.unwrap();
     let plain = Client::connect(config(&cluster, false)).await.unwrap();
     let cfg = ReplicateConfig::default();
