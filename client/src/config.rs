@@ -277,13 +277,16 @@ impl ClientConfig {
         }
         // Mooncake's offload path counts only with its switch on, as there
         // (and as crescent-store reads the same two variables).
+        // Off, it turns off what the JSON file turned on.
         if let Some(on) = get("MOONCAKE_ENABLE_SSD_OFFLOAD") {
-            if boolish("MOONCAKE_ENABLE_SSD_OFFLOAD", &on)? {
-                c.disk_path = Some(offload_path(
+            c.disk_path = if boolish("MOONCAKE_ENABLE_SSD_OFFLOAD", &on)? {
+                Some(offload_path(
                     get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"),
                     "MOONCAKE_ENABLE_SSD_OFFLOAD is on but MOONCAKE_OFFLOAD_FILE_STORAGE_PATH is not set",
-                )?);
-            }
+                )?)
+            } else {
+                None
+            };
         }
         if let Some(v) = get("CRESCENT_DISK_PATH").filter(|v| !v.is_empty()) {
             c.disk_path = Some(v.into());
@@ -349,13 +352,16 @@ impl ClientConfig {
         if let Some(v) = j.data_tls {
             self.data_tls = v;
         }
+        let disk_path = j.disk_path.filter(|v| !v.is_empty());
         if j.enable_ssd_offload == Some(true) {
             self.disk_path = Some(offload_path(
-                j.ssd_offload_path,
-                "enable_ssd_offload is true but ssd_offload_path is not set",
+                j.ssd_offload_path
+                    .filter(|p| !p.trim().is_empty())
+                    .or(disk_path.clone()),
+                "enable_ssd_offload is true but neither ssd_offload_path nor disk_path is set",
             )?);
         }
-        if let Some(v) = j.disk_path.filter(|v| !v.is_empty()) {
+        if let Some(v) = disk_path {
             self.disk_path = Some(v.into());
         }
         if let Some(v) = j.disk_size {
@@ -518,6 +524,14 @@ mod tests {
             Some(std::path::Path::new("/ssd/a"))
         );
         assert_eq!(on.disk_size, 2 << 30);
+        let crescent_wins = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "/ssd/a"),
+            ("MOONCAKE_ENABLE_SSD_OFFLOAD", "1"),
+            ("CRESCENT_DISK_PATH", "/ssd/b"),
+        ]))
+        .unwrap();
+        let b = Some(std::path::Path::new("/ssd/b"));
+        assert_eq!(crescent_wins.disk_path.as_deref(), b);
         // The switch with no path, or a bad size, is an error, not memory only.
         let e =
             ClientConfig::from_lookup(lookup(&[("MOONCAKE_ENABLE_SSD_OFFLOAD", "1")])).unwrap_err();
@@ -561,5 +575,25 @@ mod tests {
         std::fs::write(&path, r#"{"enable_ssd_offload": true}"#).unwrap();
         let e = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap_err();
         assert!(e.0.contains("ssd_offload_path"), "{e}");
+        // The switch with Crescent's name for the directory; the
+        // environment's switch, off, turns the file's off.
+        std::fs::write(
+            &path,
+            r#"{"enable_ssd_offload": true, "disk_path": "/ssd/d"}"#,
+        )
+        .unwrap();
+        let j = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
+        assert_eq!(j.disk_path.as_deref(), Some(std::path::Path::new("/ssd/d")));
+        std::fs::write(
+            &path,
+            r#"{"enable_ssd_offload": true, "ssd_offload_path": "/ssd/j"}"#,
+        )
+        .unwrap();
+        let off = ClientConfig::from_lookup(lookup(&[
+            ("MOONCAKE_CONFIG_PATH", &p),
+            ("MOONCAKE_ENABLE_SSD_OFFLOAD", "false"),
+        ]))
+        .unwrap();
+        assert_eq!(off.disk_path, None);
     }
 }

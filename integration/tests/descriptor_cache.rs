@@ -71,35 +71,61 @@ async fn a_leased_key_is_read_again_without_the_masters_and_never_with_stale_gra
         .unwrap();
 
     // A batch: k1 from the cache, k2 looked up.
+    assert!(
+        leased_at.elapsed() < LEASE - Duration::from_secs(1),
+        "the test ran too slowly to prove anything about the lease"
+    );
     let got = cached.get_batch(&["k1", "k2"]).await.unwrap();
     assert_eq!(got[0].as_deref().unwrap(), b"value-1");
     assert_eq!(got[1].as_deref().unwrap(), b"value-2");
     assert_eq!(cached_reads(&cached), 2);
-    assert!(
-        leased_at.elapsed() < LEASE - Duration::from_secs(2),
-        "the test ran too slowly to prove anything about the lease"
-    );
 
     // The store restarts: the cached descriptor's grant was signed with
     // the old process's segment key, which the new one refuses. The key,
-    // removed by force and put again meanwhile, reads with its new value.
+    // removed by force and put again (shorter) meanwhile, reads with its
+    // new value, from a get and from a batch.
+    plain.put("k3", b"value-3-old", &cfg).await.unwrap();
+    plain.put("k4", b"value-4-old", &cfg).await.unwrap();
+    assert_eq!(cached.get("k3").await.unwrap(), b"value-3-old");
+    assert_eq!(cached.get("k4").await.unwrap(), b"value-4-old");
+    let k3_leased_at = Instant::now();
     cluster.stores[0].kill();
     cluster.stores[0].restart().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let _ = plain.remove("k1", true).await;
-        if plain.put("k1", b"value-1-new", &cfg).await.is_ok() {
-            break;
+    for (k, v) in [("k3", &b"value-3"[..]), ("k4", &b"value-4"[..])] {
+        loop {
+            let _ = plain.remove(k, true).await;
+            if plain.put(k, v, &cfg).await.is_ok() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no put after the store restart");
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(Instant::now() < deadline, "no put after the store restart");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let before = cached_reads(&cached);
-    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert!(
+        k3_leased_at.elapsed() < LEASE - Duration::from_secs(1),
+        "the restart took too long: the cached descriptors expired unused"
+    );
+    let (before, fallbacks) = (
+        cached_reads(&cached),
+        cached.stats.cached_read_fallbacks.load(Ordering::Relaxed),
+    );
+    assert_eq!(cached.get("k3").await.unwrap(), b"value-3");
+    let got = cached.get_batch(&["k4"]).await.unwrap();
+    assert_eq!(
+        got[0].as_deref().unwrap(),
+        b"value-4",
+        "cut to the new size"
+    );
     assert_eq!(
         cached_reads(&cached),
         before,
-        "the refused cached read is not counted"
+        "the refused cached reads are not counted as cached"
+    );
+    assert_eq!(
+        cached.stats.cached_read_fallbacks.load(Ordering::Relaxed),
+        fallbacks + 2,
+        "both were tried from the cache and refused"
     );
 
     // k2 (cached by the batch) went with the restarted store's memory: a
@@ -107,11 +133,17 @@ async fn a_leased_key_is_read_again_without_the_masters_and_never_with_stale_gra
     assert!(cached.get("k2").await.is_err());
 
     // Once the lease is over, a read asks the masters again.
-    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert_eq!(cached.get("k3").await.unwrap(), b"value-3");
     let seen = cached_reads(&cached);
     tokio::time::sleep(LEASE).await;
-    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert_eq!(cached.get("k3").await.unwrap(), b"value-3");
     assert_eq!(cached_reads(&cached), seen, "an expired lease is not used");
-    assert_eq!(cached.get("k1").await.unwrap(), b"value-1-new");
+    assert_eq!(cached.get("k3").await.unwrap(), b"value-3");
     assert_eq!(cached_reads(&cached), seen + 1, "the new lease is");
+
+    // This client's own forced remove and put: read at once with the new
+    // value, not the cached one.
+    cached.remove("k3", true).await.unwrap();
+    cached.put("k3", b"value-3-again", &cfg).await.unwrap();
+    assert_eq!(cached.get("k3").await.unwrap(), b"value-3-again");
 }

@@ -593,8 +593,11 @@ async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_rest
 
     // The engine stops and starts again on the same directory: its memory
     // objects are gone with its memory segment, its disk objects come back.
+    // The old client is still alive (as when other threads hold it): its
+    // close alone frees the directory.
     engine.close().await;
-    drop(engine);
+    assert!(engine.local_disk().is_none(), "closed");
+    let old_engine = engine;
     let engine = Client::connect(engine_config).await.unwrap();
     let d = engine.local_disk().expect("the disk segment again");
     assert_eq!(d.name, disk_name, "the file keeps the segment's name");
@@ -619,4 +622,5 @@ async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_rest
         );
     }
     engine.close().await;
+    drop(old_engine);
 }

@@ -185,13 +185,17 @@ impl SetupArgs {
         }
         if self.enable_ssd_offload {
             // The argument's directory, else the one the environment or the
-            // config file gave (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH, even
-            // without its switch, since this call is the switch).
+            // config file gave (as `from_env` ranks them), else Mooncake's
+            // variable even without its switch: this call is the switch.
             let path = self
                 .ssd_offload_path
                 .filter(|p| !p.trim().is_empty())
-                .or_else(|| std::env::var("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH").ok())
-                .or_else(|| c.disk_path.as_ref().map(|p| p.display().to_string()));
+                .or_else(|| c.disk_path.as_ref().map(|p| p.display().to_string()))
+                .or_else(|| {
+                    std::env::var("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
+                        .ok()
+                        .filter(|p| !p.trim().is_empty())
+                });
             c.disk_path = Some(
                 crescent_client::config::offload_path(
                     path,

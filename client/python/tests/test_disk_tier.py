@@ -107,6 +107,9 @@ def test_an_engine_with_ssd_offload_keeps_its_disk_objects_across_its_restart(di
     from crescent.store import MooncakeDistributedStore, ReplicateConfig
 
     masters = MASTERS
+    # Not the 16gb default: the file is pre-allocated. (The fixture puts
+    # the environment back.)
+    os.environ["CRESCENT_DISK_SIZE"] = "64mb"
     directory = Path(tempfile.mkdtemp(prefix="crescent-pytest-offload-"))
     try:
         engine = engine_with_disk(masters, directory)

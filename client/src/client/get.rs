@@ -14,52 +14,112 @@ use super::*;
 /// read takes time, and a store refuses a grant past its expiry.
 const CACHED_LEASE_MARGIN: Duration = Duration::from_millis(250);
 
+/// A buffer of each found object's size (empty for one not found).
+fn buffers_for(found: &[Result<pb::GetReplicaListResponse>]) -> Vec<Vec<u8>> {
+    found
+        .iter()
+        .map(|f| match f {
+            Ok(r) => vec![0u8; r.size as usize],
+            Err(_) => Vec::new(),
+        })
+        .collect()
+}
+
+/// A read's buffer, cut to the bytes read.
+fn fit((read, mut buf): (Result<usize>, Vec<u8>)) -> Result<Vec<u8>> {
+    read.map(|n| {
+        buf.truncate(n);
+        buf
+    })
+}
+
 impl ClientCore {
     /// With `descriptor_cache`, the answer of this client's last lookup of
     /// `key`, while enough of the read lease it granted is left. Under that
     /// lease the masters neither evict, demote nor (unforced) remove the
     /// object, and keep the space of one removed by force for a lease TTL;
     /// every byte read is still checked against the object's checksum.
+    ///
+    /// Only the replicas a read checks against the store are kept: those
+    /// reached over TCP, where the store checks the descriptor's grant (a
+    /// restarted store refuses it), and this client's own segment. Not a
+    /// same-host store's shared memory: this client's mapping of it would
+    /// outlive that store's restart.
     fn cached_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
         if !self.config.descriptor_cache {
             return None;
         }
-        let d = self.descriptors.lock().expect("lock poisoned");
-        d.get(key)
-            .filter(|(_, until)| *until > Instant::now() + CACHED_LEASE_MARGIN)
-            .map(|(r, _)| r.clone())
+        let mut found = {
+            let d = self.descriptors.lock().expect("lock poisoned");
+            d.get(key)
+                .filter(|(_, until)| *until > Instant::now() + CACHED_LEASE_MARGIN)
+                .map(|(r, _)| r.clone())?
+        };
+        found
+            .replicas
+            .retain(|r| !matches!(self.route(r), Route::Shm(_)));
+        (!found.replicas.is_empty()).then_some(found)
     }
 
-    fn forget_descriptor(&self, key: &str) {
+    pub(super) fn forget_descriptor(&self, key: &str) {
         self.descriptors.lock().expect("lock poisoned").remove(key);
     }
 
-    /// Reads `key` with its cached descriptor, if it has one that still
-    /// reads; `None`: ask the masters (a failed cached read is forgotten).
-    async fn read_cached(&self, key: &str, buf: &mut [u8]) -> Option<usize> {
-        let found = self.cached_descriptor(key)?;
-        match self.read_verified(key, &found, buf).await {
+    /// Reads `key` with its cached descriptor `found`: `None` when that no
+    /// longer reads (it is forgotten: ask the masters); a buffer too small
+    /// for the object is the caller's error, not the descriptor's.
+    async fn read_cached(
+        &self,
+        key: &str,
+        found: &pb::GetReplicaListResponse,
+        buf: &mut [u8],
+    ) -> Option<Result<usize>> {
+        match self.read_verified(key, found, buf).await {
             Ok(n) => {
                 self.stats
                     .cached_reads
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Some(n)
+                Some(Ok(n))
             }
+            Err(e @ Error::BufferTooSmall { .. }) => Some(Err(e)),
             Err(e) => {
                 tracing::debug!(key, error = %e, "cached descriptor no longer reads; asking the masters");
-                self.forget_descriptor(key);
+                self.cached_read_failed(key);
                 None
             }
+        }
+    }
+
+    fn cached_read_failed(&self, key: &str) {
+        self.forget_descriptor(key);
+        self.stats
+            .cached_read_fallbacks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Remembers a lookup's answer unless a remove by this client started
+    /// since the lookup was sent (`removals_at`): the answer may describe
+    /// an object that remove took away.
+    fn remember_unless_removed(
+        &self,
+        key: &str,
+        found: &pb::GetReplicaListResponse,
+        asked: Instant,
+        removals_at: u64,
+    ) {
+        if self.removals.load(std::sync::atomic::Ordering::Acquire) == removals_at {
+            self.remember_descriptor(key, found, asked);
         }
     }
 
     /// GetReplicaList, remembering the answer for degraded reads.
     pub(super) async fn lookup(&self, key: &str) -> Result<pb::GetReplicaListResponse> {
         let asked = Instant::now();
+        let removals_at = self.removals.load(std::sync::atomic::Ordering::Acquire);
         match self.master.get_replica_list(key).await {
             Ok(found) => {
                 self.mark_master_ok();
-                self.remember_descriptor(key, &found, asked);
+                self.remember_unless_removed(key, &found, asked, removals_at);
                 Ok(found)
             }
             Err(e) => {
@@ -78,10 +138,13 @@ impl ClientCore {
                 .await
                 .map(|(_, v)| v.unwrap_or_default());
         }
-        if let Some(size) = self.cached_descriptor(key).map(|f| f.size as usize) {
-            let mut buf = vec![0u8; size];
-            if self.read_cached(key, &mut buf).await.is_some() {
-                return Ok(buf);
+        if let Some(found) = self.cached_descriptor(key) {
+            let mut buf = vec![0u8; found.size as usize];
+            if let Some(read) = self.read_cached(key, &found, &mut buf).await {
+                return read.map(|n| {
+                    buf.truncate(n);
+                    buf
+                });
             }
         }
         match self.lookup(key).await {
@@ -112,8 +175,10 @@ impl ClientCore {
         if self.is_degraded() {
             return self.get_degraded(key, Some(buf)).await.map(|(n, _)| n);
         }
-        if let Some(n) = self.read_cached(key, buf).await {
-            return Ok(n);
+        if let Some(found) = self.cached_descriptor(key) {
+            if let Some(read) = self.read_cached(key, &found, buf).await {
+                return read;
+            }
         }
         match self.lookup(key).await {
             Ok(found) => self.read_verified(key, &found, buf).await,
@@ -137,22 +202,34 @@ impl ClientCore {
             }
             Err(e) => return Err(e),
         };
-        let mut bufs: Vec<Vec<u8>> = found
-            .iter()
-            .map(|f| match f {
-                Ok(r) => vec![0u8; r.size as usize],
-                Err(_) => Vec::new(),
-            })
-            .collect();
+        let mut bufs = buffers_for(&found);
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let sizes = self
+        let (sizes, retry) = self
             .read_batch_cached(keys, &found, &cached, &mut slices)
             .await;
-        Ok(sizes
-            .into_iter()
-            .zip(bufs)
-            .map(|(r, b)| r.map(|_| b))
-            .collect())
+        let mut out: Vec<Result<Vec<u8>>> = sizes.into_iter().zip(bufs).map(fit).collect();
+        if retry.is_empty() {
+            return Ok(out);
+        }
+        // Looked up again: the object may have another size now.
+        let again_keys: Vec<&str> = retry.iter().map(|&i| keys[i]).collect();
+        match self.lookup_batch(&again_keys).await {
+            Ok(again) => {
+                let mut bufs = buffers_for(&again);
+                let mut slices: Vec<&mut [u8]> =
+                    bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                let sizes = self.read_batch(&again_keys, &again, &mut slices).await;
+                for ((&i, r), b) in retry.iter().zip(sizes).zip(bufs) {
+                    out[i] = fit((r, b));
+                }
+            }
+            Err(e) => {
+                for &i in &retry {
+                    out[i] = Err(e.clone());
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Reads many objects into caller buffers; per-item sizes.
@@ -178,7 +255,32 @@ impl ClientCore {
             }
             Err(e) => return Err(e),
         };
-        Ok(self.read_batch_cached(keys, &found, &cached, bufs).await)
+        let (mut results, retry) = self.read_batch_cached(keys, &found, &cached, bufs).await;
+        if retry.is_empty() {
+            return Ok(results);
+        }
+        let again_keys: Vec<&str> = retry.iter().map(|&i| keys[i]).collect();
+        match self.lookup_batch(&again_keys).await {
+            Ok(again) => {
+                // `retry` is in ascending order, as `again_keys`.
+                let mut slices: Vec<&mut [u8]> = bufs
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| retry.binary_search(i).is_ok())
+                    .map(|(_, b)| &mut **b)
+                    .collect();
+                let sizes = self.read_batch(&again_keys, &again, &mut slices).await;
+                for (&i, r) in retry.iter().zip(sizes) {
+                    results[i] = r;
+                }
+            }
+            Err(e) => {
+                for &i in &retry {
+                    results[i] = Err(e.clone());
+                }
+            }
+        }
+        Ok(results)
     }
 
     /// [`lookup_batch`](Self::lookup_batch) of the keys with no usable
@@ -213,33 +315,34 @@ impl ClientCore {
         Ok((found, from_cache))
     }
 
-    /// [`read_batch`](Self::read_batch); an item read with a cached
-    /// descriptor that failed is forgotten and read again after a lookup.
+    /// [`read_batch`](Self::read_batch), and the items (ascending) read
+    /// with a cached descriptor that no longer reads: forgotten, for the
+    /// caller to look up again.
     async fn read_batch_cached(
         &self,
         keys: &[&str],
         found: &[Result<pb::GetReplicaListResponse>],
         cached: &[bool],
         bufs: &mut [&mut [u8]],
-    ) -> Vec<Result<usize>> {
-        let mut results = self.read_batch(keys, found, bufs).await;
-        for (i, r) in results.iter_mut().enumerate() {
-            if !cached[i] {
-                continue;
+    ) -> (Vec<Result<usize>>, Vec<usize>) {
+        let results = self.read_batch(keys, found, bufs).await;
+        let mut retry = Vec::new();
+        for (i, r) in results.iter().enumerate() {
+            match r {
+                _ if !cached[i] => {}
+                Ok(_) => {
+                    self.stats
+                        .cached_reads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(Error::BufferTooSmall { .. }) => {}
+                Err(_) => {
+                    self.cached_read_failed(keys[i]);
+                    retry.push(i);
+                }
             }
-            if r.is_ok() {
-                self.stats
-                    .cached_reads
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                continue;
-            }
-            self.forget_descriptor(keys[i]);
-            *r = match self.lookup(keys[i]).await {
-                Ok(again) => self.read_verified(keys[i], &again, bufs[i]).await,
-                Err(e) => Err(e),
-            };
         }
-        results
+        (results, retry)
     }
 
     /// BatchGetReplicaList; like [`lookup`](Self::lookup) it remembers each
@@ -252,6 +355,7 @@ impl ClientCore {
             return Ok(Vec::new());
         }
         let asked = Instant::now();
+        let removals_at = self.removals.load(std::sync::atomic::Ordering::Acquire);
         let res = match self
             .master
             .batch_get_replica_list(keys.iter().map(|k| k.to_string()).collect())
@@ -280,7 +384,7 @@ impl ClientCore {
                 |(r, k)| match r.status.as_ref().and_then(|s| Error::from_status(s, k)) {
                     Some(e) => Err(e),
                     None => {
-                        self.remember_descriptor(k, &r, asked);
+                        self.remember_unless_removed(k, &r, asked, removals_at);
                         Ok(r)
                     }
                 },

@@ -70,6 +70,9 @@ pub struct ClientStats {
     pub checksum_failures: std::sync::atomic::AtomicU64,
     /// Objects read with a cached descriptor, no master call (`descriptor_cache`).
     pub cached_reads: std::sync::atomic::AtomicU64,
+    /// Cached descriptors that no longer read (forgotten, the key looked up
+    /// again): a store restarted, say.
+    pub cached_read_fallbacks: std::sync::atomic::AtomicU64,
 }
 
 /// The client's state and operations; [`Client`] owns it together with the
@@ -80,8 +83,12 @@ pub struct ClientCore {
     tcp: TcpTransport,
     shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
     local: Option<Arc<StoreAgent>>,
-    /// The embedded disk segment, when `disk_path` is set.
-    disk: Option<Arc<StoreAgent>>,
+    /// The embedded disk segment, when `disk_path` is set; taken by
+    /// `close`, which so releases its file at once.
+    disk: Mutex<Option<Arc<StoreAgent>>>,
+    /// Removes this client started: a lookup answered across one is not
+    /// remembered (it may describe the object removed).
+    removals: std::sync::atomic::AtomicU64,
     config: ClientConfig,
     degraded: AtomicBool,
     last_master_ok: Mutex<Instant>,
@@ -152,13 +159,20 @@ impl Client {
                 .min(config.degrade_after.max(Duration::from_millis(500)))
         };
         let master = Arc::new(master);
+        // Before any segment is served: nothing below may fail and leave
+        // one running.
+        let tcp = TcpTransport::with_tls(data_tls).map_err(|e| Error::Config(e.to_string()))?;
         let contributes = config.global_segment_size > 0 || config.disk_path.is_some();
-        let listen: std::net::SocketAddr = config.transfer_listen.parse().map_err(|_| {
-            Error::Config(format!(
-                "bad transfer listen address {:?}",
-                config.transfer_listen
-            ))
-        })?;
+        let listen: std::net::SocketAddr = if contributes {
+            config.transfer_listen.parse().map_err(|_| {
+                Error::Config(format!(
+                    "bad transfer listen address {:?}",
+                    config.transfer_listen
+                ))
+            })?
+        } else {
+            std::net::SocketAddr::from(([0, 0, 0, 0], 0))
+        };
         // With `data_tls` the segments' transfer ports are mutual TLS with
         // this client's files, as every store's is with its own: its
         // certificate must then be fit to serve (see the README).
@@ -236,14 +250,14 @@ impl Client {
             }
             None => None,
         };
-        let tcp = TcpTransport::with_tls(data_tls).map_err(|e| Error::Config(e.to_string()))?;
         let core = Arc::new(ClientCore {
             stats: ClientStats::default(),
             master,
             tcp,
             shm: Mutex::new(HashMap::new()),
             local,
-            disk,
+            disk: Mutex::new(disk),
+            removals: std::sync::atomic::AtomicU64::new(0),
             degraded: AtomicBool::new(false),
             last_master_ok: Mutex::new(Instant::now()),
             local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
@@ -261,15 +275,17 @@ impl Client {
     }
 
     /// Unmounts this client's memory segment (if any) and stops serving
-    /// it and its disk segment. The disk segment stays mounted until it
-    /// expires, and a client started again on the same directory takes it
-    /// back with its objects.
+    /// it and its disk segment, whose file is released at once (even while
+    /// other threads still hold this client). The disk segment stays
+    /// mounted until it expires, and a client started again on the same
+    /// directory takes it back with its objects.
     pub async fn close(&self) {
         self.monitor.abort();
         if let Some(agent) = &self.core.local {
             agent.shutdown().await;
         }
-        if let Some(agent) = &self.core.disk {
+        let disk = self.core.disk.lock().expect("lock poisoned").take();
+        if let Some(agent) = disk {
             agent.shutdown().await;
         }
     }
@@ -349,9 +365,24 @@ impl ClientCore {
     }
 
     /// The embedded disk segment, when this client contributes one
-    /// (`disk_path`).
-    pub fn local_disk(&self) -> Option<&Arc<StoreAgent>> {
-        self.disk.as_ref()
+    /// (`disk_path`) and is not closed.
+    pub fn local_disk(&self) -> Option<Arc<StoreAgent>> {
+        self.disk.lock().expect("lock poisoned").clone()
+    }
+
+    /// Marks a remove of `key` (every key: `None`) by this client as
+    /// started or finished: the cached descriptors it concerns are dropped,
+    /// and lookups answered across it are not remembered.
+    fn removing(&self, key: Option<&str>) {
+        self.removals
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let mut d = self.descriptors.lock().expect("lock poisoned");
+        match key {
+            Some(k) => {
+                d.remove(k);
+            }
+            None => d.clear(),
+        }
     }
 
     fn replicate(&self, cfg: &ReplicateConfig) -> pb::ReplicateConfig {
@@ -401,28 +432,26 @@ impl ClientCore {
             .size)
     }
 
+    /// Removes `key`. Its cached descriptor is dropped before and after,
+    /// so this client does not read it again from one.
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
-        // Not read again from a cached descriptor once this client removed it.
-        self.descriptors.lock().expect("lock poisoned").remove(key);
-        self.master
-            .remove(key, force)
-            .await
-            .map_err(|e| Error::from_master(e, key))
+        self.removing(Some(key));
+        let removed = self.master.remove(key, force).await;
+        self.removing(Some(key));
+        removed.map_err(|e| Error::from_master(e, key))
     }
 
     pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64> {
-        self.descriptors.lock().expect("lock poisoned").clear();
-        self.master
-            .remove_by_regex(regex, force)
-            .await
-            .map_err(|e| Error::from_master(e, ""))
+        self.removing(None);
+        let removed = self.master.remove_by_regex(regex, force).await;
+        self.removing(None);
+        removed.map_err(|e| Error::from_master(e, ""))
     }
 
     pub async fn remove_all(&self, force: bool) -> Result<u64> {
-        self.descriptors.lock().expect("lock poisoned").clear();
-        self.master
-            .remove_all(force)
-            .await
-            .map_err(|e| Error::from_master(e, ""))
+        self.removing(None);
+        let removed = self.master.remove_all(force).await;
+        self.removing(None);
+        removed.map_err(|e| Error::from_master(e, ""))
     }
 }

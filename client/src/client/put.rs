@@ -37,7 +37,11 @@ impl ClientCore {
         if self.is_degraded() {
             return self.put_local(key, value).map(|_| Stored::LocalOnly);
         }
-        match self.put_cluster(key, value, cfg).await {
+        let put = self.put_cluster(key, value, cfg).await;
+        // Whatever this client had cached for the key (an object removed by
+        // force meanwhile, say) is not read instead of what it just put.
+        self.forget_descriptor(key);
+        match put {
             Ok(()) => Ok(Stored::InCluster),
             Err(e @ Error::Unavailable(_)) => {
                 self.note_unavailable(&e);
@@ -136,7 +140,12 @@ impl ClientCore {
             let local = items.iter().map(|(k, v)| self.put_local(k, v)).collect();
             (local, Stored::LocalOnly)
         } else {
-            (self.put_batch_cluster(items, cfg).await?, Stored::InCluster)
+            let put = self.put_batch_cluster(items, cfg).await;
+            // As in `put_placed`.
+            for (k, _) in items {
+                self.forget_descriptor(k);
+            }
+            (put?, Stored::InCluster)
         };
         Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
     }
