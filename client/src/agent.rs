@@ -93,6 +93,30 @@ pub enum AgentError {
 }
 
 impl StoreAgent {
+    /// [`start`](Self::start) of a disk segment, waiting while another
+    /// process still holds its file (an overlapping restart, its old
+    /// process exiting): up to `attempts` tries, `every` apart.
+    pub async fn start_disk(
+        master: Arc<MasterClient>,
+        cfg: AgentConfig,
+        attempts: u32,
+        every: Duration,
+    ) -> Result<Arc<Self>, AgentError> {
+        let mut tried = 1;
+        loop {
+            match Self::start(master.clone(), cfg.clone()).await {
+                Err(AgentError::Segment(crescent_store::segment::SegmentError::DiskInUse {
+                    path,
+                })) if tried < attempts => {
+                    tracing::warn!(path = %path.display(), tried, attempts, "disk segment in use by another process; retrying");
+                    tried += 1;
+                    tokio::time::sleep(every).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
     /// Allocates the segment, starts serving it, and starts registering it with
     /// the masters in the background (see [`wait_mounted`](Self::wait_mounted)).
     pub async fn start(

@@ -226,7 +226,11 @@ impl Client {
                     disk_path: Some(dir.clone()),
                     ..Default::default()
                 };
-                match start_disk_segment(&master, disk_cfg).await {
+                let attempts =
+                    (DISK_IN_USE_WAIT.as_millis() / DISK_IN_USE_EVERY.as_millis()) as u32;
+                match StoreAgent::start_disk(master.clone(), disk_cfg, attempts, DISK_IN_USE_EVERY)
+                    .await
+                {
                     Ok(agent) => {
                         if agent
                             .wait_mounted(config.master_deadline.min(Duration::from_secs(5)))
@@ -292,27 +296,10 @@ impl Client {
 }
 
 /// How long a client waits for a disk segment another process still holds
-/// (the previous process of a restarted engine, exiting).
+/// (the previous process of a restarted engine, exiting), trying again
+/// every `DISK_IN_USE_EVERY`.
 const DISK_IN_USE_WAIT: Duration = Duration::from_secs(10);
-
-/// Opens and serves the disk segment `cfg` names, waiting up to
-/// [`DISK_IN_USE_WAIT`] while another process holds its file.
-async fn start_disk_segment(
-    master: &Arc<MasterClient>,
-    cfg: AgentConfig,
-) -> std::result::Result<Arc<StoreAgent>, crate::agent::AgentError> {
-    let deadline = Instant::now() + DISK_IN_USE_WAIT;
-    loop {
-        match StoreAgent::start(master.clone(), cfg.clone()).await {
-            Err(crate::agent::AgentError::Segment(
-                crescent_store::segment::SegmentError::DiskInUse { .. },
-            )) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            done => return done,
-        }
-    }
-}
+const DISK_IN_USE_EVERY: Duration = Duration::from_millis(200);
 
 /// Watches master reachability: enters local-only mode after `degrade_after`
 /// without a master, leaves it as soon as a leader answers (within one probe),

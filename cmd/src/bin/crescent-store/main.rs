@@ -237,24 +237,16 @@ fn main() -> anyhow::Result<()> {
                 let dir = disk_cfg.disk_path.clone().unwrap_or_default();
                 // The previous process may still hold the file's lock for a
                 // moment (an overlapping restart): retry that for a while.
-                let mut attempts = 0;
-                loop {
-                    attempts += 1;
-                    match StoreAgent::start(master.clone(), disk_cfg.clone()).await {
-                        Ok(d) => {
-                            tracing::info!(endpoint = d.endpoint, name = d.name, "disk segment serving");
-                            break Some(d);
-                        }
-                        Err(crescent_client::agent::AgentError::Segment(
-                            crescent_store::segment::SegmentError::DiskInUse { .. },
-                        )) if attempts < 30 => {
-                            tracing::warn!(path = %dir.display(), "disk segment in use by another process; retrying");
-                            tokio::time::sleep(Duration::from_secs(2)).await;
-                        }
-                        Err(e) => {
-                            tracing::error!(path = %dir.display(), error = %e, "no disk tier: cannot open the disk segment; serving memory only");
-                            break None;
-                        }
+                match StoreAgent::start_disk(master.clone(), disk_cfg, 30, Duration::from_secs(2))
+                    .await
+                {
+                    Ok(d) => {
+                        tracing::info!(endpoint = d.endpoint, name = d.name, "disk segment serving");
+                        Some(d)
+                    }
+                    Err(e) => {
+                        tracing::error!(path = %dir.display(), error = %e, "no disk tier: cannot open the disk segment; serving memory only");
+                        None
                     }
                 }
             }

@@ -506,7 +506,7 @@ fn print_rows(rows: &[Row], floors: &Floors, args: &MetaArgs, json_out: bool) {
                 println!("{}", f.put_line(&what, r.p50_ms, r.p99_ms));
             } else {
                 let what = format!("{cluster} single get_replica_list");
-                println!("{}", f.get_line(&what, r.p50_ms));
+                println!("{}", f.get_line(&what, r.p50_ms, 3.0));
             }
         }
     }
