@@ -6,10 +6,11 @@
 //! granted, so it waits one lease TTL before evicting and treats every known
 //! client as alive for one client TTL before expiring any.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_raft::state::{Op, Tier};
+use crescent_raft::state::{ObjectStamp, Op, Tier};
 use crescent_raft::Response;
 use crescent_store::TcpTransport;
 use openraft::ServerState;
@@ -117,8 +118,12 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         // already) only loses its memory copy; neither is evicted, so their
         // doom marks are taken back at once (reads go on). What cannot be
         // moved after all is evicted, as without a disk tier.
+        // The stamps of the objects chosen: a failed demotion evicts the
+        // object chosen, never a later put of its key.
+        let stamps: HashMap<String, ObjectStamp> = victims.iter().cloned().collect();
         let plan = node.split_for_demotion(victims);
         node.undoom(&plan.busy);
+        node.undoom(&plan.gone);
         let mut victims = plan.evict;
         let mut to_disk = plan.demote;
         let mut freed = 0;
@@ -145,7 +150,11 @@ async fn eviction_loop(node: Arc<MasterNode>) {
             );
             if !round.failed.is_empty() {
                 if let Some(again) = node.doom_unleased(&round.failed) {
-                    victims.extend(again);
+                    victims.extend(
+                        again
+                            .into_iter()
+                            .filter_map(|k| stamps.get(&k).map(|s| (k, *s))),
+                    );
                 }
             }
         }
@@ -155,11 +164,11 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         let result = if victims.is_empty() {
             Ok(Response::Count(0))
         } else {
-            let chosen = victims.clone();
+            let chosen: Vec<String> = victims.iter().map(|(k, _)| k.clone()).collect();
             node.propose_settled(
                 None,
-                Op::Evict {
-                    keys: victims.clone(),
+                Op::EvictObjects {
+                    items: victims.clone(),
                 },
                 move |node, _| node.settle_eviction(&chosen),
             )
@@ -277,9 +286,9 @@ async fn evict_from_disk(node: &Arc<MasterNode>) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         return;
     }
-    let chosen = victims.clone();
+    let chosen: Vec<String> = victims.iter().map(|(k, _)| k.clone()).collect();
     match node
-        .propose_settled(None, Op::Evict { keys: victims }, move |node, _| {
+        .propose_settled(None, Op::EvictObjects { items: victims }, move |node, _| {
             node.settle_eviction(&chosen)
         })
         .await

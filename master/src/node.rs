@@ -18,13 +18,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use crescent_raft::eviction::{
-    plan_eviction, select_disk_copies, select_victims_in, should_evict, should_evict_disk,
+    plan_eviction, select_disk_copies, select_victims_in, should_evict, should_evict_disk, stamped,
     AccessInfo, EvictionPlan,
 };
 use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
 use crescent_raft::sizing;
-use crescent_raft::state::{Command, MetaError, MetaState, ObjectView, Op, Origin, Tier};
+use crescent_raft::state::{
+    Command, MetaError, MetaState, ObjectStamp, ObjectView, Op, Origin, Tier,
+};
 use crescent_raft::store::{SharedState, SmData};
 use crescent_raft::{BasicNode, NodeId, Raft, Response};
 use openraft::error::{ClientWriteError, RaftError};
@@ -1053,13 +1055,13 @@ impl MasterNode {
     /// failed allocations; None when no round is due: the pool is below its
     /// watermark with no failed put since the last round, or a predecessor's
     /// leases may still be in force.
-    pub fn claim_eviction_victims(&self) -> Option<(Vec<String>, u64)> {
+    pub fn claim_eviction_victims(&self) -> Option<(Vec<(String, ObjectStamp)>, u64)> {
         self.claim_victims_in(Tier::Memory)
     }
 
     /// As [`claim_eviction_victims`](Self::claim_eviction_victims), for the
     /// disk tier at its own watermark: objects only on disk, dropped for good.
-    pub fn claim_disk_eviction_victims(&self) -> Option<Vec<String>> {
+    pub fn claim_disk_eviction_victims(&self) -> Option<Vec<(String, ObjectStamp)>> {
         self.claim_victims_in(Tier::Disk).map(|(v, _)| v)
     }
 
@@ -1093,7 +1095,7 @@ impl MasterNode {
 
     /// Eviction `victims` split by what frees their memory: see
     /// [`plan_eviction`].
-    pub fn split_for_demotion(&self, victims: Vec<String>) -> EvictionPlan {
+    pub fn split_for_demotion(&self, victims: Vec<(String, ObjectStamp)>) -> EvictionPlan {
         let sm = self.shared.sm.read().expect("state lock poisoned");
         plan_eviction(&sm.state, victims, crate::tier_move::MAX_MOVED_SIZE)
     }
@@ -1144,7 +1146,10 @@ impl MasterNode {
         out
     }
 
-    fn claim_victims_in(&self, tier: Tier) -> Option<(Vec<String>, u64)> {
+    /// The victims come with the stamps of the objects chosen, taken under
+    /// the same lock: a key removed and put again later names another
+    /// object, which the round must not drop.
+    fn claim_victims_in(&self, tier: Tier) -> Option<(Vec<(String, ObjectStamp)>, u64)> {
         let term = self.current_term();
         let sm = self.shared.sm.read().expect("state lock poisoned");
         let state = &sm.state;
@@ -1165,15 +1170,18 @@ impl MasterNode {
         }
         let now = Instant::now();
         let now_ms = now_ms();
-        let mut victims = select_victims_in(state, tier, now_ms, self.config.eviction_ratio, |k| {
+        let keys = select_victims_in(state, tier, now_ms, self.config.eviction_ratio, |k| {
             mem.access_info(k, now)
         });
         // One log entry per round: the rest is chosen again next round.
-        victims = sizing::chunk_keys(victims, sizing::ENTRY_KEY_BUDGET)
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        mem.doom(&victims);
+        let victims = sizing::chunk_by(stamped(state, keys), sizing::ENTRY_KEY_BUDGET, |(k, _)| {
+            k.len() + ObjectStamp::MAX_ENCODED_BYTES
+        })
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+        let keys: Vec<String> = victims.iter().map(|(k, _)| k.clone()).collect();
+        mem.doom(&keys);
         Some((victims, state.alloc_failures))
     }
 

@@ -6,7 +6,7 @@
 //! hard-pinned objects and unfinished puts. Access times and leases are the
 //! leader's memory, passed in as a function so this stays deterministic.
 
-use crate::state::{MetaState, Object, Tier};
+use crate::state::{MetaState, Object, ObjectStamp, Tier};
 
 /// What the leader knows about one key that the replicated state does not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,13 +37,17 @@ pub struct EvictionPlan {
     pub drop_memory_copy: Vec<String>,
     /// Copied to disk, then their memory released.
     pub demote: Vec<String>,
-    /// Dropped for good: gone already, too large to move, or no disk room.
-    pub evict: Vec<String>,
+    /// Dropped for good, if still the object chosen: too large to move, or
+    /// no disk room.
+    pub evict: Vec<(String, ObjectStamp)>,
     /// Being copied between tiers already (by this leader's promotion, or
     /// an earlier leader's round that died before its end and waits for
     /// its release time): left alone this round. A demotion of them would
     /// be refused, and a refused demotion is evicted.
     pub busy: Vec<String>,
+    /// Removed, or removed and put again, since they were chosen: nothing
+    /// to do (the new object was not chosen).
+    pub gone: Vec<String>,
 }
 
 /// Splits memory eviction `victims` by what frees their memory: those
@@ -51,13 +55,18 @@ pub struct EvictionPlan {
 /// released; a disk replica on an expired segment too, which comes back
 /// with its store, so the object must not be evicted), those being copied
 /// between tiers already (left alone: see [`EvictionPlan::busy`]), those
-/// up to `max_moved_size` a live disk segment has room for (demoted), and
+/// up to `max_moved_size` a live disk segment has room for (demoted), those
+/// whose key names another object now or none ([`EvictionPlan::gone`]), and
 /// the rest (evicted).
-pub fn plan_eviction(state: &MetaState, victims: Vec<String>, max_moved_size: u64) -> EvictionPlan {
+pub fn plan_eviction(
+    state: &MetaState,
+    victims: Vec<(String, ObjectStamp)>,
+    max_moved_size: u64,
+) -> EvictionPlan {
     let mut plan = EvictionPlan::default();
-    for key in victims {
-        let Some(o) = state.objects.get(&key) else {
-            plan.evict.push(key);
+    for (key, stamp) in victims {
+        let Some(o) = state.objects.get(&key).filter(|o| stamp.names(o)) else {
+            plan.gone.push(key);
             continue;
         };
         if state.is_moving(&key) {
@@ -67,10 +76,25 @@ pub fn plan_eviction(state: &MetaState, victims: Vec<String>, max_moved_size: u6
         } else if o.size <= max_moved_size && state.disk_room_for(o.size) {
             plan.demote.push(key);
         } else {
-            plan.evict.push(key);
+            plan.evict.push((key, stamp));
         }
     }
     plan
+}
+
+/// `keys` with the stamps of the complete objects they name now; keys
+/// naming none are left out.
+pub fn stamped(state: &MetaState, keys: Vec<String>) -> Vec<(String, ObjectStamp)> {
+    keys.into_iter()
+        .filter_map(|k| {
+            let stamp = state
+                .objects
+                .get(&k)
+                .filter(|o| o.is_complete())
+                .map(ObjectStamp::of)?;
+            Some((k, stamp))
+        })
+        .collect()
 }
 
 /// Keys to evict from memory, oldest access first. `ratio` of the objects

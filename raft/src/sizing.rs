@@ -61,16 +61,23 @@ pub fn sendable_prefix(sizes: impl IntoIterator<Item = u64>, budget: u64) -> usi
 /// Splits `keys` into runs of at most `budget` key bytes each (a key longer
 /// than the budget is a run of its own).
 pub fn chunk_keys(keys: Vec<String>, budget: usize) -> Vec<Vec<String>> {
+    chunk_by(keys, budget, String::len)
+}
+
+/// Splits `items` into runs whose `cost` adds up to at most `budget` each
+/// (an item costing more than the budget is a run of its own).
+pub fn chunk_by<T>(items: Vec<T>, budget: usize, cost: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
     let mut chunks = Vec::new();
     let mut current = Vec::new();
     let mut bytes = 0usize;
-    for key in keys {
-        if !current.is_empty() && bytes + key.len() > budget {
+    for item in items {
+        let c = cost(&item);
+        if !current.is_empty() && bytes.saturating_add(c) > budget {
             chunks.push(std::mem::take(&mut current));
             bytes = 0;
         }
-        bytes += key.len();
-        current.push(key);
+        bytes = bytes.saturating_add(c);
+        current.push(item);
     }
     if !current.is_empty() {
         chunks.push(current);

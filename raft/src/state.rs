@@ -112,7 +112,10 @@ pub enum Op {
         keys: Vec<String>,
         force: bool,
     },
-    /// Chosen by the leader's eviction policy; applied only to objects still evictable.
+    /// Eviction from logs written before `EvictObjects` (bincode encodes
+    /// the variant's position, so it keeps this one): drops whatever object
+    /// each key names when applied, a later put of the key included. Never
+    /// proposed now.
     Evict {
         keys: Vec<String>,
     },
@@ -267,6 +270,43 @@ pub enum Op {
         keys: Vec<String>,
         hold_ms: u64,
     },
+    /// Chosen by the leader's eviction policy: drops each key's object if
+    /// it is still the one chosen (same stamp) and still evictable. A key
+    /// removed and put again after the choice names another object, which
+    /// stays: the choice was made before that put was acknowledged.
+    EvictObjects {
+        items: Vec<(String, ObjectStamp)>,
+    },
+}
+
+/// Which object a key named when the leader looked: a later put of the
+/// same key makes another object, with another stamp.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectStamp {
+    pub created_ms: u64,
+    pub put_id: PutId,
+    pub checksum: u32,
+    pub size: u64,
+}
+
+impl ObjectStamp {
+    /// Most bytes one stamp and its key's length prefix encode to (bincode
+    /// varints: 9 bytes a u64 at most, 5 a u32), for sizing entries.
+    pub const MAX_ENCODED_BYTES: usize = 9 + 9 + 5 + 9 + 9;
+
+    pub fn of(obj: &Object) -> Self {
+        Self {
+            created_ms: obj.created_ms,
+            put_id: obj.put_id,
+            checksum: obj.checksum,
+            size: obj.size,
+        }
+    }
+
+    /// Whether `obj` is the object this stamp was taken of.
+    pub fn names(&self, obj: &Object) -> bool {
+        *self == Self::of(obj)
+    }
 }
 
 pub type TierMoveId = u64;
@@ -1008,7 +1048,10 @@ impl MetaState {
                         .collect(),
                 )
             }
-            Op::Evict { keys } => Response::Count(self.evict(keys)),
+            Op::Evict { keys } => Response::Count(self.evict(keys.iter().map(|k| (k, None)))),
+            Op::EvictObjects { items } => {
+                Response::Count(self.evict(items.iter().map(|(k, stamp)| (k, Some(stamp)))))
+            }
             Op::MountSegment { spec, owner } => {
                 Response::Mounted(self.mount(now, spec, owner, None))
             }
@@ -1438,13 +1481,17 @@ impl MetaState {
         }
     }
 
-    fn evict(&mut self, keys: &[String]) -> u64 {
+    /// Drops each key's object if it is complete, not hard-pinned and, when
+    /// a stamp is given, the object the stamp names.
+    fn evict<'a>(
+        &mut self,
+        items: impl Iterator<Item = (&'a String, Option<&'a ObjectStamp>)>,
+    ) -> u64 {
         let mut evicted = 0;
-        for key in keys {
-            let evictable = self
-                .objects
-                .get(key)
-                .is_some_and(|o| o.is_complete() && !o.hard_pin);
+        for (key, stamp) in items {
+            let evictable = self.objects.get(key).is_some_and(|o| {
+                o.is_complete() && !o.hard_pin && stamp.is_none_or(|s| s.names(o))
+            });
             if evictable {
                 let obj = self.objects.remove(key).expect("checked above");
                 count_out(&mut self.usage, key, &obj);

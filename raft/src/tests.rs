@@ -1377,7 +1377,10 @@ fn reservations_and_objects_never_overlap_under_random_commands() {
                 leased: Default::default(),
                 hold_ms: 0,
             },
-            7 => Op::Evict { keys: vec![key] },
+            7 if i % 2 == 0 => Op::Evict { keys: vec![key] },
+            7 => Op::EvictObjects {
+                items: crate::eviction::stamped(&s, vec![key]),
+            },
             _ if i % 500 == 499 => Op::UnmountSegment { segment_id: seg },
             _ => Op::ReclaimStalePuts,
         };
