@@ -5,7 +5,9 @@
 //! batches mix cached and looked-up keys; a descriptor the store no longer
 //! honours (the store restarted) is dropped and the key looked up again, so
 //! the new value is read, never the old bytes; after the lease, reads ask
-//! the masters again. Needs `cargo build --bins` (`make test`).
+//! the masters again, unless the key was read through the cache meanwhile:
+//! then the client renewed its lease in the background. Needs `cargo build
+//! --bins` (`make test`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -132,8 +134,9 @@ async fn a_leased_key_is_read_again_without_the_masters_and_never_with_stale_gra
     // cached read of it fails, and the lookup says it is gone.
     assert!(cached.get("k2").await.is_err());
 
-    // Once the lease is over, a read asks the masters again.
-    assert_eq!(cached.get("k3").await.unwrap(), b"value-3");
+    // Once the lease is over, a read asks the masters again. (k3 was not
+    // read through the cache since its lookup above, so the background
+    // renewal leaves it to expire.)
     let seen = cached_reads(&cached);
     tokio::time::sleep(LEASE).await;
     assert_eq!(cached.get("k3").await.unwrap(), b"value-3");
@@ -146,4 +149,47 @@ async fn a_leased_key_is_read_again_without_the_masters_and_never_with_stale_gra
     cached.remove("k3", true).await.unwrap();
     cached.put("k3", b"value-3-again", &cfg).await.unwrap();
     assert_eq!(cached.get("k3").await.unwrap(), b"value-3-again");
+}
+
+/// A key read steadily through the cache is renewed before its lease ends
+/// and never misses; a key only looked up is left to expire. Without the
+/// renewal, reads of the hot key over two and a half leases would ask the
+/// masters about twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_read_steadily_stays_cached_past_its_lease_and_a_cold_one_expires() {
+    // Half a lease (2 s) is when renewal starts: slack for a slow lookup.
+    let lease = Duration::from_secs(4);
+    let mut cluster = LocalCluster::start(3, &["--lease-ttl".into(), "4s".into()]).unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let cached = Client::connect(config(&cluster, true)).await.unwrap();
+    let cfg = ReplicateConfig::default();
+    cached.put("hot", b"hot-value", &cfg).await.unwrap();
+    cached.put("cold", b"cold-value", &cfg).await.unwrap();
+    assert_eq!(cached.get("hot").await.unwrap(), b"hot-value");
+    assert_eq!(cached.get("cold").await.unwrap(), b"cold-value");
+    let start = cached_reads(&cached);
+
+    let until = Instant::now() + lease * 5 / 2;
+    let mut reads = 0;
+    while Instant::now() < until {
+        assert_eq!(cached.get("hot").await.unwrap(), b"hot-value");
+        reads += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        cached_reads(&cached) - start,
+        reads,
+        "every read of the steadily read key came from the cache"
+    );
+    let renewals = cached.stats.descriptor_renewals.load(Ordering::Relaxed);
+    assert!(renewals >= 2, "renewed {renewals} times in 2.5 leases");
+
+    let seen = cached_reads(&cached);
+    assert_eq!(cached.get("cold").await.unwrap(), b"cold-value");
+    assert_eq!(
+        cached_reads(&cached),
+        seen,
+        "the key only looked up was not renewed: its lease ended"
+    );
+    cached.close().await;
 }

@@ -42,14 +42,21 @@ impl ClientCore {
             d.clear();
         }
         let until = asked + Duration::from_millis(r.lease_ttl_ms);
-        d.insert(key.to_string(), (r.clone(), until));
+        d.insert(
+            key.to_string(),
+            Remembered {
+                found: r.clone(),
+                until,
+                read: false,
+            },
+        );
     }
 
     pub(super) fn leased_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
         let d = self.descriptors.lock().expect("lock poisoned");
         d.get(key)
-            .filter(|(_, until)| *until > Instant::now())
-            .map(|(r, _)| r.clone())
+            .filter(|r| r.until > Instant::now())
+            .map(|r| r.found.clone())
     }
 
     pub(super) fn put_local(&self, key: &str, value: &[u8]) -> Result<()> {

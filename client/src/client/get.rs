@@ -35,7 +35,8 @@ fn fit((read, mut buf): (Result<usize>, Vec<u8>)) -> Result<Vec<u8>> {
 
 impl ClientCore {
     /// With `descriptor_cache`, the answer of this client's last lookup of
-    /// `key`, while enough of the read lease it granted is left. Under that
+    /// `key` (its own, or the background renewal's: see `renewal`), while
+    /// enough of the read lease it granted is left. Under that
     /// lease the masters neither evict, demote nor (unforced) remove the
     /// object, and keep the space of one removed by force for a lease TTL;
     /// every byte read is still checked against the object's checksum.
@@ -50,10 +51,13 @@ impl ClientCore {
             return None;
         }
         let mut found = {
-            let d = self.descriptors.lock().expect("lock poisoned");
-            d.get(key)
-                .filter(|(_, until)| *until > Instant::now() + CACHED_LEASE_MARGIN)
-                .map(|(r, _)| r.clone())?
+            let mut d = self.descriptors.lock().expect("lock poisoned");
+            let r = d
+                .get_mut(key)
+                .filter(|r| r.until > Instant::now() + CACHED_LEASE_MARGIN)?;
+            // Read again: the background renewal keeps its lease.
+            r.read = true;
+            r.found.clone()
         };
         found
             .replicas

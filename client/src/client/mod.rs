@@ -9,7 +9,8 @@
 //!
 //! This file holds the types, connecting and the metadata-only calls; the
 //! rest is split by concern: `put`, `get`, `routing` (reaching a replica and
-//! moving its bytes), `degraded` (local-only mode) and `error`.
+//! moving its bytes), `degraded` (local-only mode), `renewal` (remembered
+//! lookups, renewed in the background with `descriptor_cache`) and `error`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,10 +29,12 @@ mod degraded;
 mod error;
 mod get;
 mod put;
+mod renewal;
 mod routing;
 
 pub use error::{Error, Result};
 
+use renewal::Remembered;
 use routing::Route;
 
 /// Where a put left its bytes (issue 11: `crescentctl put` printed "stored"
@@ -73,6 +76,9 @@ pub struct ClientStats {
     /// Cached descriptors that no longer read (forgotten, the key looked up
     /// again): a store restarted, say.
     pub cached_read_fallbacks: std::sync::atomic::AtomicU64,
+    /// Keys looked up again in the background because they were read
+    /// through the cache and their lease neared its end.
+    pub descriptor_renewals: std::sync::atomic::AtomicU64,
 }
 
 /// The client's state and operations; [`Client`] owns it together with the
@@ -94,14 +100,17 @@ pub struct ClientCore {
     last_master_ok: Mutex<Instant>,
     /// Objects put while degraded (and not yet published), bounded by local_buffer_size.
     local_only: Mutex<LocalCache>,
-    /// Recent GetReplicaList answers, usable while degraded until their lease ends.
-    descriptors: Mutex<HashMap<String, (pb::GetReplicaListResponse, Instant)>>,
+    /// Recent GetReplicaList answers, usable while degraded until their
+    /// lease ends (and with `descriptor_cache`, for reads with no lookup).
+    descriptors: Mutex<HashMap<String, Remembered>>,
 }
 
 /// A connected client. Dereferences to [`ClientCore`] for every operation.
 pub struct Client {
     core: Arc<ClientCore>,
     monitor: tokio::task::JoinHandle<()>,
+    /// Renews cached descriptors (`descriptor_cache` only).
+    renewal: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::ops::Deref for Client {
@@ -114,6 +123,9 @@ impl std::ops::Deref for Client {
 impl Drop for Client {
     fn drop(&mut self) {
         self.monitor.abort();
+        if let Some(r) = &self.renewal {
+            r.abort();
+        }
     }
 }
 
@@ -269,7 +281,15 @@ impl Client {
             config,
         });
         let monitor = tokio::spawn(monitor_loop(Arc::downgrade(&core)));
-        Ok(Client { core, monitor })
+        let renewal = core
+            .config
+            .descriptor_cache
+            .then(|| tokio::spawn(renewal::renew_loop(Arc::downgrade(&core))));
+        Ok(Client {
+            core,
+            monitor,
+            renewal,
+        })
     }
 
     /// Connects with configuration from the environment (`MOONCAKE_*`/`CRESCENT_*`).
@@ -285,6 +305,9 @@ impl Client {
     /// directory takes it back with its objects.
     pub async fn close(&self) {
         self.monitor.abort();
+        if let Some(r) = &self.renewal {
+            r.abort();
+        }
         if let Some(agent) = &self.core.local {
             agent.shutdown().await;
         }
