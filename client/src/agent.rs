@@ -32,7 +32,9 @@ pub struct AgentConfig {
     pub advertise_host: Option<String>,
     /// This host's name, for same-host transports.
     pub hostname: String,
-    /// Back the segment with a file in `shm_dir` for same-host clients.
+    /// Same-host copies: a memory segment is backed by a file in `shm_dir`
+    /// that same-host clients map; a disk segment advertises its file's
+    /// path, which same-host clients read with `pread`.
     pub shm: bool,
     pub shm_dir: PathBuf,
     pub heartbeat_interval: Duration,
@@ -203,10 +205,7 @@ impl StoreAgent {
             endpoint: endpoint.clone(),
             capacity: size,
             hostname: cfg.hostname.clone(),
-            shm_path: segment
-                .shm_path()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
+            shm_path: same_host_path(&segment, cfg.shm),
             kind: kind as i32,
             disk_id,
         };
@@ -293,6 +292,23 @@ impl Drop for StoreAgent {
 }
 
 /// Mounts, then heartbeats every `interval`; re-mounts on NEED_REMOUNT.
+/// The path same-host clients read the segment through, or "" for none: a
+/// memory segment's shared-memory file (present only when it was created
+/// with `shm`); a disk segment's file when `shm` asks (absolute, as clients
+/// run in other directories).
+fn same_host_path(segment: &Segment, shm: bool) -> String {
+    if let Some(p) = segment.shm_path() {
+        return p.display().to_string();
+    }
+    match segment.disk_path() {
+        Some(p) if shm => std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string(),
+        _ => String::new(),
+    }
+}
+
 async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
     let mut last_error_log = Instant::now() - Duration::from_secs(60);
     let mut backoff = Duration::from_millis(50);

@@ -6,7 +6,9 @@
 //! back to memory and keeps its disk replica across a store restart; puts
 //! that find memory full go to disk rather than fail; the disk watermark
 //! releases promoted objects' disk copies before it drops any object; an
-//! engine's client contributes a disk segment of its own (`disk_path`).
+//! engine's client contributes a disk segment of its own (`disk_path`); a
+//! same-host client reads disk replicas from the store's file, and falls
+//! back to the store when the file it holds was replaced.
 //! Needs `cargo build --bins` (`make test`).
 
 use std::collections::BTreeMap;
@@ -623,4 +625,110 @@ async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_rest
     }
     engine.close().await;
     drop(old_engine);
+}
+
+fn disk_file_bytes(c: &Client) -> u64 {
+    c.stats
+        .disk_file_bytes
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store_once_it_is_replaced(
+) {
+    let disk = tempfile::tempdir().unwrap();
+    // No promotion: the disk replicas stay the ones read.
+    let mut masters = master_flags();
+    masters.extend(["--promotion-reads".to_string(), "0".to_string()]);
+    let mut cluster = LocalCluster::start(3, &masters).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let mut flags = store_flags(disk.path());
+    flags.push("--shm".into());
+    cluster.start_store("8mb", &flags).unwrap();
+    cluster
+        .wait_for_segments(2, Duration::from_secs(15))
+        .await
+        .unwrap();
+    // Both clients name their host: this one the store's, the other not.
+    let here = client(&cluster).await;
+    let elsewhere = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        local_hostname: "another-host".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    let keys: Vec<String> = (0..32).map(|i| format!("block-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&here, k, &value(i)).await.unwrap();
+    }
+    let demoted = on_disk(&cluster, &keys).await;
+    assert!(demoted.len() >= 12, "only {} on disk", demoted.len());
+    let index = |k: &str| -> usize { k.trim_start_matches("block-").parse().unwrap() };
+    let before = disk_file_bytes(&here);
+    for k in &demoted {
+        assert_eq!(here.get(k).await.unwrap(), value(index(k)), "{k}");
+        assert_eq!(elsewhere.get(k).await.unwrap(), value(index(k)), "{k}");
+    }
+    // Every disk object was read from the file; the other host's client
+    // read none of it.
+    assert!(
+        disk_file_bytes(&here) - before >= (demoted.len() * VALUE) as u64,
+        "{} bytes read from the file for {} disk objects",
+        disk_file_bytes(&here) - before,
+        demoted.len()
+    );
+    assert_eq!(disk_file_bytes(&elsewhere), 0);
+    assert_eq!(
+        here.stats
+            .disk_file_fallbacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+
+    // The store's file is replaced while it is down: the restarted store
+    // formats a new one at the same path, and the masters forget what the
+    // old one held. This client still holds the old file open.
+    cluster.stores[0].kill();
+    std::fs::remove_file(disk.path().join(crescent_store::disk::DISK_FILE)).unwrap();
+    cluster.stores[0].restart().unwrap();
+    wait_for_disk_mount(&cluster).await;
+    let fresh: Vec<String> = (0..32).map(|i| format!("fresh-{i}")).collect();
+    for (i, k) in fresh.iter().enumerate() {
+        put_retrying(&here, k, &value(i + 100)).await.unwrap();
+    }
+    let fresh_on_disk = on_disk(&cluster, &fresh).await;
+    assert!(
+        fresh_on_disk.len() >= 12,
+        "only {} on disk",
+        fresh_on_disk.len()
+    );
+    // The old file's bytes fail the new objects' checksums: the client asks
+    // the store, and opens the path again.
+    for k in &fresh_on_disk {
+        let i: usize = k.trim_start_matches("fresh-").parse().unwrap();
+        assert_eq!(here.get(k).await.unwrap(), value(i + 100), "{k}");
+    }
+    let fallbacks = here
+        .stats
+        .disk_file_fallbacks
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(fallbacks >= 1, "the replaced file was never noticed");
+    // The new file is read directly: the second pass falls back no more.
+    let before = disk_file_bytes(&here);
+    for k in &fresh_on_disk {
+        let i: usize = k.trim_start_matches("fresh-").parse().unwrap();
+        assert_eq!(here.get(k).await.unwrap(), value(i + 100), "{k}");
+    }
+    assert!(disk_file_bytes(&here) > before, "the new file was not read");
+    assert_eq!(
+        here.stats
+            .disk_file_fallbacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        fallbacks
+    );
 }

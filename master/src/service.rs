@@ -1414,12 +1414,6 @@ impl MasterService for MasterApi {
                 ))
             }
         };
-        if tier == Tier::Disk && !seg.shm_path.is_empty() {
-            return fail(invalid(
-                ErrorCode::InvalidParams,
-                "a disk segment has no shared-memory path",
-            ));
-        }
         let owner = origin.client_id.clone();
         let spec = SegmentSpec {
             name: seg.name.clone(),

@@ -84,6 +84,88 @@ pub(crate) struct DiskFile {
     pub(crate) identity: DiskIdentity,
 }
 
+/// A read-only view of a same-host store's disk segment file, for a client
+/// on the store's host: it reads disk replicas with `pread` instead of
+/// asking the store over a socket (the store advertises the file's path only
+/// when run with `--shm`; the file's mode, 0600, keeps other users out).
+///
+/// It takes no lock and never writes. The file can change under it (the
+/// store reformats it, or is replaced by a new one at the same path while
+/// this still holds the old one open): readers check every object's
+/// checksum, as for any replica, and reopen the path after a mismatch.
+pub struct DiskFileReader {
+    file: File,
+    capacity: u64,
+}
+
+impl DiskFileReader {
+    /// Opens the segment file at `path`, which must be a valid disk segment
+    /// named `segment_name` (the name the masters list the replica under):
+    /// a file at the same path on another machine, or another store's,
+    /// is refused rather than read.
+    pub fn open(path: &Path, segment_name: &str) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        let invalid = |why: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {why}", path.display()),
+            )
+        };
+        if len < HEADER_LEN {
+            return Err(invalid(format!("{len} bytes, shorter than a header")));
+        }
+        let mut header = vec![0u8; HEADER_LEN as usize];
+        file.read_exact_at(&mut header, 0)?;
+        let identity = decode_header(&header).map_err(invalid)?;
+        if identity.name != segment_name {
+            return Err(invalid(format!(
+                "holds segment {:?}, not {segment_name:?}",
+                identity.name
+            )));
+        }
+        if len != HEADER_LEN + identity.capacity {
+            return Err(invalid(format!(
+                "{len} bytes for a capacity of {}",
+                identity.capacity
+            )));
+        }
+        Ok(Self {
+            file,
+            capacity: identity.capacity,
+        })
+    }
+
+    /// Reads `dst.len()` bytes at segment offset `offset` and returns their
+    /// crc32c (computed piece by piece, while each is in cache).
+    pub fn read_with_crc(&self, offset: u64, dst: &mut [u8]) -> io::Result<u32> {
+        match offset.checked_add(dst.len() as u64) {
+            Some(end) if end <= self.capacity => {}
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "range [{offset}, +{}) outside the {}-byte disk segment",
+                        dst.len(),
+                        self.capacity
+                    ),
+                ))
+            }
+        }
+        const PIECE: usize = 256 * 1024;
+        let mut crc = 0u32;
+        for (i, piece) in dst.chunks_mut(PIECE).enumerate() {
+            let at = HEADER_LEN + offset + (i * PIECE) as u64;
+            self.file.read_exact_at(piece, at)?;
+            crc = crc32c::crc32c_append(crc, piece);
+        }
+        Ok(crc)
+    }
+}
+
 /// Opens (creating, reusing or reformatting) the disk segment in `dir`.
 pub(crate) fn open(
     dir: &Path,
@@ -582,5 +664,43 @@ mod tests {
         s.write_at(CAP - 4, b"edge").unwrap();
         s.read_at(CAP - 4, &mut buf).unwrap();
         assert_eq!(&buf, b"edge");
+    }
+
+    #[test]
+    fn a_same_host_reader_reads_the_segments_bytes_and_refuses_another_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A value larger than one of the reader's pieces, at a non-zero offset.
+        let cap = 128 * DISK_BLOCK;
+        let (s, _) = open_disk(dir.path(), "store-a-disk", cap);
+        let value: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let at = DISK_BLOCK;
+        s.write_at(at, &value).unwrap();
+        let path = dir.path().join(DISK_FILE);
+
+        let r = DiskFileReader::open(&path, "store-a-disk").unwrap();
+        let mut got = vec![0u8; value.len()];
+        let crc = r.read_with_crc(at, &mut got).unwrap();
+        assert_eq!(got, value);
+        assert_eq!(crc, crc32c::crc32c(&value));
+        // Out of range, however it overflows: refused, nothing read.
+        let mut buf = [0u8; 4];
+        for offset in [cap - 3, cap, u64::MAX, u64::MAX - 2] {
+            let e = r.read_with_crc(offset, &mut buf).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{offset}");
+        }
+        // Another segment's file, or not a segment at all, is refused.
+        let e = DiskFileReader::open(&path, "store-b-disk").err().unwrap();
+        assert!(e.to_string().contains("not \"store-b-disk\""), "{e}");
+        let other = dir.path().join("not-a-segment");
+        std::fs::write(&other, vec![7u8; 2 * HEADER_LEN as usize]).unwrap();
+        let e = DiskFileReader::open(&other, "store-a-disk").err().unwrap();
+        assert!(e.to_string().contains("magic"), "{e}");
+        assert!(DiskFileReader::open(&dir.path().join("missing"), "x").is_err());
+        // A file cut short while the store was down is refused too.
+        drop(s);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(HEADER_LEN + cap / 2).unwrap();
+        let e = DiskFileReader::open(&path, "store-a-disk").err().unwrap();
+        assert!(e.to_string().contains("for a capacity"), "{e}");
     }
 }

@@ -271,6 +271,14 @@ impl Segment {
         }
     }
 
+    /// The file of a disk segment (None in memory).
+    pub fn disk_path(&self) -> Option<&Path> {
+        match &self.backing {
+            Backing::Disk(d) => Some(d.path.as_path()),
+            Backing::Memory { .. } => None,
+        }
+    }
+
     /// The start of a memory segment's bytes; an error for a disk segment.
     fn memory_ptr(&self) -> Result<*mut u8, SegmentError> {
         match &self.backing {

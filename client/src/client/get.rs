@@ -44,8 +44,8 @@ impl ClientCore {
     /// Only the replicas a read checks against the store are kept: those
     /// reached over TCP, where the store checks the descriptor's grant (a
     /// restarted store refuses it), and this client's own segment. Not a
-    /// same-host store's shared memory: this client's mapping of it would
-    /// outlive that store's restart.
+    /// same-host store's shared memory or disk file: this client's mapping
+    /// or open file would outlive that store's restart.
     fn cached_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
         if !self.config.descriptor_cache {
             return None;
@@ -61,7 +61,7 @@ impl ClientCore {
         };
         found
             .replicas
-            .retain(|r| !matches!(self.route(r), Route::Shm(_)));
+            .retain(|r| !matches!(self.route(r), Route::Shm(_) | Route::DiskFile(_)));
         (!found.replicas.is_empty()).then_some(found)
     }
 

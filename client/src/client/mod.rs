@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crescent_proto::pb;
-use crescent_store::{ShmMapping, TcpTransport};
+use crescent_store::{DiskFileReader, ShmMapping, TcpTransport};
 
 use crate::agent::{AgentConfig, StoreAgent};
 use crate::config::{ClientConfig, Protocol};
@@ -69,6 +69,12 @@ pub struct ClientStats {
     pub published: std::sync::atomic::AtomicU64,
     pub local_bytes: std::sync::atomic::AtomicU64,
     pub shm_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes read from a same-host store's disk segment file (pread).
+    pub disk_file_bytes: std::sync::atomic::AtomicU64,
+    /// Reads of a same-host disk file that failed or did not match the
+    /// object's checksum (the file was replaced, say), then asked of the
+    /// store over TCP.
+    pub disk_file_fallbacks: std::sync::atomic::AtomicU64,
     pub tcp_bytes: std::sync::atomic::AtomicU64,
     pub checksum_failures: std::sync::atomic::AtomicU64,
     /// Objects read with a cached descriptor, no master call (`descriptor_cache`).
@@ -88,6 +94,8 @@ pub struct ClientCore {
     master: Arc<MasterClient>,
     tcp: TcpTransport,
     shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
+    /// Same-host disk segment files open for reading, by segment name and path.
+    disk_files: Mutex<HashMap<(String, String), routing::DiskFileState>>,
     local: Option<Arc<StoreAgent>>,
     /// The embedded disk segment, when `disk_path` is set; taken by
     /// `close`, which so releases its file at once.
@@ -235,6 +243,8 @@ impl Client {
                     listen: std::net::SocketAddr::new(listen.ip(), 0),
                     hostname: config.local_hostname.clone(),
                     tls: serving_tls.clone(),
+                    // Same-host readers (this process too) pread the file.
+                    shm: config.shm,
                     disk_path: Some(dir.clone()),
                     ..Default::default()
                 };
@@ -271,6 +281,7 @@ impl Client {
             master,
             tcp,
             shm: Mutex::new(HashMap::new()),
+            disk_files: Mutex::new(HashMap::new()),
             local,
             disk: Mutex::new(disk),
             removals: std::sync::atomic::AtomicU64::new(0),

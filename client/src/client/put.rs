@@ -229,7 +229,7 @@ impl ClientCore {
                                 Some(Err(Error::Transfer("replica length mismatch".into())));
                             continue;
                         }
-                        match self.route(r) {
+                        match self.write_route(r) {
                             Route::Tcp(ep) => {
                                 let data = items[i].1;
                                 let grant = Grant::from(r);

@@ -1,5 +1,6 @@
 //! Where a replica is reached from here (the own segment, a same-host
-//! store's shared memory, TCP) and the reads and writes of its bytes.
+//! store's shared memory or disk file, TCP) and the reads and writes of its
+//! bytes.
 
 use std::sync::Arc;
 
@@ -9,10 +10,25 @@ use crescent_store::ShmMapping;
 
 use super::*;
 
+/// How long a disk segment file that could not be opened is not tried again.
+const DISK_FILE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Most disk segment files remembered (open or unreadable); more are
+/// forgotten at once and opened again as needed.
+const MAX_DISK_FILES: usize = 1024;
+
+/// A same-host disk segment file, as this client last found it.
+pub(super) enum DiskFileState {
+    Open(Arc<DiskFileReader>),
+    Unreadable { retry_at: Instant },
+}
+
 /// Where a replica can be reached from here.
 pub(super) enum Route<'a> {
     Local(&'a StoreAgent),
     Shm(Arc<ShmMapping>),
+    /// A same-host store's disk segment file, read with pread (reads only:
+    /// the store writes its file).
+    DiskFile(Arc<DiskFileReader>),
     Tcp(&'a str),
 }
 
@@ -25,11 +41,64 @@ impl ClientCore {
             }
         }
         if !r.shm_path.is_empty() && r.hostname == self.config.local_hostname {
-            if let Some(m) = self.shm_mapping(&r.shm_path) {
+            if r.kind == pb::ReplicaKind::Disk as i32 {
+                if let Some(f) = self.disk_file(r) {
+                    return Route::DiskFile(f);
+                }
+            } else if let Some(m) = self.shm_mapping(&r.shm_path) {
                 return Route::Shm(m);
             }
         }
         Route::Tcp(&r.endpoint)
+    }
+
+    /// The route a write to `r` takes: a disk file is written by its store,
+    /// so over TCP.
+    pub(super) fn write_route<'a>(&'a self, r: &'a pb::ReplicaDescriptor) -> Route<'a> {
+        match self.route(r) {
+            Route::DiskFile(_) => Route::Tcp(&r.endpoint),
+            route => route,
+        }
+    }
+
+    fn disk_file(&self, r: &pb::ReplicaDescriptor) -> Option<Arc<DiskFileReader>> {
+        let key = (r.segment_name.clone(), r.shm_path.clone());
+        let mut files = self.disk_files.lock().expect("lock poisoned");
+        match files.get(&key) {
+            Some(DiskFileState::Open(f)) => return Some(f.clone()),
+            Some(DiskFileState::Unreadable { retry_at }) if Instant::now() < *retry_at => {
+                return None
+            }
+            _ => {}
+        }
+        if files.len() >= MAX_DISK_FILES {
+            files.clear();
+        }
+        match DiskFileReader::open(std::path::Path::new(&r.shm_path), &r.segment_name) {
+            Ok(f) => {
+                let f = Arc::new(f);
+                files.insert(key, DiskFileState::Open(f.clone()));
+                Some(f)
+            }
+            Err(e) => {
+                // Another user's file, or another machine's path: TCP,
+                // and the path is tried again a while later (the store
+                // may still have been formatting it).
+                tracing::debug!(path = r.shm_path, error = %e, "cannot read the disk segment's file; using TCP");
+                let retry_at = Instant::now() + DISK_FILE_RETRY;
+                files.insert(key, DiskFileState::Unreadable { retry_at });
+                None
+            }
+        }
+    }
+
+    /// Closes `r`'s disk file, so the next read opens the path again: the
+    /// file held may be one the store has since replaced.
+    fn forget_disk_file(&self, r: &pb::ReplicaDescriptor) {
+        self.disk_files
+            .lock()
+            .expect("lock poisoned")
+            .remove(&(r.segment_name.clone(), r.shm_path.clone()));
     }
 
     pub(super) fn shm_mapping(&self, path: &str) -> Option<Arc<ShmMapping>> {
@@ -54,7 +123,9 @@ impl ClientCore {
         self.shm.lock().expect("lock poisoned").remove(path);
     }
 
-    /// Reads order: local segment, same-host shared memory, then remote.
+    /// Reads order: local segment, same-host shared memory, then remote;
+    /// memory before disk within each (the masters list memory first, and
+    /// the sort is stable), but a same-host disk file before a remote store.
     pub(super) fn read_order<'a>(
         &self,
         replicas: &'a [pb::ReplicaDescriptor],
@@ -62,7 +133,8 @@ impl ClientCore {
         let rank = |r: &pb::ReplicaDescriptor| match self.route(r) {
             Route::Local(_) => 0,
             Route::Shm(_) => 1,
-            Route::Tcp(_) => 2,
+            Route::DiskFile(_) => 2,
+            Route::Tcp(_) => 3,
         };
         let mut v: Vec<&pb::ReplicaDescriptor> = replicas.iter().collect();
         v.sort_by_key(|r| rank(r));
@@ -74,6 +146,7 @@ impl ClientCore {
         let c = match route {
             Route::Local(_) => &self.stats.local_bytes,
             Route::Shm(_) => &self.stats.shm_bytes,
+            Route::DiskFile(_) => &self.stats.disk_file_bytes,
             Route::Tcp(_) => &self.stats.tcp_bytes,
         };
         c.fetch_add(bytes as u64, Relaxed);
@@ -87,13 +160,16 @@ impl ClientCore {
                 data.len()
             )));
         }
-        let route = self.route(r);
+        let route = self.write_route(r);
         self.count(&route, data.len());
         match route {
             Route::Local(agent) => agent
                 .segment
                 .write_at(r.offset, data)
                 .map_err(|e| Error::Transfer(e.to_string())),
+            Route::DiskFile(_) => Err(Error::Transfer(
+                "a disk file is written by its store (internal: write_route)".into(),
+            )),
             Route::Shm(m) => m.write_at(r.offset, data).map_err(|e| {
                 self.forget_shm(&r.shm_path);
                 Error::Transfer(e.to_string())
@@ -111,14 +187,14 @@ impl ClientCore {
         }
     }
 
-    /// Reads one replica into `buf`, returning the crc32c of what was read
+    /// Reads one replica by `route` into `buf`, returning the crc32c of what was read
     /// (computed while the bytes are still in cache).
-    pub(super) async fn read_replica(
+    async fn read_replica_by(
         &self,
+        route: Route<'_>,
         r: &pb::ReplicaDescriptor,
         buf: &mut [u8],
     ) -> Result<u32> {
-        let route = self.route(r);
         self.count(&route, buf.len());
         match route {
             Route::Local(agent) => {
@@ -131,6 +207,34 @@ impl ClientCore {
                 self.forget_shm(&r.shm_path);
                 Error::Transfer(e.to_string())
             }),
+            Route::DiskFile(f) => {
+                // A blocking read. On a multi-threaded runtime, in place:
+                // the worker hands its other tasks on and reads straight
+                // into the caller's buffer.
+                if tokio::runtime::Handle::current().runtime_flavor()
+                    == tokio::runtime::RuntimeFlavor::MultiThread
+                {
+                    return tokio::task::block_in_place(|| f.read_with_crc(r.offset, buf))
+                        .map_err(|e| Error::Transfer(e.to_string()));
+                }
+                // Elsewhere off the async thread, into a buffer of its own:
+                // the caller's cannot be lent to a thread that may outlive
+                // this future (a cancelled get).
+                let (offset, len) = (r.offset, buf.len());
+                let read = tokio::task::spawn_blocking(move || {
+                    let mut bytes = vec![0u8; len];
+                    f.read_with_crc(offset, &mut bytes).map(|crc| (bytes, crc))
+                })
+                .await
+                .map_err(|e| Error::Transfer(format!("disk file read: {e}")))?;
+                match read {
+                    Ok((bytes, crc)) => {
+                        buf.copy_from_slice(&bytes);
+                        Ok(crc)
+                    }
+                    Err(e) => Err(Error::Transfer(e.to_string())),
+                }
+            }
             Route::Tcp(ep) => {
                 let step = MAX_TRANSFER as usize;
                 let grant = Grant::from(r);
@@ -180,7 +284,22 @@ impl ClientCore {
                 );
                 continue;
             }
-            match self.read_replica(r, dst).await {
+            let route = self.route(r);
+            let direct = matches!(route, Route::DiskFile(_));
+            let mut read = self.read_replica_by(route, r, dst).await;
+            if direct {
+                // The file held may be an old one the store has replaced
+                // (or cut short): open the path anew next time, and ask the
+                // store itself now.
+                if read.as_ref().map_or(true, |crc| *crc != found.checksum) {
+                    self.stats
+                        .disk_file_fallbacks
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.forget_disk_file(r);
+                    read = self.read_replica_by(Route::Tcp(&r.endpoint), r, dst).await;
+                }
+            }
+            match read {
                 Ok(crc) => {
                     if crc == found.checksum {
                         return Ok(size as usize);

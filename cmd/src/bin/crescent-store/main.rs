@@ -38,7 +38,10 @@ struct Args {
     /// Segment name, unique in the cluster [default: <endpoint>-<random>].
     #[arg(long, env = "CRESCENT_SEGMENT_NAME", default_value = "")]
     segment_name: String,
-    /// Back the segment with /dev/shm so same-host clients copy without a socket.
+    /// Same-host copies without a socket: back the memory segment with
+    /// /dev/shm, and let same-host clients read the disk segment's file
+    /// (--disk-path) with pread. Clients need read access to those files
+    /// (same user: they are created 0600).
     #[arg(long, env = "CRESCENT_SHM")]
     shm: bool,
     /// Directory for the shared-memory file.
@@ -219,7 +222,6 @@ fn main() -> anyhow::Result<()> {
             listen: args
                 .disk_listen
                 .unwrap_or_else(|| SocketAddr::new(args.listen.ip(), 0)),
-            shm: false,
             disk_path: Some(dir),
             ..cfg.clone()
         });

@@ -38,13 +38,15 @@ pub struct DataArgs {
     /// (one master round trip and one pipelined exchange per store per batch).
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     batch: Vec<usize>,
-    /// Transports: tcp, shm, disk. `disk` (not in the default: it starts
-    /// another cluster per --security mode, overflows its memory into a disk
-    /// segment and, for each batch size, reads its objects and a ceiling
-    /// file of the same size with the page cache dropped) measures gets
-    /// of objects demoted to a store's disk segment, one client, against a
-    /// sequential pread loop over a file of the same size in the same
-    /// directory; it needs a local cluster (no --masters).
+    /// Transports: tcp, shm, disk, disk-local. `disk` (not in the default:
+    /// it starts another cluster per --security mode, overflows its memory
+    /// into a disk segment and, for each batch size, reads its objects and
+    /// a ceiling file of the same size with the page cache dropped)
+    /// measures gets of objects demoted to a store's disk segment, one
+    /// client, over TCP, against a sequential pread loop over a file of the
+    /// same size in the same directory; `disk-local` the same gets by a
+    /// same-host client, which reads the store's file itself (the store
+    /// runs with --shm). Both need a local cluster (no --masters).
     #[arg(long, value_delimiter = ',', default_value = "tcp,shm")]
     transports: Vec<String>,
     /// Where the `disk` transport's store puts its disk segment (a fresh
@@ -223,17 +225,16 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
     );
     for t in &args.transports {
         anyhow::ensure!(
-            t == "tcp" || t == "shm" || t == "disk",
-            "unknown transport {t:?} (tcp, shm, disk)"
+            ["tcp", "shm", "disk", "disk-local"].contains(&t.as_str()),
+            "unknown transport {t:?} (tcp, shm, disk, disk-local)"
         );
     }
-    let memory_transports: Vec<String> = args
+    let (disk_transports, memory_transports): (Vec<String>, Vec<String>) = args
         .transports
         .iter()
-        .filter(|t| *t != "disk")
         .cloned()
-        .collect();
-    let with_disk = args.transports.iter().any(|t| t == "disk");
+        .partition(|t| t.starts_with("disk"));
+    let with_disk = !disk_transports.is_empty();
     anyhow::ensure!(
         !(with_disk && args.masters.is_some()),
         "--transports disk starts its own cluster (a store with a disk segment): not with --masters"
@@ -344,6 +345,7 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
             rows.extend(
                 disk::run(
                     &args,
+                    &disk_transports,
                     &label,
                     &masters,
                     &creds,
@@ -679,7 +681,7 @@ fn print(
         println!("  of the row's bytes in this run, the same for its gets and its ceiling (1: first read since written)");
     }
     println!(
-        "{:<15} {:<5} {:>9} {:>5} {:>4} {:<10} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6} {:>10} {:>4}",
+        "{:<15} {:<10} {:>9} {:>5} {:>4} {:<10} {:>7} {:>8} {:>9} {:>9} {:>9} {:>6} {:>10} {:>4}",
         "SECURITY",
         "XPORT",
         "SIZE",
@@ -697,7 +699,7 @@ fn print(
     );
     for r in rows {
         println!(
-            "{:<15} {:<5} {:>9} {:>5} {:>4} {:<10} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6} {:>10} {:>4}",
+            "{:<15} {:<10} {:>9} {:>5} {:>4} {:<10} {:>7} {:>8.3} {:>8.1}% {:>9.3} {:>9.3} {:>6} {:>10} {:>4}",
             r.security,
             r.transport,
             format_size(r.size),
@@ -717,7 +719,7 @@ fn print(
     println!();
     println!("insecure: no tokens, clear-text gRPC and data port; tokens-tls: tokens, and mutual TLS on every");
     println!("gRPC connection (data port clear text, the default); tokens-tls-data: and mutual TLS on the stores'");
-    println!("data port (--data-tls; TCP and disk rows; shm rows copy without a socket, no TLS);");
+    println!("data port (--data-tls; TCP and disk rows; shm and disk-local rows copy without a socket, no TLS);");
     println!("data-plane grants are checked in every mode");
     println!("every request includes its master round trip (PutStart+PutEnd, or GetReplicaList) and crc32c of the values;");
     println!("latency is per request (BATCH objects)");
@@ -749,11 +751,16 @@ fn print(
     };
     for r in rows
         .iter()
-        .filter(|r| r.transport == "disk" && r.size == 1 << 20 && r.op == "get")
+        .filter(|r| r.transport.starts_with("disk") && r.size == 1 << 20 && r.op == "get")
     {
         let c = ceiling(r);
+        let how = if r.transport == "disk" {
+            "over TCP"
+        } else {
+            "same host, the client preads the file"
+        };
         println!(
-            "  1 MiB gets from disk replicas ({}, batch {}, pass {}): {:.2} GB/s = {:.0}% of sequential pread {c:.2} GB/s ({cold}); target 60% {}",
+            "  1 MiB gets from disk replicas ({how}, {}, batch {}, pass {}): {:.2} GB/s = {:.0}% of sequential pread {c:.2} GB/s ({cold}); target 60% {}",
             r.security,
             r.batch,
             r.pass.unwrap_or(0),

@@ -1,7 +1,9 @@
-//! The `disk` transport of `crescent-bench data`: gets of objects the masters
-//! demoted to a store's disk segment, next to the disk's sequential-read
-//! ceiling measured in the same run (a plain loop of 1 MiB preads over a file
-//! of the same total size, in the same directory as the disk segment).
+//! The `disk` and `disk-local` transports of `crescent-bench data`: gets of
+//! objects the masters demoted to a store's disk segment, over TCP (`disk`)
+//! or read from the store's file by a same-host client (`disk-local`), next
+//! to the disk's sequential-read ceiling measured in the same run (a plain
+//! loop of 1 MiB preads over a file of the same total size, in the same
+//! directory as the disk segment).
 //!
 //! Both are measured cold: before each measurement both files' dirty pages
 //! are written back (fdatasync, so no writeback competes with the reads)
@@ -164,6 +166,9 @@ pub async fn start_cluster(
             dir.display().to_string(),
             "--disk-size".into(),
             disk.to_string(),
+            // Same-host clients may read the file (disk-local rows); the
+            // TCP rows' client names another host, so it does not.
+            "--shm".into(),
         ],
     )?;
     c.wait_for_segments(2, Duration::from_secs(20))
@@ -177,6 +182,7 @@ pub async fn start_cluster(
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     args: &super::DataArgs,
+    transports: &[String],
     label: &str,
     masters: &str,
     creds: &Credentials,
@@ -185,15 +191,22 @@ pub async fn run(
     per_run: u64,
     info: &mut DiskInfo,
 ) -> anyhow::Result<Vec<Row>> {
-    let hostname = format!("{}-remote", crescent_client::config::system_hostname());
-    let run_at = Run {
-        label,
-        masters,
-        creds,
-        transport: "disk",
-        hostname: &hostname,
-    };
-    let client = super::connect(&run_at).await?;
+    let here = crescent_client::config::system_hostname();
+    let remote = format!("{here}-remote");
+    let mut readers = Vec::new();
+    for t in transports {
+        let run_at = Run {
+            label,
+            masters,
+            creds,
+            transport: if t == "disk" { "disk" } else { "disk-local" },
+            hostname: if t == "disk" { &remote } else { &here },
+        };
+        let client = super::connect(&run_at).await?;
+        readers.push((run_at, client));
+    }
+    // The first transport's client puts the objects (and removes them).
+    let client = &readers.first().context("no disk transport")?.1;
     let run = crescent_client::master::new_client_id();
     let segment_file = dir.join(crescent_store::disk::DISK_FILE);
     let ceiling_file = dir.join(format!(".crescent-bench-ceiling-{}", std::process::id()));
@@ -214,10 +227,10 @@ pub async fn run(
         let put_deadline = started + PUT_BUDGET;
         let mut refused = 0;
         for k in &keys {
-            refused += put_retrying(&client, k, &value, put_deadline).await?;
+            refused += put_retrying(client, k, &value, put_deadline).await?;
         }
         let put_secs = started.elapsed().as_secs_f64();
-        let (rounds, wait_secs) = demote_all(&client, &prefix, &keys, memory).await?;
+        let (rounds, wait_secs) = demote_all(client, &prefix, &keys, memory).await?;
         eprintln!(
             "{label} disk {}: {n} objects put in {put_secs:.1} s ({:.0} MB/s; {refused} put attempts failed and were retried, target 0), all disk replicas {wait_secs:.1} s later ({rounds} filler round(s) of {})",
             format_size(size),
@@ -231,8 +244,7 @@ pub async fn run(
             .await?
             .with_context(|| format!("writing the ceiling's file {}", ceiling_file.display()))?;
         let measured = measure_size(
-            &client,
-            &run_at,
+            &readers,
             &keys,
             size,
             &segment_file,
@@ -255,12 +267,11 @@ pub async fn run(
     Ok(rows)
 }
 
-/// The rows of one size: for each batch, the ceiling (cold) then the gets
-/// (cold).
+/// The rows of one size: for each transport's client and each batch, the
+/// ceiling (cold) then the gets (cold).
 #[allow(clippy::too_many_arguments)]
 async fn measure_size(
-    client: &crescent_client::Client,
-    run_at: &Run<'_>,
+    readers: &[(Run<'_>, crescent_client::Client)],
     keys: &[String],
     size: u64,
     segment_file: &Path,
@@ -270,10 +281,14 @@ async fn measure_size(
 ) -> anyhow::Result<Vec<Row>> {
     let total = size * keys.len() as u64;
     let mut rows = Vec::new();
-    for (pass, &batch) in args.batch.iter().enumerate() {
+    let runs = readers
+        .iter()
+        .flat_map(|(run_at, client)| args.batch.iter().map(move |&b| (run_at, client, b)));
+    for (pass, (run_at, client, batch)) in runs.enumerate() {
         eprintln!(
-            "{} disk {} x1 batch {batch} (cold) ...",
+            "{} {} {} x1 batch {batch} (cold) ...",
             run_at.label,
+            run_at.transport,
             format_size(size)
         );
         let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
@@ -321,7 +336,7 @@ async fn measure_size(
         rows.push(Row {
             security: run_at.label.to_string(),
             batch,
-            transport: "disk".to_string(),
+            transport: run_at.transport.to_string(),
             size,
             clients: 1,
             op: "get",
