@@ -103,6 +103,19 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     for t in tasks {
         t.await?;
     }
+    // Which paths the run's bytes went through, on the worker's log
+    // (stderr; logging shows warnings only).
+    let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let stats = &client.stats;
+    eprintln!(
+        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={}",
+        cfg.worker,
+        read(&stats.tcp_bytes),
+        read(&stats.shm_bytes),
+        read(&stats.disk_file_bytes),
+        read(&stats.disk_file_fallbacks),
+        read(&stats.checksum_failures)
+    );
     client.close().await;
     Ok(())
 }

@@ -671,8 +671,14 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store
     let index = |k: &str| -> usize { k.trim_start_matches("block-").parse().unwrap() };
     let before = disk_file_bytes(&here);
     for k in &demoted {
-        assert_eq!(here.get(k).await.unwrap(), value(index(k)), "{k}");
-        assert_eq!(elsewhere.get(k).await.unwrap(), value(index(k)), "{k}");
+        assert!(
+            here.get(k).await.unwrap() == value(index(k)),
+            "{k}: wrong bytes"
+        );
+        assert!(
+            elsewhere.get(k).await.unwrap() == value(index(k)),
+            "{k}: wrong bytes"
+        );
     }
     // Every disk object was read from the file; the other host's client
     // read none of it.
@@ -711,7 +717,10 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store
     // the store, and opens the path again.
     for k in &fresh_on_disk {
         let i: usize = k.trim_start_matches("fresh-").parse().unwrap();
-        assert_eq!(here.get(k).await.unwrap(), value(i + 100), "{k}");
+        assert!(
+            here.get(k).await.unwrap() == value(i + 100),
+            "{k}: wrong bytes"
+        );
     }
     let fallbacks = here
         .stats
@@ -722,7 +731,10 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store
     let before = disk_file_bytes(&here);
     for k in &fresh_on_disk {
         let i: usize = k.trim_start_matches("fresh-").parse().unwrap();
-        assert_eq!(here.get(k).await.unwrap(), value(i + 100), "{k}");
+        assert!(
+            here.get(k).await.unwrap() == value(i + 100),
+            "{k}: wrong bytes"
+        );
     }
     assert!(disk_file_bytes(&here) > before, "the new file was not read");
     assert_eq!(

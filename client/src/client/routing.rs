@@ -211,11 +211,16 @@ impl ClientCore {
                 // A blocking read. On a multi-threaded runtime, in place:
                 // the worker hands its other tasks on and reads straight
                 // into the caller's buffer.
-                if tokio::runtime::Handle::current().runtime_flavor()
-                    == tokio::runtime::RuntimeFlavor::MultiThread
-                {
-                    return tokio::task::block_in_place(|| f.read_with_crc(r.offset, buf))
-                        .map_err(|e| Error::Transfer(e.to_string()));
+                use tokio::runtime::{Handle, RuntimeFlavor};
+                let flavor = Handle::try_current().map(|h| h.runtime_flavor());
+                if matches!(flavor, Ok(RuntimeFlavor::MultiThread) | Err(_)) {
+                    let mut read = || f.read_with_crc(r.offset, buf);
+                    let read = if flavor.is_ok() {
+                        tokio::task::block_in_place(read)
+                    } else {
+                        read()
+                    };
+                    return read.map_err(|e| Error::Transfer(e.to_string()));
                 }
                 // Elsewhere off the async thread, into a buffer of its own:
                 // the caller's cannot be lent to a thread that may outlive
