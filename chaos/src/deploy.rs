@@ -201,10 +201,11 @@ impl ProcessDeployment {
         for i in 0..2 {
             let dir = cluster.root.join(format!("store-{i}-disk"));
             let mut flags = disk_flags(&dir.display().to_string(), None);
-            // The workers run on the stores' host: they read store 0's
-            // memory through /dev/shm and its disk replicas from its file,
-            // and store 1's over TCP, so both paths are under the faults.
-            if i == 0 {
+            // The workers run on the stores' host: they read store 1's
+            // memory through /dev/shm and its disk replicas from its file
+            // (store 1 is the one the store faults kill and restart), and
+            // store 0's over TCP, so both paths are under the faults.
+            if i == 1 {
                 flags.push("--shm".into());
             }
             flags.extend(store_flags.iter().cloned());

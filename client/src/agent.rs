@@ -205,7 +205,11 @@ impl StoreAgent {
             endpoint: endpoint.clone(),
             capacity: size,
             hostname: cfg.hostname.clone(),
-            shm_path: same_host_path(&segment, cfg.shm),
+            shm_path: segment
+                .shm_path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            disk_file_path: disk_file_path(&segment, cfg.shm),
             kind: kind as i32,
             disk_id,
         };
@@ -292,22 +296,31 @@ impl Drop for StoreAgent {
 }
 
 /// Mounts, then heartbeats every `interval`; re-mounts on NEED_REMOUNT.
-/// The path same-host clients read the segment through, or "" for none: a
-/// memory segment's shared-memory file (present only when it was created
-/// with `shm`); a disk segment's file when `shm` asks (absolute, as clients
-/// run in other directories).
-fn same_host_path(segment: &Segment, shm: bool) -> String {
-    if let Some(p) = segment.shm_path() {
-        return p.display().to_string();
-    }
+/// A disk segment's file for same-host clients to read when `shm` asks,
+/// else "" (absolute, as clients run in other directories; "" with a
+/// warning when too long for the masters to take).
+fn disk_file_path(segment: &Segment, shm: bool) -> String {
     match segment.disk_path() {
-        Some(p) if shm => std::path::absolute(p)
-            .unwrap_or_else(|_| p.to_path_buf())
-            .display()
-            .to_string(),
+        Some(p) if shm => {
+            let path = std::path::absolute(p)
+                .unwrap_or_else(|_| p.to_path_buf())
+                .display()
+                .to_string();
+            if path.len() > MAX_ADVERTISED_PATH {
+                tracing::warn!(
+                    path,
+                    "disk segment path too long to offer same-host clients; they read over TCP"
+                );
+                return String::new();
+            }
+            path
+        }
         _ => String::new(),
     }
 }
+
+/// Longest path the masters take in a segment's description.
+const MAX_ADVERTISED_PATH: usize = 4096;
 
 async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
     let mut last_error_log = Instant::now() - Duration::from_secs(60);

@@ -7,8 +7,9 @@
 //! that find memory full go to disk rather than fail; the disk watermark
 //! releases promoted objects' disk copies before it drops any object; an
 //! engine's client contributes a disk segment of its own (`disk_path`); a
-//! same-host client reads disk replicas from the store's file, and falls
-//! back to the store when the file it holds was replaced.
+//! same-host client reads disk replicas from the store's file, opens it
+//! again when the store replaced it, and asks the store when its bytes
+//! fail their checksum.
 //! Needs `cargo build --bins` (`make test`).
 
 use std::collections::BTreeMap;
@@ -634,7 +635,7 @@ fn disk_file_bytes(c: &Client) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store_once_it_is_replaced(
+async fn a_same_host_client_reads_disk_replicas_from_the_file_follows_its_replacement_and_never_returns_bad_bytes(
 ) {
     let disk = tempfile::tempdir().unwrap();
     // No promotion: the disk replicas stay the ones read.
@@ -689,12 +690,7 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store
         demoted.len()
     );
     assert_eq!(disk_file_bytes(&elsewhere), 0);
-    assert_eq!(
-        here.stats
-            .disk_file_fallbacks
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(fallbacks(&here), 0);
 
     // The store's file is replaced while it is down: the restarted store
     // formats a new one at the same path, and the masters forget what the
@@ -713,21 +709,9 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store
         "only {} on disk",
         fresh_on_disk.len()
     );
-    // The old file's bytes fail the new objects' checksums: the client asks
-    // the store, and opens the path again.
-    for k in &fresh_on_disk {
-        let i: usize = k.trim_start_matches("fresh-").parse().unwrap();
-        assert!(
-            here.get(k).await.unwrap() == value(i + 100),
-            "{k}: wrong bytes"
-        );
-    }
-    let fallbacks = here
-        .stats
-        .disk_file_fallbacks
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(fallbacks >= 1, "the replaced file was never noticed");
-    // The new file is read directly: the second pass falls back no more.
+    // The new file is a new segment to the masters: the client opens the
+    // path again for it rather than reading the old file it holds (whose
+    // bytes would fail the new objects' checksums).
     let before = disk_file_bytes(&here);
     for k in &fresh_on_disk {
         let i: usize = k.trim_start_matches("fresh-").parse().unwrap();
@@ -736,11 +720,66 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_and_asks_the_store
             "{k}: wrong bytes"
         );
     }
-    assert!(disk_file_bytes(&here) > before, "the new file was not read");
-    assert_eq!(
-        here.stats
-            .disk_file_fallbacks
-            .load(std::sync::atomic::Ordering::Relaxed),
-        fallbacks
+    assert!(
+        disk_file_bytes(&here) - before >= (fresh_on_disk.len() * VALUE) as u64,
+        "the new file was not read directly"
     );
+    assert_eq!(fallbacks(&here), 0);
+
+    // Bytes that fail their checksum in the file: the direct read is not
+    // believed, the store is asked over TCP (and reads the same bytes), and
+    // the get fails rather than return them.
+    let victim = &fresh_on_disk[0];
+    let found = cluster
+        .master_client()
+        .unwrap()
+        .get_replica_list(victim)
+        .await
+        .unwrap();
+    let disk_replica = found
+        .replicas
+        .iter()
+        .find(|r| r.kind == pb::ReplicaKind::Disk as i32)
+        .expect("a disk replica");
+    assert!(!disk_replica.disk_file_path.is_empty());
+    assert!(
+        disk_replica.shm_path.is_empty(),
+        "older clients would map it"
+    );
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&disk_replica.disk_file_path)
+            .unwrap();
+        f.write_all_at(
+            b"scribbled",
+            crescent_store::disk::HEADER_LEN + disk_replica.offset + 100,
+        )
+        .unwrap();
+    }
+    let tcp_before = here
+        .stats
+        .tcp_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let got = here.get(victim).await;
+    assert!(
+        matches!(got, Err(crescent_client::Error::ChecksumMismatch(_))),
+        "{victim}: {:?}",
+        got.map(|v| v.len())
+    );
+    assert_eq!(fallbacks(&here), 1);
+    assert!(
+        here.stats
+            .tcp_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > tcp_before,
+        "the store was not asked"
+    );
+}
+
+fn fallbacks(c: &Client) -> u64 {
+    c.stats
+        .disk_file_fallbacks
+        .load(std::sync::atomic::Ordering::Relaxed)
 }

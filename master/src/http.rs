@@ -510,7 +510,7 @@ async fn segments(State(node): State<Arc<MasterNode>>) -> Response {
         .map(|s| {
             let a = state.allocator(s.id);
             json!({"id": s.id, "name": s.spec.name, "owner": s.owner, "endpoint": s.spec.endpoint,
-                   "hostname": s.spec.hostname, "shm": !s.spec.shm_path.is_empty(), "capacity": s.spec.capacity,
+                   "hostname": s.spec.hostname, "shm": !s.spec.shm_file().is_empty(), "disk_file": !s.spec.disk_file().is_empty(), "capacity": s.spec.capacity,
                    "allocated": a.map(|a| a.allocated()).unwrap_or(0),
                    "largest_free": a.map(|a| a.largest_free()).unwrap_or(0), "mounted_ms": s.mounted_ms, "expired_ms": s.expired_ms})
         })

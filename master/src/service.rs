@@ -132,7 +132,12 @@ fn replica_pb(state: &MetaState, r: &Replica, terms: GrantTerms) -> pb::ReplicaD
             pb::ReplicaStatus::Processing as i32
         },
         hostname: seg.map(|s| s.spec.hostname.clone()).unwrap_or_default(),
-        shm_path: seg.map(|s| s.spec.shm_path.clone()).unwrap_or_default(),
+        shm_path: seg
+            .map(|s| s.spec.shm_file().to_string())
+            .unwrap_or_default(),
+        disk_file_path: seg
+            .map(|s| s.spec.disk_file().to_string())
+            .unwrap_or_default(),
         grant_expiry_ms: terms.expiry_ms,
         grant_mac: sign_grant(seg, r, terms),
         kind: if seg.is_some_and(|s| s.is_disk()) {
@@ -1389,10 +1394,14 @@ impl MasterService for MasterApi {
                 "segment capacity must be greater than 0",
             ));
         }
-        if seg.endpoint.len() > 1024 || seg.hostname.len() > 1024 || seg.shm_path.len() > 4096 {
+        if seg.endpoint.len() > 1024
+            || seg.hostname.len() > 1024
+            || seg.shm_path.len() > 4096
+            || seg.disk_file_path.len() > 4096
+        {
             return fail(invalid(
                 ErrorCode::InvalidParams,
-                "segment endpoint, hostname or shm path too long",
+                "segment endpoint, hostname, shm path or disk file path too long",
             ));
         }
         if SegmentKey::from_slice(&r.segment_key).is_none() {
@@ -1414,13 +1423,47 @@ impl MasterService for MasterApi {
                 ))
             }
         };
+        if tier == Tier::Disk && !seg.shm_path.is_empty() {
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                "a disk segment has no shared-memory path (its file goes in disk_file_path)",
+            ));
+        }
+        if tier == Tier::Memory && !seg.disk_file_path.is_empty() {
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                "a memory segment has no disk file",
+            ));
+        }
+        // A shared-memory path that looked like a disk file would be
+        // listed as one.
+        if seg
+            .shm_path
+            .starts_with(crescent_raft::state::DISK_FILE_PREFIX)
+        {
+            return fail(invalid(
+                ErrorCode::InvalidParams,
+                format!(
+                    "a shared-memory path may not start with {:?}",
+                    crescent_raft::state::DISK_FILE_PREFIX
+                ),
+            ));
+        }
         let owner = origin.client_id.clone();
         let spec = SegmentSpec {
             name: seg.name.clone(),
             endpoint: seg.endpoint,
             capacity: seg.capacity,
             hostname: seg.hostname,
-            shm_path: seg.shm_path,
+            shm_path: if seg.disk_file_path.is_empty() {
+                seg.shm_path
+            } else {
+                format!(
+                    "{}{}",
+                    crescent_raft::state::DISK_FILE_PREFIX,
+                    seg.disk_file_path
+                )
+            },
         };
         let key = SegmentKeyBytes(r.segment_key);
         // A memory mount keeps its older entry, so logs stay readable by

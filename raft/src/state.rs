@@ -70,7 +70,34 @@ pub struct SegmentSpec {
     pub endpoint: String,
     pub capacity: u64,
     pub hostname: String,
+    /// A memory segment's shared-memory file; for a disk segment,
+    /// [`DISK_FILE_PREFIX`] and its file, or empty (see there).
     pub shm_path: String,
+}
+
+/// What a disk segment's `shm_path` starts with when its store lets
+/// same-host clients read the file (`--shm`). The path is kept in the
+/// same field, so the replicated state's encoding is unchanged; the prefix
+/// makes it a path no client opens as shared memory: a master from before
+/// the same-host disk reads lists it as a shared-memory path, and a client
+/// from before then fails to map it and reads over TCP (mapping the disk
+/// file as shared memory would read and write it 4 KiB off, past its header).
+pub const DISK_FILE_PREFIX: &str = "disk-file:";
+
+impl SegmentSpec {
+    /// The segment's shared-memory file, or "" (a disk segment has none).
+    pub fn shm_file(&self) -> &str {
+        if self.shm_path.starts_with(DISK_FILE_PREFIX) {
+            ""
+        } else {
+            &self.shm_path
+        }
+    }
+
+    /// A disk segment's file that same-host clients may read, or "".
+    pub fn disk_file(&self) -> &str {
+        self.shm_path.strip_prefix(DISK_FILE_PREFIX).unwrap_or("")
+    }
 }
 
 /// Which tier a segment is: memory, or a disk file that survives its

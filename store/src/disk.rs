@@ -104,10 +104,7 @@ impl DiskFileReader {
     /// a file at the same path on another machine, or another store's,
     /// is refused rather than read.
     pub fn open(path: &Path, segment_name: &str) -> io::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)?;
+        let file = std::fs::OpenOptions::new().read(true).open(path)?;
         let len = file.metadata()?.len();
         let invalid = |why: String| {
             io::Error::new(
@@ -127,7 +124,7 @@ impl DiskFileReader {
                 identity.name
             )));
         }
-        if len != HEADER_LEN + identity.capacity {
+        if Some(len) != HEADER_LEN.checked_add(identity.capacity) {
             return Err(invalid(format!(
                 "{len} bytes for a capacity of {}",
                 identity.capacity

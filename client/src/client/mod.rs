@@ -95,7 +95,7 @@ pub struct ClientCore {
     tcp: TcpTransport,
     shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
     /// Same-host disk segment files open for reading, by segment name and path.
-    disk_files: Mutex<HashMap<(String, String), routing::DiskFileState>>,
+    disk_files: Mutex<HashMap<String, routing::DiskFileState>>,
     local: Option<Arc<StoreAgent>>,
     /// The embedded disk segment, when `disk_path` is set; taken by
     /// `close`, which so releases its file at once.

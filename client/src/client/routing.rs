@@ -16,10 +16,14 @@ const DISK_FILE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// forgotten at once and opened again as needed.
 const MAX_DISK_FILES: usize = 1024;
 
-/// A same-host disk segment file, as this client last found it.
-pub(super) enum DiskFileState {
-    Open(Arc<DiskFileReader>),
-    Unreadable { retry_at: Instant },
+/// A same-host disk segment file (by path), as this client last found it,
+/// for the segment (id and name) it was opened for: a descriptor of another
+/// segment at the path (the store formatted a new file, which the masters
+/// mount as a new segment) opens it again, closing the old one.
+pub(super) struct DiskFileState {
+    segment_id: u64,
+    segment_name: String,
+    file: Result<Arc<DiskFileReader>, Instant>,
 }
 
 /// Where a replica can be reached from here.
@@ -40,13 +44,16 @@ impl ClientCore {
                 return Route::Local(agent);
             }
         }
-        if !r.shm_path.is_empty() && r.hostname == self.config.local_hostname {
-            if r.kind == pb::ReplicaKind::Disk as i32 {
+        if r.hostname == self.config.local_hostname {
+            let disk = r.kind == pb::ReplicaKind::Disk as i32;
+            if disk && !r.disk_file_path.is_empty() {
                 if let Some(f) = self.disk_file(r) {
                     return Route::DiskFile(f);
                 }
-            } else if let Some(m) = self.shm_mapping(&r.shm_path) {
-                return Route::Shm(m);
+            } else if !disk && !r.shm_path.is_empty() {
+                if let Some(m) = self.shm_mapping(&r.shm_path) {
+                    return Route::Shm(m);
+                }
             }
         }
         Route::Tcp(&r.endpoint)
@@ -62,34 +69,44 @@ impl ClientCore {
     }
 
     fn disk_file(&self, r: &pb::ReplicaDescriptor) -> Option<Arc<DiskFileReader>> {
-        let key = (r.segment_name.clone(), r.shm_path.clone());
-        let mut files = self.disk_files.lock().expect("lock poisoned");
-        match files.get(&key) {
-            Some(DiskFileState::Open(f)) => return Some(f.clone()),
-            Some(DiskFileState::Unreadable { retry_at }) if Instant::now() < *retry_at => {
-                return None
+        let path = &r.disk_file_path;
+        {
+            let files = self.disk_files.lock().expect("lock poisoned");
+            match files.get(path) {
+                Some(s) if s.segment_id == r.segment_id && s.segment_name == r.segment_name => {
+                    match &s.file {
+                        Ok(f) => return Some(f.clone()),
+                        Err(retry_at) if Instant::now() < *retry_at => return None,
+                        Err(_) => {}
+                    }
+                }
+                _ => {}
             }
-            _ => {}
         }
-        if files.len() >= MAX_DISK_FILES {
+        // Opened outside the lock: a slow file system holds up this read
+        // only, not every other reader's lookup of its file.
+        let file = DiskFileReader::open(std::path::Path::new(path), &r.segment_name)
+            .map(Arc::new)
+            .map_err(|e| {
+                // Another user's file, or another machine's path: TCP, and
+                // the path is tried again a while later (the store may
+                // still have been formatting it).
+                tracing::debug!(path, error = %e, "cannot read the disk segment's file; using TCP");
+                Instant::now() + DISK_FILE_RETRY
+            });
+        let mut files = self.disk_files.lock().expect("lock poisoned");
+        if files.len() >= MAX_DISK_FILES && !files.contains_key(path) {
             files.clear();
         }
-        match DiskFileReader::open(std::path::Path::new(&r.shm_path), &r.segment_name) {
-            Ok(f) => {
-                let f = Arc::new(f);
-                files.insert(key, DiskFileState::Open(f.clone()));
-                Some(f)
-            }
-            Err(e) => {
-                // Another user's file, or another machine's path: TCP,
-                // and the path is tried again a while later (the store
-                // may still have been formatting it).
-                tracing::debug!(path = r.shm_path, error = %e, "cannot read the disk segment's file; using TCP");
-                let retry_at = Instant::now() + DISK_FILE_RETRY;
-                files.insert(key, DiskFileState::Unreadable { retry_at });
-                None
-            }
-        }
+        files.insert(
+            path.clone(),
+            DiskFileState {
+                segment_id: r.segment_id,
+                segment_name: r.segment_name.clone(),
+                file: file.clone(),
+            },
+        );
+        file.ok()
     }
 
     /// Closes `r`'s disk file, so the next read opens the path again: the
@@ -98,7 +115,7 @@ impl ClientCore {
         self.disk_files
             .lock()
             .expect("lock poisoned")
-            .remove(&(r.segment_name.clone(), r.shm_path.clone()));
+            .remove(&r.disk_file_path);
     }
 
     pub(super) fn shm_mapping(&self, path: &str) -> Option<Arc<ShmMapping>> {
@@ -195,7 +212,11 @@ impl ClientCore {
         r: &pb::ReplicaDescriptor,
         buf: &mut [u8],
     ) -> Result<u32> {
-        self.count(&route, buf.len());
+        // A same-host disk file read counts once it succeeded: a failed
+        // one is read again over TCP and counted there.
+        if !matches!(route, Route::DiskFile(_)) {
+            self.count(&route, buf.len());
+        }
         match route {
             Route::Local(agent) => {
                 // SAFETY: range checked by `slice`; the object is immutable once complete.
@@ -208,37 +229,11 @@ impl ClientCore {
                 Error::Transfer(e.to_string())
             }),
             Route::DiskFile(f) => {
-                // A blocking read. On a multi-threaded runtime, in place:
-                // the worker hands its other tasks on and reads straight
-                // into the caller's buffer.
-                use tokio::runtime::{Handle, RuntimeFlavor};
-                let flavor = Handle::try_current().map(|h| h.runtime_flavor());
-                if matches!(flavor, Ok(RuntimeFlavor::MultiThread) | Err(_)) {
-                    let mut read = || f.read_with_crc(r.offset, buf);
-                    let read = if flavor.is_ok() {
-                        tokio::task::block_in_place(read)
-                    } else {
-                        read()
-                    };
-                    return read.map_err(|e| Error::Transfer(e.to_string()));
-                }
-                // Elsewhere off the async thread, into a buffer of its own:
-                // the caller's cannot be lent to a thread that may outlive
-                // this future (a cancelled get).
-                let (offset, len) = (r.offset, buf.len());
-                let read = tokio::task::spawn_blocking(move || {
-                    let mut bytes = vec![0u8; len];
-                    f.read_with_crc(offset, &mut bytes).map(|crc| (bytes, crc))
-                })
-                .await
-                .map_err(|e| Error::Transfer(format!("disk file read: {e}")))?;
-                match read {
-                    Ok((bytes, crc)) => {
-                        buf.copy_from_slice(&bytes);
-                        Ok(crc)
-                    }
-                    Err(e) => Err(Error::Transfer(e.to_string())),
-                }
+                let crc = read_disk_file(f, r.offset, buf).await?;
+                self.stats
+                    .disk_file_bytes
+                    .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Ok(crc)
             }
             Route::Tcp(ep) => {
                 let step = MAX_TRANSFER as usize;
@@ -336,6 +331,39 @@ impl ClientCore {
             Err(Error::Transfer(last))
         }
     }
+}
+
+/// Reads `buf.len()` bytes at `offset` of a same-host disk segment file,
+/// returning their crc32c. A blocking read: on a multi-threaded runtime in
+/// place (`block_in_place`: the worker hands its other tasks on, and the
+/// bytes go straight into the caller's buffer); on a current-thread runtime
+/// on a blocking thread, into a buffer of its own (the caller's cannot be
+/// lent to a thread that may outlive this future, a cancelled get), then
+/// copied; outside any runtime inline. Known limit: a multi-threaded
+/// runtime entered (`Handle::enter`) inside a current-thread runtime's
+/// `block_on` is taken for the first case, and `block_in_place` panics.
+async fn read_disk_file(f: Arc<DiskFileReader>, offset: u64, buf: &mut [u8]) -> Result<u32> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let flavor = Handle::try_current().map(|h| h.runtime_flavor());
+    if matches!(flavor, Ok(RuntimeFlavor::MultiThread) | Err(_)) {
+        let mut read = || f.read_with_crc(offset, buf);
+        let read = if flavor.is_ok() {
+            tokio::task::block_in_place(read)
+        } else {
+            read()
+        };
+        return read.map_err(|e| Error::Transfer(e.to_string()));
+    }
+    let len = buf.len();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut bytes = vec![0u8; len];
+        f.read_with_crc(offset, &mut bytes).map(|crc| (bytes, crc))
+    })
+    .await
+    .map_err(|e| Error::Transfer(format!("disk file read: {e}")))?;
+    let (bytes, crc) = read.map_err(|e| Error::Transfer(e.to_string()))?;
+    buf.copy_from_slice(&bytes);
+    Ok(crc)
 }
 
 /// The crc32c of consecutive pieces. Objects over MAX_TRANSFER (1 GiB) arrive
