@@ -6,7 +6,8 @@
 # the chaos workers.
 #
 #   PROFILE=release|debug   which cargo build to package (default release)
-#   IMAGE=name:tag          also tag it so (default crescent:latest)
+#   IMAGE=name:tag          its name (default crescent:latest); a release
+#                           build is also tagged crescent:<version>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +70,12 @@ tar -C "$ROOT" -c . | docker import \
   --change 'WORKDIR /var/lib/crescent' \
   --change 'EXPOSE 50051 9003 50061 9103 2379 2380' \
   --change 'CMD ["crescent-master", "--help"]' \
-  - "crescent:$VERSION" >/dev/null
-docker tag "crescent:$VERSION" "$IMAGE"
-echo "images: built crescent:$VERSION and $IMAGE from target/$PROFILE ($(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"
+  - "$IMAGE" >/dev/null
+# The version tag (what the Kubernetes files name) is a release build's
+# only: `make test`'s debug image (crescent:test) leaves it alone.
+NAMES=$IMAGE
+if [ "$PROFILE" = release ]; then
+  docker tag "$IMAGE" "crescent:$VERSION"
+  NAMES="crescent:$VERSION and $IMAGE"
+fi
+echo "images: built $NAMES from target/$PROFILE ($(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"
