@@ -295,7 +295,6 @@ impl Drop for StoreAgent {
     }
 }
 
-/// Mounts, then heartbeats every `interval`; re-mounts on NEED_REMOUNT.
 /// A disk segment's file for same-host clients to read when `shm` asks,
 /// else "" (absolute, as clients run in other directories; "" with a
 /// warning when too long for the masters to take).
@@ -306,7 +305,7 @@ fn disk_file_path(segment: &Segment, shm: bool) -> String {
                 .unwrap_or_else(|_| p.to_path_buf())
                 .display()
                 .to_string();
-            if path.len() > MAX_ADVERTISED_PATH {
+            if path.len() > crescent_proto::MAX_SEGMENT_PATH_BYTES {
                 tracing::warn!(
                     path,
                     "disk segment path too long to offer same-host clients; they read over TCP"
@@ -319,9 +318,7 @@ fn disk_file_path(segment: &Segment, shm: bool) -> String {
     }
 }
 
-/// Longest path the masters take in a segment's description.
-const MAX_ADVERTISED_PATH: usize = 4096;
-
+/// Mounts, then heartbeats every `interval`; re-mounts on NEED_REMOUNT.
 async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
     let mut last_error_log = Instant::now() - Duration::from_secs(60);
     let mut backoff = Duration::from_millis(50);

@@ -157,12 +157,23 @@ async fn disk_cluster(disk: &std::path::Path) -> (LocalCluster, Client) {
 }
 
 async fn disk_cluster_with(disk: &std::path::Path, flags: &[String]) -> (LocalCluster, Client) {
+    disk_cluster_serving(disk, flags, &[]).await
+}
+
+/// [`disk_cluster_with`], the store also given `store_extra`.
+async fn disk_cluster_serving(
+    disk: &std::path::Path,
+    flags: &[String],
+    store_extra: &[String],
+) -> (LocalCluster, Client) {
     let mut cluster = LocalCluster::start(3, flags).unwrap();
     cluster
         .wait_for_leader(Duration::from_secs(15))
         .await
         .unwrap();
-    cluster.start_store("8mb", &store_flags(disk)).unwrap();
+    let mut store = store_flags(disk);
+    store.extend_from_slice(store_extra);
+    cluster.start_store("8mb", &store).unwrap();
     cluster
         .wait_for_segments(2, Duration::from_secs(15))
         .await
@@ -641,20 +652,9 @@ async fn a_same_host_client_reads_disk_replicas_from_the_file_follows_its_replac
     // No promotion: the disk replicas stay the ones read.
     let mut masters = master_flags();
     masters.extend(["--promotion-reads".to_string(), "0".to_string()]);
-    let mut cluster = LocalCluster::start(3, &masters).unwrap();
-    cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    let mut flags = store_flags(disk.path());
-    flags.push("--shm".into());
-    cluster.start_store("8mb", &flags).unwrap();
-    cluster
-        .wait_for_segments(2, Duration::from_secs(15))
-        .await
-        .unwrap();
-    // Both clients name their host: this one the store's, the other not.
-    let here = client(&cluster).await;
+    let (mut cluster, here) =
+        disk_cluster_serving(disk.path(), &masters, &["--shm".to_string()]).await;
+    // Both clients name their host: `here` the store's, this one not.
     let elsewhere = Client::connect(ClientConfig {
         master: cluster.masters_arg(),
         local_hostname: "another-host".into(),

@@ -1396,8 +1396,8 @@ impl MasterService for MasterApi {
         }
         if seg.endpoint.len() > 1024
             || seg.hostname.len() > 1024
-            || seg.shm_path.len() > 4096
-            || seg.disk_file_path.len() > 4096
+            || seg.shm_path.len() > crescent_proto::MAX_SEGMENT_PATH_BYTES
+            || seg.disk_file_path.len() > crescent_proto::MAX_SEGMENT_PATH_BYTES
         {
             return fail(invalid(
                 ErrorCode::InvalidParams,
@@ -1450,21 +1450,16 @@ impl MasterService for MasterApi {
             ));
         }
         let owner = origin.client_id.clone();
-        let spec = SegmentSpec {
+        let mut spec = SegmentSpec {
             name: seg.name.clone(),
             endpoint: seg.endpoint,
             capacity: seg.capacity,
             hostname: seg.hostname,
-            shm_path: if seg.disk_file_path.is_empty() {
-                seg.shm_path
-            } else {
-                format!(
-                    "{}{}",
-                    crescent_raft::state::DISK_FILE_PREFIX,
-                    seg.disk_file_path
-                )
-            },
+            shm_path: seg.shm_path,
         };
+        if !seg.disk_file_path.is_empty() {
+            spec.set_disk_file(&seg.disk_file_path);
+        }
         let key = SegmentKeyBytes(r.segment_key);
         // A memory mount keeps its older entry, so logs stay readable by
         // the build before the disk tier.

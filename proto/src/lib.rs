@@ -20,6 +20,9 @@ pub use pb::ErrorCode;
 pub const DEFAULT_MAX_KEY_LEN: usize = 4096;
 /// Largest gRPC message a master or client decodes (also bounds batch sizes).
 pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Longest file path a segment's description may carry (its shared-memory
+/// file or its disk file).
+pub const MAX_SEGMENT_PATH_BYTES: usize = 4096;
 /// Largest number of items in one batch request.
 pub const MAX_BATCH_ITEMS: usize = 16 * 1024;
 /// Largest sum of key lengths in one batch request: with its sizes and

@@ -98,6 +98,11 @@ impl SegmentSpec {
     pub fn disk_file(&self) -> &str {
         self.shm_path.strip_prefix(DISK_FILE_PREFIX).unwrap_or("")
     }
+
+    /// Records a disk segment's file for [`disk_file`](Self::disk_file).
+    pub fn set_disk_file(&mut self, path: &str) {
+        self.shm_path = format!("{DISK_FILE_PREFIX}{path}");
+    }
 }
 
 /// Which tier a segment is: memory, or a disk file that survives its

@@ -112,23 +112,15 @@ impl DiskFileReader {
                 format!("{}: {why}", path.display()),
             )
         };
-        if len < HEADER_LEN {
-            return Err(invalid(format!("{len} bytes, shorter than a header")));
-        }
-        let mut header = vec![0u8; HEADER_LEN as usize];
-        file.read_exact_at(&mut header, 0)?;
-        let identity = decode_header(&header).map_err(invalid)?;
+        let identity = read_identity(&file, len)?.map_err(invalid)?;
         if identity.name != segment_name {
             return Err(invalid(format!(
                 "holds segment {:?}, not {segment_name:?}",
                 identity.name
             )));
         }
-        if Some(len) != HEADER_LEN.checked_add(identity.capacity) {
-            return Err(invalid(format!(
-                "{len} bytes for a capacity of {}",
-                identity.capacity
-            )));
+        if let Some(why) = length_mismatch(&identity, len) {
+            return Err(invalid(why));
         }
         Ok(Self {
             file,
@@ -252,14 +244,7 @@ fn check_existing(
     file_len: u64,
     capacity: u64,
 ) -> io::Result<Result<DiskIdentity, String>> {
-    if file_len < HEADER_LEN {
-        return Ok(Err(format!(
-            "the file is {file_len} bytes, shorter than its {HEADER_LEN}-byte header"
-        )));
-    }
-    let mut header = vec![0u8; HEADER_LEN as usize];
-    file.read_exact_at(&mut header, 0)?;
-    let identity = match decode_header(&header) {
+    let identity = match read_identity(file, file_len)? {
         Ok(identity) => identity,
         Err(why) => return Ok(Err(why)),
     };
@@ -269,14 +254,36 @@ fn check_existing(
             identity.capacity
         )));
     }
-    let expected = HEADER_LEN + capacity;
-    if file_len != expected {
-        return Ok(Err(format!(
-            "the file is {file_len} bytes, {expected} expected for its capacity \
-             (truncated or extended while no store held it)"
-        )));
+    if let Some(why) = length_mismatch(&identity, file_len) {
+        return Ok(Err(why));
     }
     Ok(Ok(identity))
+}
+
+/// The identity in the header of `file` (`file_len` bytes long), or why it
+/// has no valid header. I/O errors are errors.
+fn read_identity(file: &File, file_len: u64) -> io::Result<Result<DiskIdentity, String>> {
+    if file_len < HEADER_LEN {
+        return Ok(Err(format!(
+            "the file is {file_len} bytes, shorter than its {HEADER_LEN}-byte header"
+        )));
+    }
+    let mut header = vec![0u8; HEADER_LEN as usize];
+    file.read_exact_at(&mut header, 0)?;
+    Ok(decode_header(&header))
+}
+
+/// Why a file of `file_len` bytes is not as long as its header's capacity
+/// says, or None.
+fn length_mismatch(identity: &DiskIdentity, file_len: u64) -> Option<String> {
+    let expected = HEADER_LEN.checked_add(identity.capacity);
+    (Some(file_len) != expected).then(|| {
+        format!(
+            "the file is {file_len} bytes, {} expected for its capacity \
+             (truncated or extended while no store held it)",
+            expected.map_or_else(|| "more than 2^64".to_string(), |e| e.to_string())
+        )
+    })
 }
 
 /// The header's identity, or why it is not a valid header.
@@ -698,6 +705,6 @@ mod tests {
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(HEADER_LEN + cap / 2).unwrap();
         let e = DiskFileReader::open(&path, "store-a-disk").err().unwrap();
-        assert!(e.to_string().contains("for a capacity"), "{e}");
+        assert!(e.to_string().contains("expected for its capacity"), "{e}");
     }
 }

@@ -94,7 +94,8 @@ pub struct ClientCore {
     master: Arc<MasterClient>,
     tcp: TcpTransport,
     shm: Mutex<HashMap<String, Arc<ShmMapping>>>,
-    /// Same-host disk segment files open for reading, by segment name and path.
+    /// Same-host disk segment files open for reading (or found unreadable),
+    /// by path.
     disk_files: Mutex<HashMap<String, routing::DiskFileState>>,
     local: Option<Arc<StoreAgent>>,
     /// The embedded disk segment, when `disk_path` is set; taken by

@@ -60,12 +60,12 @@ impl ClientCore {
     }
 
     /// The route a write to `r` takes: a disk file is written by its store,
-    /// so over TCP.
+    /// so over TCP (without opening the file, which only reads need).
     pub(super) fn write_route<'a>(&'a self, r: &'a pb::ReplicaDescriptor) -> Route<'a> {
-        match self.route(r) {
-            Route::DiskFile(_) => Route::Tcp(&r.endpoint),
-            route => route,
+        if r.kind == pb::ReplicaKind::Disk as i32 {
+            return Route::Tcp(&r.endpoint);
         }
+        self.route(r)
     }
 
     fn disk_file(&self, r: &pb::ReplicaDescriptor) -> Option<Arc<DiskFileReader>> {
@@ -229,10 +229,8 @@ impl ClientCore {
                 Error::Transfer(e.to_string())
             }),
             Route::DiskFile(f) => {
-                let crc = read_disk_file(f, r.offset, buf).await?;
-                self.stats
-                    .disk_file_bytes
-                    .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let crc = read_disk_file(f.clone(), r.offset, buf).await?;
+                self.count(&Route::DiskFile(f), buf.len());
                 Ok(crc)
             }
             Route::Tcp(ep) => {
