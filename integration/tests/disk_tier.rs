@@ -783,3 +783,153 @@ fn fallbacks(c: &Client) -> u64 {
         .disk_file_fallbacks
         .load(std::sync::atomic::Ordering::Relaxed)
 }
+
+/// Bytes of `value`'s length, different from it, with the same crc32c: the
+/// checksum cannot tell them apart, so only where they were read from can.
+/// (crc32c is affine over GF(2) for messages of one length: flipping a set
+/// of bits changes the crc by the xor of what each flip alone changes it
+/// by. Among 64 single-bit flips some set changes it by 0.)
+fn same_crc_other_bytes(value: &[u8]) -> Vec<u8> {
+    let base = crc32c::crc32c(value);
+    let effect = |bit: usize| {
+        let mut v = value.to_vec();
+        v[bit / 8] ^= 1 << (bit % 8);
+        crc32c::crc32c(&v) ^ base
+    };
+    // A basis of the effects seen, each with the flips that make it.
+    let mut basis: Vec<(u32, u64)> = Vec::new();
+    for bit in 0..64 {
+        let (mut e, mut flips) = (effect(bit), 1u64 << bit);
+        for &(b, f) in &basis {
+            if e ^ b < e {
+                e ^= b;
+                flips ^= f;
+            }
+        }
+        if e == 0 {
+            let mut forged = value.to_vec();
+            for b in (0..64).filter(|b| flips & (1 << b) != 0) {
+                forged[b / 8] ^= 1 << (b % 8);
+            }
+            assert_ne!(forged, value);
+            assert_eq!(crc32c::crc32c(&forged), base);
+            return forged;
+        }
+        basis.push((e, flips));
+        basis.sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
+    }
+    unreachable!("64 flips in a 32-bit space always have a dependent set")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_client_reads_cached_disk_replicas_from_the_file_but_never_from_a_file_formatted_anew(
+) {
+    let disk = tempfile::tempdir().unwrap();
+    let mut masters = master_flags();
+    masters.extend(["--promotion-reads".to_string(), "0".to_string()]);
+    let (mut cluster, writer) =
+        disk_cluster_serving(disk.path(), &masters, &["--shm".to_string()]).await;
+    let keys: Vec<String> = (0..32).map(|i| format!("block-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&writer, k, &value(i)).await.unwrap();
+    }
+    let demoted = on_disk(&cluster, &keys).await;
+    assert!(demoted.len() >= 12, "only {} on disk", demoted.len());
+    let index = |k: &str| -> usize { k.trim_start_matches("block-").parse().unwrap() };
+
+    // The victim, and bytes that pass its checksum but are not its value.
+    // Read last below, its cached descriptor has the most lease left.
+    let victim = demoted.last().expect("a disk object").clone();
+    let found = cluster
+        .master_client()
+        .unwrap()
+        .get_replica_list(&victim)
+        .await
+        .unwrap();
+    let replica = found
+        .replicas
+        .iter()
+        .find(|r| r.kind == pb::ReplicaKind::Disk as i32)
+        .expect("a disk replica")
+        .clone();
+    assert_eq!(replica.disk_id.len(), 32, "{replica:?}");
+    let forged = same_crc_other_bytes(&value(index(&victim)));
+    assert_eq!(crc32c::crc32c(&forged), found.checksum);
+    // A same-host client with the descriptor cache: the second get of a
+    // disk object reads the file with no master call.
+    let here = Client::connect(ClientConfig {
+        master: cluster.masters_arg(),
+        descriptor_cache: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let cached = |c: &Client| {
+        c.stats
+            .cached_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    for k in &demoted {
+        let want = value(index(k));
+        assert!(here.get(k).await.unwrap() == want, "{k}: wrong bytes");
+        let (reads, bytes) = (cached(&here), disk_file_bytes(&here));
+        assert!(here.get(k).await.unwrap() == want, "{k}: wrong bytes");
+        assert_eq!(
+            cached(&here),
+            reads + 1,
+            "{k}: not read with its cached descriptor"
+        );
+        assert!(
+            disk_file_bytes(&here) >= bytes + VALUE as u64,
+            "{k}: the cached read did not read the file"
+        );
+    }
+    assert_eq!(fallbacks(&here), 0);
+
+    // The store dies and its file is formatted anew in place (as a store
+    // does that finds it unusable): a new disk id in the header, and the
+    // forged bytes at the victim's offset. This client still holds the
+    // file open and the victim's descriptor is still cached.
+    cluster.stores[0].kill();
+    {
+        use std::os::unix::fs::FileExt;
+        let path = disk.path().join(crescent_store::disk::DISK_FILE);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let len = f.metadata().unwrap().len();
+        let mut header = vec![0u8; crescent_store::disk::HEADER_LEN as usize];
+        f.read_exact_at(&mut header, 0).unwrap();
+        f.set_len(0).unwrap();
+        f.set_len(len).unwrap();
+        // A new disk id (bytes 20..36), the header's crc32c made good again.
+        for b in &mut header[20..36] {
+            *b = !*b;
+        }
+        let name_len = u16::from_le_bytes([header[36], header[37]]) as usize;
+        let crc_at = 38 + name_len;
+        let crc = crc32c::crc32c(&header[..crc_at]);
+        header[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        f.write_all_at(&header, 0).unwrap();
+        f.write_all_at(&forged, crescent_store::disk::HEADER_LEN + replica.offset)
+            .unwrap();
+    }
+    // The cached read finds the file formatted anew and does not believe
+    // it; the store (down) cannot be asked; the masters still list the
+    // replica, whose descriptor names the old formatting, which the file
+    // no longer holds. The get fails: it never returns the forged bytes.
+    let got = here.get(&victim).await;
+    assert!(
+        got.is_err(),
+        "{victim}: read {} bytes from a file formatted anew (forged: {})",
+        got.as_ref().map_or(0, Vec::len),
+        got.as_ref().is_ok_and(|v| *v == forged)
+    );
+    assert!(fallbacks(&here) >= 1, "the direct read was not refused");
+    // A client without the cache, opening the file afresh, refuses it too.
+    let fresh = client(&cluster).await;
+    assert!(fresh.get(&victim).await.is_err());
+    assert_eq!(disk_file_bytes(&fresh), 0);
+}

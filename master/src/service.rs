@@ -138,6 +138,11 @@ fn replica_pb(state: &MetaState, r: &Replica, terms: GrantTerms) -> pb::ReplicaD
         disk_file_path: seg
             .map(|s| s.spec.disk_file().to_string())
             .unwrap_or_default(),
+        // Only a same-host reader of the file needs it.
+        disk_id: seg
+            .filter(|s| !s.spec.disk_file().is_empty())
+            .map(|s| s.disk_id.clone())
+            .unwrap_or_default(),
         grant_expiry_ms: terms.expiry_ms,
         grant_mac: sign_grant(seg, r, terms),
         kind: if seg.is_some_and(|s| s.is_disk()) {

@@ -89,21 +89,33 @@ pub(crate) struct DiskFile {
 /// asking the store over a socket (the store advertises the file's path only
 /// when run with `--shm`; the file's mode, 0600, keeps other users out).
 ///
-/// It takes no lock and never writes. The file can change under it (the
-/// store reformats it, or is replaced by a new one at the same path while
-/// this still holds the old one open): readers check every object's
-/// checksum, as for any replica, and reopen the path after a mismatch.
+/// It takes no lock and never writes. The file can change under it:
+/// - the store reformats it in place (a new disk id in the header): every
+///   read checks, after its bytes, that the header still holds the disk id
+///   seen at open, so no read returns bytes of another formatting. A
+///   formatting only ever gets a new random id, so the id seen after the
+///   read proves no reformat had begun before it;
+/// - a new file replaces it at the same path while this holds the old one:
+///   the old file's bytes are the objects they were, untouched (its store
+///   is gone);
+/// - its store writes new objects into ranges the masters freed: readers
+///   check every object's checksum, as for any replica, and reopen the path
+///   after a mismatch.
 pub struct DiskFileReader {
     file: File,
     capacity: u64,
+    /// The header's disk id when opened.
+    disk_id: [u8; 16],
 }
 
 impl DiskFileReader {
     /// Opens the segment file at `path`, which must be a valid disk segment
-    /// named `segment_name` (the name the masters list the replica under):
-    /// a file at the same path on another machine, or another store's,
-    /// is refused rather than read.
-    pub fn open(path: &Path, segment_name: &str) -> io::Result<Self> {
+    /// named `segment_name` (the name the masters list the replica under)
+    /// and, unless `disk_id` is empty (masters from before it name none),
+    /// formatted as `disk_id`: a file at the same path on another machine,
+    /// another store's, or the same store's file formatted anew since the
+    /// masters described it, is refused rather than read.
+    pub fn open(path: &Path, segment_name: &str, disk_id: &str) -> io::Result<Self> {
         let file = std::fs::OpenOptions::new().read(true).open(path)?;
         let len = file.metadata()?.len();
         let invalid = |why: String| {
@@ -119,17 +131,30 @@ impl DiskFileReader {
                 identity.name
             )));
         }
+        if !disk_id.is_empty() && identity.disk_id != disk_id {
+            return Err(invalid(format!(
+                "formatted as disk {}, not {disk_id:?} (formatted anew since)",
+                identity.disk_id
+            )));
+        }
         if let Some(why) = length_mismatch(&identity, len) {
             return Err(invalid(why));
         }
         Ok(Self {
             file,
             capacity: identity.capacity,
+            disk_id: unhex(&identity.disk_id),
         })
     }
 
+    /// The disk id of the formatting this reader reads.
+    pub fn disk_id(&self) -> String {
+        hex(&self.disk_id)
+    }
+
     /// Reads `dst.len()` bytes at segment offset `offset` and returns their
-    /// crc32c (computed piece by piece, while each is in cache).
+    /// crc32c (computed piece by piece, while each is in cache); an error
+    /// (`InvalidData`) if the file was formatted anew before the read ended.
     pub fn read_with_crc(&self, offset: u64, dst: &mut [u8]) -> io::Result<u32> {
         match offset.checked_add(dst.len() as u64) {
             Some(end) if end <= self.capacity => {}
@@ -150,6 +175,20 @@ impl DiskFileReader {
             let at = HEADER_LEN + offset + (i * PIECE) as u64;
             self.file.read_exact_at(piece, at)?;
             crc = crc32c::crc32c_append(crc, piece);
+        }
+        // After the bytes: a reformat sets the file's length to 0 first and
+        // writes a new id last, so the old id still there now means none
+        // had begun when the bytes were read.
+        let mut id = [0u8; 16];
+        self.file.read_exact_at(&mut id, AT_DISK_ID as u64)?;
+        if id != self.disk_id {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the disk segment was formatted anew (disk {} when opened)",
+                    self.disk_id()
+                ),
+            ));
         }
         Ok(crc)
     }
@@ -681,11 +720,16 @@ mod tests {
         s.write_at(at, &value).unwrap();
         let path = dir.path().join(DISK_FILE);
 
-        let r = DiskFileReader::open(&path, "store-a-disk").unwrap();
+        let disk_id = identity(&s).disk_id;
+        let r = DiskFileReader::open(&path, "store-a-disk", &disk_id).unwrap();
+        assert_eq!(r.disk_id(), disk_id);
         let mut got = vec![0u8; value.len()];
         let crc = r.read_with_crc(at, &mut got).unwrap();
         assert_eq!(got, value);
         assert_eq!(crc, crc32c::crc32c(&value));
+        // No disk id named (masters from before it): the header's is read.
+        let unnamed = DiskFileReader::open(&path, "store-a-disk", "").unwrap();
+        assert_eq!(unnamed.disk_id(), disk_id);
         // Out of range, however it overflows: refused, nothing read.
         let mut buf = [0u8; 4];
         for offset in [cap - 3, cap, u64::MAX, u64::MAX - 2] {
@@ -693,18 +737,58 @@ mod tests {
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{offset}");
         }
         // Another segment's file, or not a segment at all, is refused.
-        let e = DiskFileReader::open(&path, "store-b-disk").err().unwrap();
+        let e = DiskFileReader::open(&path, "store-b-disk", "")
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("not \"store-b-disk\""), "{e}");
+        let other_id = "0123456789abcdef0123456789abcdef";
+        let e = DiskFileReader::open(&path, "store-a-disk", other_id)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("formatted anew"), "{e}");
         let other = dir.path().join("not-a-segment");
         std::fs::write(&other, vec![7u8; 2 * HEADER_LEN as usize]).unwrap();
-        let e = DiskFileReader::open(&other, "store-a-disk").err().unwrap();
+        let e = DiskFileReader::open(&other, "store-a-disk", "")
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("magic"), "{e}");
-        assert!(DiskFileReader::open(&dir.path().join("missing"), "x").is_err());
+        assert!(DiskFileReader::open(&dir.path().join("missing"), "x", "").is_err());
         // A file cut short while the store was down is refused too.
         drop(s);
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(HEADER_LEN + cap / 2).unwrap();
-        let e = DiskFileReader::open(&path, "store-a-disk").err().unwrap();
+        let e = DiskFileReader::open(&path, "store-a-disk", "")
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("expected for its capacity"), "{e}");
+    }
+
+    #[test]
+    fn a_same_host_reader_reads_nothing_of_a_file_formatted_anew_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cap = 16 * DISK_BLOCK;
+        let (s, _) = open_disk(dir.path(), "store-a-disk", cap);
+        s.write_at(0, b"old bytes").unwrap();
+        let path = dir.path().join(DISK_FILE);
+        let r = DiskFileReader::open(&path, "store-a-disk", &identity(&s).disk_id).unwrap();
+        // The store restarts asking for another size: the file it holds
+        // open is formatted anew in place, and the new store writes at the
+        // same offset. The range is still inside the file, so only the
+        // header tells the reader its bytes are another formatting's.
+        drop(s);
+        let (s, opened) = open_disk(dir.path(), "store-a-disk", 2 * cap);
+        assert!(
+            matches!(opened, DiskOpened::Reformatted { .. }),
+            "{opened:?}"
+        );
+        s.write_at(0, b"new bytes").unwrap();
+        let mut buf = [0u8; 9];
+        let e = r.read_with_crc(0, &mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("formatted anew"), "{e}");
+        // Opened again for the new formatting, it reads the new bytes.
+        let r = DiskFileReader::open(&path, "store-a-disk", &identity(&s).disk_id).unwrap();
+        r.read_with_crc(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"new bytes");
     }
 }

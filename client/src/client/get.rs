@@ -41,11 +41,19 @@ impl ClientCore {
     /// object, and keep the space of one removed by force for a lease TTL;
     /// every byte read is still checked against the object's checksum.
     ///
-    /// Only the replicas a read checks against the store are kept: those
-    /// reached over TCP, where the store checks the descriptor's grant (a
-    /// restarted store refuses it), and this client's own segment. Not a
-    /// same-host store's shared memory or disk file: this client's mapping
-    /// or open file would outlive that store's restart.
+    /// Only replicas a read can tell are still the ones described are kept:
+    /// - those reached over TCP: the store checks the descriptor's grant (a
+    ///   restarted store refuses it);
+    /// - this client's own segment;
+    /// - a same-host store's disk file, when the descriptor names the disk
+    ///   id of the file's formatting: the file is opened only if its header
+    ///   holds that id, and every read checks it still does after its bytes
+    ///   (`DiskFileReader`). A store restarted on the same file keeps its
+    ///   disk objects, and one that formats the file anew changes the id.
+    ///
+    /// Not a same-host store's shared memory: this client's mapping would
+    /// outlive that store's restart, and nothing in the memory tells a new
+    /// store's segment from the old.
     fn cached_descriptor(&self, key: &str) -> Option<pb::GetReplicaListResponse> {
         if !self.config.descriptor_cache {
             return None;
@@ -59,9 +67,11 @@ impl ClientCore {
             r.read = true;
             r.found.clone()
         };
-        found
-            .replicas
-            .retain(|r| !matches!(self.route(r), Route::Shm(_) | Route::DiskFile(_)));
+        found.replicas.retain(|r| match self.route(r) {
+            Route::Shm(_) => false,
+            Route::DiskFile(_) => !r.disk_id.is_empty(),
+            Route::Local(_) | Route::Tcp(_) => true,
+        });
         (!found.replicas.is_empty()).then_some(found)
     }
 

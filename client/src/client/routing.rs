@@ -17,12 +17,13 @@ const DISK_FILE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 const MAX_DISK_FILES: usize = 1024;
 
 /// A same-host disk segment file (by path), as this client last found it,
-/// for the segment (id and name) it was opened for: a descriptor of another
-/// segment at the path (the store formatted a new file, which the masters
-/// mount as a new segment) opens it again, closing the old one.
+/// for the segment (id, name and disk id) it was opened for: a descriptor
+/// of another segment at the path (the store formatted a new file, which
+/// the masters mount as a new segment) opens it again, closing the old one.
 pub(super) struct DiskFileState {
     segment_id: u64,
     segment_name: String,
+    disk_id: String,
     file: Result<Arc<DiskFileReader>, Instant>,
 }
 
@@ -73,7 +74,11 @@ impl ClientCore {
         {
             let files = self.disk_files.lock().expect("lock poisoned");
             match files.get(path) {
-                Some(s) if s.segment_id == r.segment_id && s.segment_name == r.segment_name => {
+                Some(s)
+                    if s.segment_id == r.segment_id
+                        && s.segment_name == r.segment_name
+                        && s.disk_id == r.disk_id =>
+                {
                     match &s.file {
                         Ok(f) => return Some(f.clone()),
                         Err(retry_at) if Instant::now() < *retry_at => return None,
@@ -85,7 +90,7 @@ impl ClientCore {
         }
         // Opened outside the lock: a slow file system holds up this read
         // only, not every other reader's lookup of its file.
-        let file = DiskFileReader::open(std::path::Path::new(path), &r.segment_name)
+        let file = DiskFileReader::open(std::path::Path::new(path), &r.segment_name, &r.disk_id)
             .map(Arc::new)
             .map_err(|e| {
                 // Another user's file, or another machine's path: TCP, and
@@ -103,6 +108,7 @@ impl ClientCore {
             DiskFileState {
                 segment_id: r.segment_id,
                 segment_name: r.segment_name.clone(),
+                disk_id: r.disk_id.clone(),
                 file: file.clone(),
             },
         );
