@@ -203,7 +203,8 @@ pub async fn run(
             hostname: if t == "disk" { &remote } else { &here },
         };
         let client = super::connect(&run_at).await?;
-        readers.push((run_at, client));
+        let cached = super::connect_with(&run_at, true).await?;
+        readers.push((run_at, client, cached));
     }
     // The first transport's client puts the objects (and removes them).
     let client = &readers.first().context("no disk transport")?.1;
@@ -268,10 +269,11 @@ pub async fn run(
 }
 
 /// The rows of one size: for each transport's client and each batch, the
-/// ceiling (cold) then the gets (cold).
+/// gets (cold) with their ceiling (cold) measured just before; then the
+/// same with the descriptor cache on (`get-cached`).
 #[allow(clippy::too_many_arguments)]
 async fn measure_size(
-    readers: &[(Run<'_>, crescent_client::Client)],
+    readers: &[(Run<'_>, crescent_client::Client, crescent_client::Client)],
     keys: &[String],
     size: u64,
     segment_file: &Path,
@@ -281,57 +283,48 @@ async fn measure_size(
 ) -> anyhow::Result<Vec<Row>> {
     let total = size * keys.len() as u64;
     let mut rows = Vec::new();
-    let runs = readers
-        .iter()
-        .flat_map(|(run_at, client)| args.batch.iter().map(move |&b| (run_at, client, b)));
-    for (pass, (run_at, client, batch)) in runs.enumerate() {
+    let runs = readers.iter().flat_map(|(run_at, client, cached)| {
+        args.batch
+            .iter()
+            .flat_map(move |&b| [(run_at, client, b, false), (run_at, cached, b, true)])
+    });
+    // How many times the row's bytes (and its ceiling's) have been read in
+    // this run, counting the read being timed.
+    let mut pass = 0;
+    for (run_at, client, batch, cached) in runs {
         eprintln!(
-            "{} {} {} x1 batch {batch} (cold) ...",
+            "{} {} {} x1 batch {batch}{} (cold) ...",
             run_at.label,
             run_at.transport,
-            format_size(size)
+            format_size(size),
+            if cached { ", cached descriptors" } else { "" }
         );
-        let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
-        let (ceiling, resident) = tokio::task::spawn_blocking(move || {
-            drop_cache(&segment)?;
-            drop_cache(&path)?;
-            let resident = resident_bytes(&path)?;
-            Ok::<_, anyhow::Error>((pread_ceiling(&path, total)?, resident))
-        })
-        .await??;
-        info.saw(resident, total);
-        let pass = pass + 1;
-
         let mut bufs = vec![vec![1u8; size as usize]; batch.min(keys.len())];
-        let path = segment_file.to_path_buf();
-        let resident = tokio::task::spawn_blocking(move || {
-            drop_cache(&path)?;
-            resident_bytes(&path)
-        })
-        .await??;
-        info.saw(resident, total);
-        let start = Instant::now();
-        let mut lat = Vec::with_capacity(keys.len().div_ceil(batch));
-        let mut errors = 0;
-        for chunk in keys.chunks(batch) {
-            let t = Instant::now();
-            errors += if batch == 1 {
-                usize::from(client.get_into(&chunk[0], &mut bufs[0]).await.is_err())
-            } else {
-                let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-                let mut slices: Vec<&mut [u8]> = bufs
-                    .iter_mut()
-                    .take(chunk.len())
-                    .map(|b| b.as_mut_slice())
-                    .collect();
-                match client.batch_get_into(&refs, &mut slices).await {
-                    Ok(r) => r.iter().filter(|x| x.is_err()).count(),
-                    Err(_) => chunk.len(),
-                }
-            };
-            lat.push(t.elapsed());
-        }
-        let elapsed = start.elapsed().as_secs_f64();
+        let (ceiling, get) = if cached {
+            // Each key read once untimed: looked up, its descriptor kept
+            // for a lease TTL (the cached reads follow at once, so the
+            // ceiling is measured after them). The ceiling's file is read
+            // as often, so both are at the same pass.
+            let path = ceiling_file.to_path_buf();
+            tokio::task::spawn_blocking(move || pread_ceiling(&path, total)).await??;
+            let (warm, _) = timed_gets(client, keys, batch, &mut bufs).await;
+            anyhow::ensure!(warm == 0, "{warm} untimed gets failed");
+            pass += 2;
+            let before = cached_reads(client);
+            let get = cold_gets(client, keys, batch, &mut bufs, segment_file, info).await?;
+            // A timed get that failed, or had to ask the masters (its
+            // lease nearly over), is not a cached one: an error, so the
+            // row says so.
+            let missed = keys.len().saturating_sub(cached_reads(client) - before);
+            let ceiling = cold_ceiling(segment_file, ceiling_file, total, info).await?;
+            (ceiling, (get.0, get.1, get.2 + missed))
+        } else {
+            pass += 1;
+            let ceiling = cold_ceiling(segment_file, ceiling_file, total, info).await?;
+            let get = cold_gets(client, keys, batch, &mut bufs, segment_file, info).await?;
+            (ceiling, get)
+        };
+        let (elapsed, mut lat, errors) = get;
         lat.sort_unstable();
         rows.push(Row {
             security: run_at.label.to_string(),
@@ -339,7 +332,7 @@ async fn measure_size(
             transport: run_at.transport.to_string(),
             size,
             clients: 1,
-            op: "get",
+            op: if cached { "get-cached" } else { "get" },
             ops: keys.len(),
             gbps: total as f64 / elapsed / 1e9,
             p50_ms: pct(&lat, 0.5),
@@ -350,6 +343,86 @@ async fn measure_size(
         });
     }
     Ok(rows)
+}
+
+fn cached_reads(c: &crescent_client::Client) -> usize {
+    c.stats
+        .cached_reads
+        .load(std::sync::atomic::Ordering::Relaxed) as usize
+}
+
+/// The ceiling, cold: both files' pages dropped, then a sequential pread
+/// loop over `total` bytes of the ceiling's file.
+async fn cold_ceiling(
+    segment_file: &Path,
+    ceiling_file: &Path,
+    total: u64,
+    info: &mut DiskInfo,
+) -> anyhow::Result<f64> {
+    let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
+    let (ceiling, resident) = tokio::task::spawn_blocking(move || {
+        drop_cache(&segment)?;
+        drop_cache(&path)?;
+        let resident = resident_bytes(&path)?;
+        Ok::<_, anyhow::Error>((pread_ceiling(&path, total)?, resident))
+    })
+    .await??;
+    info.saw(resident, total);
+    Ok(ceiling)
+}
+
+/// Every key's get, `batch` at a time, the disk segment's pages dropped
+/// first: seconds taken, each request's latency, and the gets that failed.
+async fn cold_gets(
+    client: &crescent_client::Client,
+    keys: &[String],
+    batch: usize,
+    bufs: &mut [Vec<u8>],
+    segment_file: &Path,
+    info: &mut DiskInfo,
+) -> anyhow::Result<(f64, Vec<Duration>, usize)> {
+    let path = segment_file.to_path_buf();
+    let resident = tokio::task::spawn_blocking(move || {
+        drop_cache(&path)?;
+        resident_bytes(&path)
+    })
+    .await??;
+    let total = bufs.first().map_or(0, Vec::len) as u64 * keys.len() as u64;
+    info.saw(resident, total);
+    let start = Instant::now();
+    let (errors, lat) = timed_gets(client, keys, batch, bufs).await;
+    Ok((start.elapsed().as_secs_f64(), lat, errors))
+}
+
+/// Gets every key, `batch` at a time: the gets that failed, and each
+/// request's latency.
+async fn timed_gets(
+    client: &crescent_client::Client,
+    keys: &[String],
+    batch: usize,
+    bufs: &mut [Vec<u8>],
+) -> (usize, Vec<Duration>) {
+    let mut lat = Vec::with_capacity(keys.len().div_ceil(batch));
+    let mut errors = 0;
+    for chunk in keys.chunks(batch) {
+        let t = Instant::now();
+        errors += if batch == 1 {
+            usize::from(client.get_into(&chunk[0], &mut bufs[0]).await.is_err())
+        } else {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let mut slices: Vec<&mut [u8]> = bufs
+                .iter_mut()
+                .take(chunk.len())
+                .map(|b| b.as_mut_slice())
+                .collect();
+            match client.batch_get_into(&refs, &mut slices).await {
+                Ok(r) => r.iter().filter(|x| x.is_err()).count(),
+                Err(_) => chunk.len(),
+            }
+        };
+        lat.push(t.elapsed());
+    }
+    (errors, lat)
 }
 
 /// Puts `key`, retrying while memory is full (demotion frees it) until
