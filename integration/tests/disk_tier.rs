@@ -920,7 +920,18 @@ async fn a_same_host_client_reads_cached_disk_replicas_from_the_file_but_never_f
     // it; the store (down) cannot be asked; the masters still list the
     // replica, whose descriptor names the old formatting, which the file
     // no longer holds. The get fails: it never returns the forged bytes.
+    let cached_fallbacks = |c: &Client| {
+        c.stats
+            .cached_read_fallbacks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let fell_back = cached_fallbacks(&here);
     let got = here.get(&victim).await;
+    assert_eq!(
+        cached_fallbacks(&here),
+        fell_back + 1,
+        "the get did not start with the cached descriptor"
+    );
     assert!(
         got.is_err(),
         "{victim}: read {} bytes from a file formatted anew (forged: {})",

@@ -414,6 +414,14 @@ impl MasterConfig {
             self.demotion_timeout >= Duration::from_secs(15),
             "--demotion-timeout must be at least 15s"
         );
+        // A same-host client reads a cached disk replica from the file
+        // while its lease lasts, checking only the file's disk id: the lease
+        // must end before the segment can be forgotten and its file, same
+        // id, mounted again as a new segment with new objects.
+        anyhow::ensure!(
+            self.lease_ttl < self.disk_segment_grace,
+            "--lease-ttl must be below --disk-segment-grace"
+        );
         anyhow::ensure!(
             !self.data_tls || self.tls_cert.is_some(),
             "--data-tls needs --tls-cert, --tls-key and --tls-ca"
@@ -624,6 +632,10 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(err.to_string().contains("--max-key-len"), "{err}");
+        let err = MasterConfig::parse_from(["m", "--lease-ttl", "2h"])
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("--disk-segment-grace"), "{err}");
     }
 
     #[test]

@@ -96,8 +96,7 @@ pub(crate) struct DiskFile {
 ///   formatting only ever gets a new random id, so the id seen after the
 ///   read proves no reformat had begun before it;
 /// - a new file replaces it at the same path while this holds the old one:
-///   the old file's bytes are the objects they were, untouched (its store
-///   is gone);
+///   the old file still holds the old formatting's objects (and its id);
 /// - its store writes new objects into ranges the masters freed: readers
 ///   check every object's checksum, as for any replica, and reopen the path
 ///   after a mismatch.

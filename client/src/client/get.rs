@@ -48,8 +48,12 @@ impl ClientCore {
     /// - a same-host store's disk file, when the descriptor names the disk
     ///   id of the file's formatting: the file is opened only if its header
     ///   holds that id, and every read checks it still does after its bytes
-    ///   (`DiskFileReader`). A store restarted on the same file keeps its
-    ///   disk objects, and one that formats the file anew changes the id.
+    ///   (`DiskFileReader`). A store restarted on the same file within the
+    ///   masters' `--disk-segment-grace` keeps its disk objects; one that
+    ///   formats the file anew changes the id. (A segment past that grace is
+    ///   forgotten, and the same file mounted again is a new segment; the
+    ///   masters refuse a lease that long, so no cached descriptor outlives
+    ///   the old one.)
     ///
     /// Not a same-host store's shared memory: this client's mapping would
     /// outlive that store's restart, and nothing in the memory tells a new
@@ -67,12 +71,27 @@ impl ClientCore {
             r.read = true;
             r.found.clone()
         };
-        found.replicas.retain(|r| match self.route(r) {
-            Route::Shm(_) => false,
-            Route::DiskFile(_) => !r.disk_id.is_empty(),
-            Route::Local(_) | Route::Tcp(_) => true,
-        });
+        found.replicas.retain(|r| self.cacheable(r));
         (!found.replicas.is_empty()).then_some(found)
+    }
+
+    /// Whether a cached descriptor may keep `r` (see `cached_descriptor`).
+    /// Judged by the descriptor, not by how this client reaches it now: a
+    /// same-host shared memory that fails to map now, or a disk file that
+    /// fails to open now, may be read directly later, within the lease.
+    fn cacheable(&self, r: &pb::ReplicaDescriptor) -> bool {
+        let disk = r.kind == pb::ReplicaKind::Disk as i32;
+        let own = self.local.as_ref().is_some_and(|agent| {
+            agent.segment_id() == Some(r.segment_id) && !agent.segment.is_disk()
+        });
+        if own || r.hostname != self.config.local_hostname {
+            return true;
+        }
+        if disk {
+            r.disk_file_path.is_empty() || !r.disk_id.is_empty()
+        } else {
+            r.shm_path.is_empty()
+        }
     }
 
     pub(super) fn forget_descriptor(&self, key: &str) {
