@@ -207,8 +207,7 @@ pub async fn run(
             hostname: if t == "disk" { &remote } else { &here },
         };
         let client = super::connect(&run_at).await?;
-        let cached = super::connect_with(&run_at, true).await?;
-        readers.push((run_at, client, cached));
+        readers.push((run_at, client));
     }
     // The first transport's client puts the objects (and removes them).
     let client = &readers.first().context("no disk transport")?.1;
@@ -277,7 +276,7 @@ pub async fn run(
 /// same with the descriptor cache on (`get-cached`), the ceiling just after.
 #[allow(clippy::too_many_arguments)]
 async fn measure_size(
-    readers: &[(Run<'_>, crescent_client::Client, crescent_client::Client)],
+    readers: &[(Run<'_>, crescent_client::Client)],
     keys: &[String],
     size: u64,
     segment_file: &Path,
@@ -287,10 +286,10 @@ async fn measure_size(
 ) -> anyhow::Result<Vec<Row>> {
     let total = size * keys.len() as u64;
     let mut rows = Vec::new();
-    let runs = readers.iter().flat_map(|(run_at, client, cached)| {
+    let runs = readers.iter().flat_map(|(run_at, client)| {
         args.batch
             .iter()
-            .flat_map(move |&b| [(run_at, client, b, false), (run_at, cached, b, true)])
+            .flat_map(move |&b| [(run_at, client, b, false), (run_at, client, b, true)])
     });
     // How many times the row's bytes (and its ceiling's) have been read in
     // this run, counting the read being timed.
@@ -310,7 +309,10 @@ async fn measure_size(
             let path = ceiling_file.to_path_buf();
             tokio::task::spawn_blocking(move || pread_ceiling(&path, total)).await??;
             pass += 2;
-            let get = cached_cold_gets(client, keys, batch, &mut bufs, segment_file, info).await?;
+            // A client of its own per row: none of its descriptors (or
+            // their background renewals) left from an earlier row.
+            let fresh = super::connect_with(run_at, true).await?;
+            let get = cached_cold_gets(&fresh, keys, batch, &mut bufs, segment_file, info).await?;
             let ceiling = cold_ceiling(segment_file, ceiling_file, total, info).await?;
             (ceiling, get)
         } else {
