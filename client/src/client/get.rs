@@ -81,10 +81,7 @@ impl ClientCore {
     /// fails to open now, may be read directly later, within the lease.
     fn cacheable(&self, r: &pb::ReplicaDescriptor) -> bool {
         let disk = r.kind == pb::ReplicaKind::Disk as i32;
-        let own = self.local.as_ref().is_some_and(|agent| {
-            agent.segment_id() == Some(r.segment_id) && !agent.segment.is_disk()
-        });
-        if own || r.hostname != self.config.local_hostname {
+        if self.own_memory(r).is_some() || r.hostname != self.config.local_hostname {
             return true;
         }
         if disk {

@@ -39,11 +39,8 @@ pub(super) enum Route<'a> {
 
 impl ClientCore {
     pub(super) fn route<'a>(&'a self, r: &'a pb::ReplicaDescriptor) -> Route<'a> {
-        if let Some(agent) = &self.local {
-            // A disk segment has no memory to copy from: TCP reads the file.
-            if agent.segment_id() == Some(r.segment_id) && !agent.segment.is_disk() {
-                return Route::Local(agent);
-            }
+        if let Some(agent) = self.own_memory(r) {
+            return Route::Local(agent);
         }
         if r.hostname == self.config.local_hostname {
             let disk = r.kind == pb::ReplicaKind::Disk as i32;
@@ -58,6 +55,14 @@ impl ClientCore {
             }
         }
         Route::Tcp(&r.endpoint)
+    }
+
+    /// This process's own segment, when `r` is in it and it is memory (a
+    /// disk segment has no memory to copy from: TCP reads the file).
+    pub(super) fn own_memory(&self, r: &pb::ReplicaDescriptor) -> Option<&Arc<StoreAgent>> {
+        self.local
+            .as_ref()
+            .filter(|agent| agent.segment_id() == Some(r.segment_id) && !agent.segment.is_disk())
     }
 
     /// The route a write to `r` takes: a disk file is written by its store,
