@@ -904,15 +904,17 @@ async fn a_same_host_client_reads_cached_disk_replicas_from_the_file_but_never_f
         f.read_exact_at(&mut header, 0).unwrap();
         f.set_len(0).unwrap();
         f.set_len(len).unwrap();
-        // A new disk id (bytes 20..36), the header's crc32c made good again.
-        for b in &mut header[20..36] {
-            *b = !*b;
-        }
-        let name_len = u16::from_le_bytes([header[36], header[37]]) as usize;
-        let crc_at = 38 + name_len;
-        let crc = crc32c::crc32c(&header[..crc_at]);
-        header[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
-        f.write_all_at(&header, 0).unwrap();
+        // The same segment with a new disk id.
+        let mut identity = crescent_store::disk::decode_header(&header).unwrap();
+        let new_id: String = identity
+            .disk_id
+            .chars()
+            .map(|c| if c == '0' { '1' } else { '0' })
+            .collect();
+        assert_ne!(new_id, identity.disk_id);
+        identity.disk_id = new_id;
+        f.write_all_at(&crescent_store::disk::encode_header(&identity), 0)
+            .unwrap();
         f.write_all_at(&forged, crescent_store::disk::HEADER_LEN + replica.offset)
             .unwrap();
     }

@@ -324,8 +324,15 @@ fn length_mismatch(identity: &DiskIdentity, file_len: u64) -> Option<String> {
     })
 }
 
-/// The header's identity, or why it is not a valid header.
-fn decode_header(h: &[u8]) -> Result<DiskIdentity, String> {
+/// The identity in a file's header (its first [`HEADER_LEN`] bytes), or
+/// why they are not a valid header.
+pub fn decode_header(h: &[u8]) -> Result<DiskIdentity, String> {
+    if h.len() < HEADER_LEN as usize {
+        return Err(format!(
+            "{} bytes, shorter than a {HEADER_LEN}-byte header",
+            h.len()
+        ));
+    }
     if h[..MAGIC.len()] != MAGIC {
         return Err("bad magic: not a Crescent disk segment".into());
     }
@@ -353,9 +360,10 @@ fn decode_header(h: &[u8]) -> Result<DiskIdentity, String> {
     })
 }
 
-/// The header for `identity` (whose disk id is 32 hex digits and whose
-/// name is at most [`MAX_NAME_LEN`] bytes, as `open` makes them).
-fn encode_header(identity: &DiskIdentity) -> Vec<u8> {
+/// The header ([`HEADER_LEN`] bytes) for `identity`, whose disk id is 32
+/// hex digits and whose name is at most [`MAX_NAME_LEN`] bytes, as `open`
+/// makes them.
+pub fn encode_header(identity: &DiskIdentity) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_LEN as usize];
     h[..MAGIC.len()].copy_from_slice(&MAGIC);
     h[AT_VERSION..AT_CAPACITY].copy_from_slice(&VERSION.to_le_bytes());
