@@ -120,6 +120,7 @@ fn sign_grant(seg: Option<&crescent_raft::state::Segment>, r: &Replica, t: Grant
 fn replica_pb(state: &MetaState, r: &Replica, terms: GrantTerms) -> pb::ReplicaDescriptor {
     let seg = state.segments.get(&r.segment_id);
     let complete = terms.access == Access::Read;
+    let disk_file = seg.map(|s| s.spec.disk_file()).unwrap_or_default();
     pb::ReplicaDescriptor {
         segment_id: r.segment_id,
         segment_name: seg.map(|s| s.spec.name.clone()).unwrap_or_default(),
@@ -135,12 +136,10 @@ fn replica_pb(state: &MetaState, r: &Replica, terms: GrantTerms) -> pb::ReplicaD
         shm_path: seg
             .map(|s| s.spec.shm_file().to_string())
             .unwrap_or_default(),
-        disk_file_path: seg
-            .map(|s| s.spec.disk_file().to_string())
-            .unwrap_or_default(),
+        disk_file_path: disk_file.to_string(),
         // Only a same-host reader of the file needs it.
         disk_id: seg
-            .filter(|s| !s.spec.disk_file().is_empty())
+            .filter(|_| !disk_file.is_empty())
             .map(|s| s.disk_id.clone())
             .unwrap_or_default(),
         grant_expiry_ms: terms.expiry_ms,

@@ -389,14 +389,21 @@ async fn cold_ceiling(
 ) -> anyhow::Result<f64> {
     let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
     let (ceiling, resident) = tokio::task::spawn_blocking(move || {
-        drop_cache(&segment)?;
-        drop_cache(&path)?;
-        let resident = resident_bytes(&path)?;
+        let resident = drop_caches(&[&segment, &path], &path)?;
         Ok::<_, anyhow::Error>((pread_ceiling(&path, total)?, resident))
     })
     .await??;
     info.saw(resident, total);
     Ok(ceiling)
+}
+
+/// Drops `files` from the page cache: the bytes of `measured` still
+/// resident after (what the next measurement may find in memory).
+fn drop_caches(files: &[&Path], measured: &Path) -> anyhow::Result<u64> {
+    for f in files {
+        drop_cache(f)?;
+    }
+    resident_bytes(measured)
 }
 
 /// Every key's get, `batch` at a time, the disk segment's pages dropped
@@ -410,11 +417,7 @@ async fn cold_gets(
     info: &mut DiskInfo,
 ) -> anyhow::Result<(f64, Vec<Duration>, usize)> {
     let path = segment_file.to_path_buf();
-    let resident = tokio::task::spawn_blocking(move || {
-        drop_cache(&path)?;
-        resident_bytes(&path)
-    })
-    .await??;
+    let resident = tokio::task::spawn_blocking(move || drop_caches(&[&path], &path)).await??;
     let total = bufs.first().map_or(0, Vec::len) as u64 * keys.len() as u64;
     info.saw(resident, total);
     let start = Instant::now();
