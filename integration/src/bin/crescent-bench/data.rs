@@ -46,9 +46,11 @@ pub struct DataArgs {
     /// client, over TCP, against a sequential pread loop over a file of the
     /// same size in the same directory; `disk-local` the same gets by a
     /// same-host client, which reads the store's file itself (the store
-    /// runs with --shm). Each also has `get-cached` rows: the same cold
-    /// reads by a client with the descriptor cache, each key looked up
-    /// (and read) once untimed before. Both need a local cluster (no
+    /// runs with --shm). Rows: `get-first` (the first read of the objects
+    /// since written), then per batch size `get` and `get-cached` (a
+    /// client with the descriptor cache): runs of keys read once untimed,
+    /// dropped from the page cache and read again timed, the ceiling's
+    /// file likewise in the same runs. Both need a local cluster (no
     /// --masters).
     #[arg(long, value_delimiter = ',', default_value = "tcp,shm")]
     transports: Vec<String>,
@@ -676,9 +678,11 @@ fn print(
     if let Some(d) = disk {
         let dirs: Vec<String> = d.dirs.iter().map(|p| p.display().to_string()).collect();
         println!(
-            "  disk rows: ceiling = sequential 1 MiB preads over a file of the row's size next to the disk segment, measured just before the row (get-cached: just after) (its own GB/s in DISK GB/S); segment in {}",
+            "  disk rows: ceiling = sequential 1 MiB preads over a file of the row's size next to the disk segment, written just before the objects (its own GB/s in DISK GB/S); segment in {}",
             dirs.join(", ")
         );
+        println!("  get-first: the first read of the objects since written, after the ceiling's first read; get and get-cached: runs of up to");
+        println!("  64 MiB of keys, each read untimed, dropped from the page cache and read again timed, the ceiling's file likewise in the same runs");
         println!("  disk cache state: {}", d.cache_state());
         println!("  storage below the page cache (a VM host's cache) may serve re-reads faster: PASS is the how-manieth read");
         println!("  of the row's bytes in this run, the same for its gets and its ceiling (1: first read since written)");
@@ -759,8 +763,10 @@ fn print(
     {
         let c = ceiling(r);
         let how = match (r.transport.as_str(), r.op) {
+            ("disk", "get-first") => "over TCP, first read since written",
             ("disk", "get") => "over TCP",
             ("disk", _) => "over TCP, cached descriptors: no master call",
+            (_, "get-first") => "same host, the client preads the file, first read since written",
             (_, "get") => "same host, the client preads the file",
             _ => "same host, the client preads the file, cached descriptors: no master call",
         };

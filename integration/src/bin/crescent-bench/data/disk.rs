@@ -5,22 +5,32 @@
 //! loop of 1 MiB preads over a file of the same total size, in the same
 //! directory as the disk segment).
 //!
-//! Each has `get-cached` rows too: the same gets by a client with the
-//! descriptor cache, which read each key once untimed (its lookup) just
-//! before; their ceiling is measured just after them.
+//! Storage below the page cache may cache too (a hypervisor's host page
+//! cache serves a virtual disk's re-reads several times faster than its
+//! first read, and recent writes too). So the gets and their ceiling are
+//! given the same read history:
+//! - `get-first`: the first read of every object since it was written,
+//!   right after the first read of the ceiling's file, which is written
+//!   just before the objects are put;
+//! - `get` (looked up) and `get-cached` (a client with the descriptor
+//!   cache), per batch size: runs of at most 64 MiB of keys, each read
+//!   once untimed, dropped from the page cache and read again timed; the
+//!   same-size range of the ceiling's file likewise, in the same run.
+//!
+//! (Until stop 38 the `get` rows read every key once, cold, against a
+//! ceiling read just before them. That compared bytes last touched seconds
+//! earlier with a file read a moment before, and measured the storage's
+//! memory of them: the same looked-up gets read in runs as above ran 2.4x
+//! faster at batch 1, as fast as the cached ones; docs/benchmarks.md.)
 //!
 //! Both are measured cold: before each measurement both files' dirty pages
 //! are written back (fdatasync, so no writeback competes with the reads)
 //! and the measured file's pages dropped from the page cache
 //! (`posix_fadvise(POSIX_FADV_DONTNEED)`); how much of it was still resident
 //! when the clock started is checked (mincore) and printed, so a file system
-//! that cannot drop pages (tmpfs) shows as warm.
-//!
-//! Storage below the page cache may cache too (a hypervisor's host page
-//! cache serves a virtual disk's re-reads several times faster than its
-//! first read). So each row also says how many times its bytes had been
-//! read before in this run (`pass`), the same for the gets and their
-//! ceiling: the ceiling is read once just before each row's gets.
+//! that cannot drop pages (tmpfs) shows as warm. Each row also says how many
+//! times its bytes had been read in this run (`pass`), the same for the
+//! gets and their ceiling.
 
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
@@ -226,6 +236,14 @@ pub async fn run(
             format_size(size),
             format_size(memory)
         );
+        // The ceiling's file is written just before the objects, so that
+        // both are as old when first read (storage below the page cache
+        // may keep recent writes).
+        let total = size * n as u64;
+        let path = ceiling_file.clone();
+        tokio::task::spawn_blocking(move || write_file(&path, total))
+            .await?
+            .with_context(|| format!("writing the ceiling's file {}", ceiling_file.display()))?;
         let started = Instant::now();
         let value = (0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
         let put_deadline = started + PUT_BUDGET;
@@ -242,11 +260,6 @@ pub async fn run(
             format_size(memory)
         );
 
-        let total = size * n as u64;
-        let path = ceiling_file.clone();
-        tokio::task::spawn_blocking(move || write_file(&path, total))
-            .await?
-            .with_context(|| format!("writing the ceiling's file {}", ceiling_file.display()))?;
         let measured = measure_size(
             &readers,
             &keys,
@@ -271,10 +284,14 @@ pub async fn run(
     Ok(rows)
 }
 
-/// The rows of one size: for each transport's client and each batch, the
-/// gets (cold) with their ceiling (cold) measured just before; then the
-/// same with the descriptor cache on (`get-cached`), the ceiling just after.
-#[allow(clippy::too_many_arguments)]
+/// The rows of one size. First `get-first`: the first transport's first
+/// batch size reads every object for the first time since it was written,
+/// after the ceiling's file is read for the first time (written just
+/// before the objects). Then, for each transport's client and each batch,
+/// `get` (looked up) and `get-cached` (a fresh client with the descriptor
+/// cache), each with its ceiling read in the same runs (see
+/// [`paired_runs`]), so that the gets and their ceiling have the same
+/// read history.
 async fn measure_size(
     readers: &[(Run<'_>, crescent_client::Client)],
     keys: &[String],
@@ -286,14 +303,60 @@ async fn measure_size(
 ) -> anyhow::Result<Vec<Row>> {
     let total = size * keys.len() as u64;
     let mut rows = Vec::new();
+    let row = |run_at: &Run<'_>, batch, op, get: Timed, ceiling_secs: f64, pass| {
+        let (elapsed, mut lat, errors) = get;
+        lat.sort_unstable();
+        Row {
+            security: run_at.label.to_string(),
+            batch,
+            transport: run_at.transport.to_string(),
+            size,
+            clients: 1,
+            op,
+            ops: keys.len(),
+            gbps: total as f64 / elapsed / 1e9,
+            p50_ms: pct(&lat, 0.5),
+            p99_ms: pct(&lat, 0.99),
+            errors,
+            ceiling: Some(total as f64 / ceiling_secs / 1e9),
+            pass: Some(pass),
+        }
+    };
+    let (first_at, first_client) = readers.first().context("no disk transport")?;
+    let first_batch = *args.batch.first().context("no batch size")?;
+    eprintln!(
+        "{} {} {} x1 batch {first_batch}, first read since written (cold) ...",
+        first_at.label,
+        first_at.transport,
+        format_size(size)
+    );
+    let mut bufs = vec![vec![1u8; size as usize]; first_batch.min(keys.len())];
+    let ceiling_secs = cold_ceiling(segment_file, ceiling_file, total, info).await?;
+    let get = cold_gets(
+        first_client,
+        keys,
+        first_batch,
+        &mut bufs,
+        segment_file,
+        info,
+    )
+    .await?;
+    rows.push(row(
+        first_at,
+        first_batch,
+        "get-first",
+        get,
+        ceiling_secs,
+        1,
+    ));
+    // How many times the row's bytes (and its ceiling's) have been read in
+    // this run, counting the read being timed.
+    let mut pass = 1;
     let runs = readers.iter().flat_map(|(run_at, client)| {
         args.batch
             .iter()
             .flat_map(move |&b| [(run_at, client, b, false), (run_at, client, b, true)])
     });
-    // How many times the row's bytes (and its ceiling's) have been read in
-    // this run, counting the read being timed.
-    let mut pass = 0;
     for (run_at, client, batch, cached) in runs {
         eprintln!(
             "{} {} {} x1 batch {batch}{} (cold) ...",
@@ -303,74 +366,87 @@ async fn measure_size(
             if cached { ", cached descriptors" } else { "" }
         );
         let mut bufs = vec![vec![1u8; size as usize]; batch.min(keys.len())];
-        let (ceiling, get) = if cached {
-            // The ceiling's file is read once untimed, as the keys are, so
-            // both are at the same pass; it is measured after the gets.
-            let path = ceiling_file.to_path_buf();
-            tokio::task::spawn_blocking(move || pread_ceiling(&path, total)).await??;
-            pass += 2;
-            // A client of its own per row: none of its descriptors (or
-            // their background renewals) left from an earlier row.
-            let fresh = super::connect_with(run_at, true).await?;
-            let get = cached_cold_gets(&fresh, keys, batch, &mut bufs, segment_file, info).await?;
-            let ceiling = cold_ceiling(segment_file, ceiling_file, total, info).await?;
-            (ceiling, get)
+        // A client of its own per cached row: none of its descriptors (or
+        // their background renewals) left from an earlier row.
+        let fresh = if cached {
+            Some(super::connect_with(run_at, true).await?)
         } else {
-            pass += 1;
-            let ceiling = cold_ceiling(segment_file, ceiling_file, total, info).await?;
-            let get = cold_gets(client, keys, batch, &mut bufs, segment_file, info).await?;
-            (ceiling, get)
+            None
         };
-        let (elapsed, mut lat, errors) = get;
-        lat.sort_unstable();
-        rows.push(Row {
-            security: run_at.label.to_string(),
+        let reader = fresh.as_ref().unwrap_or(client);
+        let (get, ceiling_secs) = paired_runs(
+            reader,
+            keys,
             batch,
-            transport: run_at.transport.to_string(),
-            size,
-            clients: 1,
-            op: if cached { "get-cached" } else { "get" },
-            ops: keys.len(),
-            gbps: total as f64 / elapsed / 1e9,
-            p50_ms: pct(&lat, 0.5),
-            p99_ms: pct(&lat, 0.99),
-            errors,
-            ceiling: Some(ceiling),
-            pass: Some(pass),
-        });
+            &mut bufs,
+            (segment_file, ceiling_file),
+            cached,
+            info,
+        )
+        .await?;
+        pass += 2;
+        let op = if cached { "get-cached" } else { "get" };
+        rows.push(row(run_at, batch, op, get, ceiling_secs, pass));
     }
     Ok(rows)
 }
 
-/// Keys read with cached descriptors, a run of them at a time: each read
-/// once untimed (looked up, its descriptor kept for a lease TTL), then,
-/// the disk segment's pages dropped, read again timed. Runs of 64 MiB or
-/// less keep every timed read well inside its lease (2 s, less the
-/// client's 250 ms margin) even on a slow disk. A timed get that failed,
-/// or asked the masters after all (its lease nearly over), counts as an
-/// error, once, so the row says so.
-async fn cached_cold_gets(
+/// Seconds taken, each request's latency, and the gets that failed (or,
+/// for cached rows, went to the masters).
+type Timed = (f64, Vec<Duration>, usize);
+
+/// Most bytes of a row read per run of [`paired_runs`]: a run's timed
+/// reads stay well inside the leases its untimed reads took (2 s, less
+/// the client's 250 ms margin), even on a slow disk.
+const RUN_BYTES: usize = 64 << 20;
+
+/// A row's gets and its ceiling, a run of keys (and the same number of the
+/// ceiling file's bytes) at a time: each read once untimed (the keys
+/// looked up, and with `cached` their descriptors kept), both files'
+/// pages dropped, then read again timed, the ceiling's range first. The
+/// gets and the ceiling thus read bytes read once just before. With
+/// `cached`, a timed get that failed or asked the masters after all counts
+/// as an error, once, so the row says so. Returns the gets' figures and
+/// the ceiling's seconds.
+async fn paired_runs(
     client: &crescent_client::Client,
     keys: &[String],
     batch: usize,
     bufs: &mut [Vec<u8>],
-    segment_file: &Path,
+    (segment_file, ceiling_file): (&Path, &Path),
+    cached: bool,
     info: &mut DiskInfo,
-) -> anyhow::Result<(f64, Vec<Duration>, usize)> {
+) -> anyhow::Result<(Timed, f64)> {
     let size = bufs.first().map_or(1, Vec::len).max(1);
-    let per_run = ((64 << 20) / size / batch).max(1) * batch;
-    let (mut elapsed, mut lat, mut errors) = (0.0, Vec::new(), 0);
+    let per_run = (RUN_BYTES / size / batch).max(1) * batch;
+    let (mut elapsed, mut lat, mut errors, mut ceiling_secs) = (0.0, Vec::new(), 0, 0.0);
+    let mut at = 0u64;
     for run in keys.chunks(per_run) {
+        let len = (run.len() * size) as u64;
         let (warm, _) = timed_gets(client, run, batch, bufs).await;
         anyhow::ensure!(warm == 0, "{warm} untimed gets failed");
+        let (ceiling, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
+        let (secs, resident) = tokio::task::spawn_blocking(move || {
+            pread_range(&ceiling, at, len)?;
+            let resident = drop_caches(&[&segment, &ceiling], &ceiling)?;
+            Ok::<_, anyhow::Error>((pread_range(&ceiling, at, len)?, resident))
+        })
+        .await??;
+        info.saw(resident, len);
+        ceiling_secs += secs;
+        at += len;
         let before = cached_reads(client);
         let (secs, l, failed) = cold_gets(client, run, batch, bufs, segment_file, info).await?;
-        let uncached = (run.len() - failed).saturating_sub(cached_reads(client) - before);
+        let uncached = if cached {
+            (run.len() - failed).saturating_sub(cached_reads(client) - before)
+        } else {
+            0
+        };
         elapsed += secs;
         lat.extend(l);
         errors += failed + uncached;
     }
-    Ok((elapsed, lat, errors))
+    Ok(((elapsed, lat, errors), ceiling_secs))
 }
 
 fn cached_reads(c: &crescent_client::Client) -> usize {
@@ -379,8 +455,8 @@ fn cached_reads(c: &crescent_client::Client) -> usize {
         .load(std::sync::atomic::Ordering::Relaxed) as usize
 }
 
-/// The ceiling, cold: both files' pages dropped, then a sequential pread
-/// loop over `total` bytes of the ceiling's file.
+/// The ceiling of a `get-first` row: both files dropped from the page
+/// cache, the ceiling's file read; its seconds.
 async fn cold_ceiling(
     segment_file: &Path,
     ceiling_file: &Path,
@@ -388,13 +464,13 @@ async fn cold_ceiling(
     info: &mut DiskInfo,
 ) -> anyhow::Result<f64> {
     let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
-    let (ceiling, resident) = tokio::task::spawn_blocking(move || {
+    let (secs, resident) = tokio::task::spawn_blocking(move || {
         let resident = drop_caches(&[&segment, &path], &path)?;
-        Ok::<_, anyhow::Error>((pread_ceiling(&path, total)?, resident))
+        Ok::<_, anyhow::Error>((pread_range(&path, 0, total)?, resident))
     })
     .await??;
     info.saw(resident, total);
-    Ok(ceiling)
+    Ok(secs)
 }
 
 /// Drops `files` from the page cache: the bytes of `measured` still
@@ -415,7 +491,7 @@ async fn cold_gets(
     bufs: &mut [Vec<u8>],
     segment_file: &Path,
     info: &mut DiskInfo,
-) -> anyhow::Result<(f64, Vec<Duration>, usize)> {
+) -> anyhow::Result<Timed> {
     let path = segment_file.to_path_buf();
     let resident = tokio::task::spawn_blocking(move || drop_caches(&[&path], &path)).await??;
     let total = bufs.first().map_or(0, Vec::len) as u64 * keys.len() as u64;
@@ -626,19 +702,20 @@ fn resident_bytes(path: &Path) -> anyhow::Result<u64> {
     Ok(vec.iter().filter(|v| *v & 1 != 0).count() as u64 * page as u64)
 }
 
-/// GB/s of a sequential loop of 1 MiB preads over the first `len` bytes of
-/// `path`.
-fn pread_ceiling(path: &Path, len: u64) -> anyhow::Result<f64> {
+/// Seconds of a sequential loop of 1 MiB preads over `len` bytes of
+/// `path` from `offset`.
+fn pread_range(path: &Path, offset: u64, len: u64) -> anyhow::Result<f64> {
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut buf = vec![0u8; PIECE as usize];
     let start = Instant::now();
-    let mut off = 0;
-    while off < len {
-        let n = (len - off).min(PIECE) as usize;
-        f.read_exact_at(&mut buf[..n], off)
-            .with_context(|| format!("pread {} at {off}", path.display()))?;
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(PIECE) as usize;
+        let at = offset + done;
+        f.read_exact_at(&mut buf[..n], at)
+            .with_context(|| format!("pread {} at {at}", path.display()))?;
         std::hint::black_box(&buf);
-        off += n as u64;
+        done += n as u64;
     }
-    Ok(len as f64 / start.elapsed().as_secs_f64() / 1e9)
+    Ok(start.elapsed().as_secs_f64())
 }
