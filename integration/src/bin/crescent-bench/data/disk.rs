@@ -331,7 +331,7 @@ async fn measure_size(
         format_size(size)
     );
     let mut bufs = vec![vec![1u8; size as usize]; first_batch.min(keys.len())];
-    let ceiling_secs = cold_ceiling(segment_file, ceiling_file, total, info).await?;
+    let ceiling_secs = cold_ceiling(segment_file, ceiling_file, (0, total), false, info).await?;
     let get = cold_gets(
         first_client,
         keys,
@@ -425,15 +425,7 @@ async fn paired_runs(
         let len = (run.len() * size) as u64;
         let (warm, _) = timed_gets(client, run, batch, bufs).await;
         anyhow::ensure!(warm == 0, "{warm} untimed gets failed");
-        let (ceiling, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
-        let (secs, resident) = tokio::task::spawn_blocking(move || {
-            pread_range(&ceiling, at, len)?;
-            let resident = drop_caches(&[&segment, &ceiling], &ceiling)?;
-            Ok::<_, anyhow::Error>((pread_range(&ceiling, at, len)?, resident))
-        })
-        .await??;
-        info.saw(resident, len);
-        ceiling_secs += secs;
+        ceiling_secs += cold_ceiling(segment_file, ceiling_file, (at, len), true, info).await?;
         at += len;
         let before = cached_reads(client);
         let (secs, l, failed) = cold_gets(client, run, batch, bufs, segment_file, info).await?;
@@ -455,21 +447,26 @@ fn cached_reads(c: &crescent_client::Client) -> usize {
         .load(std::sync::atomic::Ordering::Relaxed) as usize
 }
 
-/// The ceiling of a `get-first` row: both files dropped from the page
-/// cache, the ceiling's file read; its seconds.
+/// The ceiling over `len` bytes of its file from `at`: read once untimed
+/// first when `warm`, then both files dropped from the page cache and the
+/// range read timed; its seconds.
 async fn cold_ceiling(
     segment_file: &Path,
     ceiling_file: &Path,
-    total: u64,
+    (at, len): (u64, u64),
+    warm: bool,
     info: &mut DiskInfo,
 ) -> anyhow::Result<f64> {
     let (path, segment) = (ceiling_file.to_path_buf(), segment_file.to_path_buf());
     let (secs, resident) = tokio::task::spawn_blocking(move || {
+        if warm {
+            pread_range(&path, at, len)?;
+        }
         let resident = drop_caches(&[&segment, &path], &path)?;
-        Ok::<_, anyhow::Error>((pread_range(&path, 0, total)?, resident))
+        Ok::<_, anyhow::Error>((pread_range(&path, at, len)?, resident))
     })
     .await??;
-    info.saw(resident, total);
+    info.saw(resident, len);
     Ok(secs)
 }
 
