@@ -6,11 +6,7 @@
 //!   counts an entry towards a commit quorum after that callback, so an
 //!   acknowledged write is on disk on a majority.
 //! * Vote, committed log id and last purged id: small records in the same file,
-//!   written by the same thread (so they are ordered with the log). The
-//!   committed id is only a hint: it rides in one of every
-//!   `HINT_EVERY_TXNS` transactions the writer makes anyway, and in one at
-//!   close. A transaction of its own per commit cost a second fsync per
-//!   entry, queued ahead of the next append (about 10 % of a 3-node put).
+//!   written by the same thread (so they are ordered with the log).
 //! * State machine: held in memory ([`SharedState`]) and made durable by
 //!   snapshots stored in the same file; on restart the snapshot is loaded and
 //!   openraft re-applies the committed log after it.
@@ -45,11 +41,6 @@ const KEY_SNAPSHOT: &str = "snapshot";
 /// A commit slower than this is logged: it delays every write's acknowledgement.
 const SLOW_COMMIT_MS: u64 = 20;
 
-/// The committed hint is written with one transaction in this many (and at
-/// close). Each write of it adds a page to that transaction; a restarted node
-/// that finds an older hint applies the rest once a leader reaches it.
-const HINT_EVERY_TXNS: u32 = 1024;
-
 /// Most writer requests folded into one transaction.
 const MAX_GROUP: usize = 256;
 
@@ -75,7 +66,11 @@ enum WriteReq {
     Append(Vec<(u64, Vec<u8>)>, LogFlushed<TypeConfig>),
     TruncateFrom(u64, oneshot::Sender<Result<(), String>>),
     PurgeUpTo(u64, Vec<u8>),
-    PutMeta(&'static str, Vec<u8>, oneshot::Sender<Result<(), String>>),
+    PutMeta(
+        &'static str,
+        Vec<u8>,
+        Option<oneshot::Sender<Result<(), String>>>,
+    ),
 }
 
 struct LogMem {
@@ -90,8 +85,6 @@ struct LogMem {
 struct Writer {
     tx: Option<mpsc::Sender<WriteReq>>,
     handle: Option<std::thread::JoinHandle<()>>,
-    /// The newest committed id not yet written (encoded), for the next transaction.
-    committed_hint: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl Writer {
@@ -230,11 +223,9 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
     };
 
     let (tx, rx) = mpsc::channel();
-    let committed_hint = Arc::new(Mutex::new(None));
-    let hint = committed_hint.clone();
     let handle = std::thread::Builder::new()
         .name("raft-log-writer".into())
-        .spawn(move || writer_loop(db, rx, &hint))
+        .spawn(move || writer_loop(db, rx))
         .map_err(|source| OpenError::DataDir {
             path: dir.display().to_string(),
             source,
@@ -242,7 +233,6 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
     let writer = Arc::new(Writer {
         tx: Some(tx),
         handle: Some(handle),
-        committed_hint,
     });
 
     let log = LogStore {
@@ -272,28 +262,9 @@ fn decode_sm(data: &[u8]) -> Result<SmData, String> {
 }
 
 /// The single writer: folds queued requests into one transaction, commits
-/// (fsync), then reports. Runs until every sender is dropped, then writes the
-/// last committed hint.
-fn writer_loop(
-    db: Database,
-    rx: mpsc::Receiver<WriteReq>,
-    committed_hint: &Mutex<Option<Vec<u8>>>,
-) {
-    let take_hint = || committed_hint.lock().expect("hint lock poisoned").take();
-    let mut txns_without_hint = 0u32;
+/// (fsync), then reports. Runs until every sender is dropped.
+fn writer_loop(db: Database, rx: mpsc::Receiver<WriteReq>) {
     while let Ok(first) = rx.recv() {
-        // Taken before the queue is drained: a hint is set after the appends
-        // it covers were queued, so they are in this batch or an earlier one,
-        // and the persisted hint never runs ahead of the persisted log.
-        txns_without_hint += 1;
-        let hint = if txns_without_hint >= HINT_EVERY_TXNS {
-            take_hint()
-        } else {
-            None
-        };
-        if hint.is_some() {
-            txns_without_hint = 0;
-        }
         let mut batch = vec![first];
         while batch.len() < MAX_GROUP {
             match rx.try_recv() {
@@ -302,7 +273,7 @@ fn writer_loop(
             }
         }
         let started = std::time::Instant::now();
-        let result = write_batch(&db, &batch, hint.as_deref()).map_err(|e| e.to_string());
+        let result = write_batch(&db, &batch).map_err(|e| e.to_string());
         let took = started.elapsed();
         if took > std::time::Duration::from_millis(SLOW_COMMIT_MS) {
             tracing::warn!(
@@ -320,25 +291,16 @@ fn writer_loop(
                 WriteReq::TruncateFrom(_, ack) => {
                     let _ = ack.send(result.clone());
                 }
-                WriteReq::PutMeta(_, _, ack) => {
+                WriteReq::PutMeta(_, _, Some(ack)) => {
                     let _ = ack.send(result.clone());
                 }
-                WriteReq::PurgeUpTo(..) => {}
+                WriteReq::PutMeta(_, _, None) | WriteReq::PurgeUpTo(..) => {}
             }
-        }
-    }
-    if let Some(hint) = take_hint() {
-        if let Err(e) = write_batch(&db, &[], Some(&hint)) {
-            tracing::warn!(error = %e, "could not save the committed hint at shutdown");
         }
     }
 }
 
-fn write_batch(
-    db: &Database,
-    batch: &[WriteReq],
-    committed_hint: Option<&[u8]>,
-) -> Result<(), Box<redb::Error>> {
+fn write_batch(db: &Database, batch: &[WriteReq]) -> Result<(), Box<redb::Error>> {
     let boxed = |e: redb::Error| Box::new(e);
     let txn = db.begin_write().map_err(|e| boxed(e.into()))?;
     {
@@ -368,10 +330,6 @@ fn write_batch(
                 }
             }
         }
-        if let Some(hint) = committed_hint {
-            meta.insert(KEY_COMMITTED, hint)
-                .map_err(|e| boxed(e.into()))?;
-        }
     }
     txn.commit().map_err(|e| boxed(e.into()))?;
     Ok(())
@@ -384,7 +342,7 @@ fn write_failed(e: impl std::fmt::Display) -> StorageError<NodeId> {
 impl LogStore {
     async fn put_meta_sync(&self, key: &'static str, value: Vec<u8>) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
-        self.writer.send(WriteReq::PutMeta(key, value, tx))?;
+        self.writer.send(WriteReq::PutMeta(key, value, Some(tx)))?;
         rx.await
             .map_err(|_| "raft store writer stopped".to_string())?
     }
@@ -446,13 +404,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> SResult<()> {
         let bytes = codec::encode(&committed).map_err(write_failed)?;
         self.mem.lock().expect("log lock poisoned").committed = committed;
-        // Not waited for, and no transaction of its own: losing it only means
-        // re-applying less on restart.
-        *self
-            .writer
-            .committed_hint
-            .lock()
-            .expect("hint lock poisoned") = Some(bytes);
+        // Not waited for: losing it only means re-applying less on restart.
+        self.writer
+            .send(WriteReq::PutMeta(KEY_COMMITTED, bytes, None))
+            .map_err(write_failed)?;
         Ok(())
     }
 
@@ -519,7 +474,7 @@ impl StateMachineStore {
             .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?;
         let (tx, rx) = oneshot::channel();
         self.writer
-            .send(WriteReq::PutMeta(KEY_SNAPSHOT, bytes, tx))
+            .send(WriteReq::PutMeta(KEY_SNAPSHOT, bytes, Some(tx)))
             .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?;
         rx.await
             .map_err(|e| StorageIOError::write_snapshot(Some(snap.meta.signature()), &io_err(e)))?
