@@ -46,6 +46,10 @@ pub struct AgentConfig {
     /// Serve a disk segment in this directory instead of memory: a file of
     /// `segment_size` bytes that keeps its objects across a restart.
     pub disk_path: Option<PathBuf>,
+    /// Allocate the memory segment's pages before mounting it
+    /// ([`Segment::prefault`]): no first-touch page faults on the put path,
+    /// and a segment the host cannot hold fails here, not mid-put.
+    pub prefault: bool,
 }
 
 impl Default for AgentConfig {
@@ -62,6 +66,7 @@ impl Default for AgentConfig {
             limits: Default::default(),
             tls: None,
             disk_path: None,
+            prefault: false,
         }
     }
 }
@@ -185,6 +190,23 @@ impl StoreAgent {
                 String::new(),
             )
         };
+        if cfg.prefault && !segment.is_disk() {
+            let started = std::time::Instant::now();
+            let seg = segment.clone();
+            let ran = tokio::task::spawn_blocking(move || seg.prefault())
+                .await
+                .map_err(|e| {
+                    AgentError::Segment(crescent_store::segment::SegmentError::Prefault {
+                        size,
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                })??;
+            if ran {
+                tracing::info!(bytes = size, took = ?started.elapsed(), "memory segment's pages allocated up front");
+            } else {
+                tracing::warn!("this kernel cannot populate a mapping (MADV_POPULATE_WRITE, Linux 5.14); the segment's pages are allocated on first use");
+            }
+        }
         if let Some(tls) = &cfg.tls {
             // Clients check the certificate against the host advertised
             // here; one they will refuse is said once, now.

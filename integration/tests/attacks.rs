@@ -29,8 +29,9 @@ use crescent_proto::ErrorCode;
 /// about 40 MB here).
 const LEADER_RSS_BOUND: u64 = 300 << 20;
 
-/// The store's resident memory during and after the connection flood (its
-/// 256 MiB segment counts only where written: a few MB here). 20 000 idle
+/// The store's resident memory during and after the connection flood: its
+/// 256 MiB segment, allocated at start (`--prefault`, the default), and at
+/// most 256 MiB more for the connections (about 87 MB here). 20 000 idle
 /// connections once took 2.5 GB that was never given back.
 const STORE_RSS_BOUND: u64 = 512 << 20;
 
@@ -293,7 +294,7 @@ async fn the_cluster_survives_every_attack_and_loses_nothing() {
     assert_eq!(metric(&http, "master_evicted_key_count").await, 0.0);
     let rss_after = leader_rss(&mut cluster, leader);
     // The flood leaves the store's memory bounded: it holds at most 4,096
-    // connections, each with small buffers (87 MB during and after here;
+    // connections, each with small buffers (87 MB beside the segment here;
     // the allocator need not hand pages back at once, so no drop is asserted).
     let store_rss_after = rss(store_pid);
     eprintln!(

@@ -44,6 +44,14 @@ struct Args {
     /// (same user: they are created 0600).
     #[arg(long, env = "CRESCENT_SHM")]
     shm: bool,
+    /// Allocate the memory segment's pages at start (`--prefault=false`:
+    /// on first use). On, no put waits for a page fault (a fresh 1 MiB put
+    /// here was ~0.9 ms slower without it), and a segment the host cannot
+    /// hold (memory limit, a small /dev/shm) fails at start with a clear
+    /// error, not with a SIGBUS or an OOM kill when the pool fills. Takes
+    /// about a second per few GB.
+    #[arg(long, env = "CRESCENT_PREFAULT", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    prefault: bool,
     /// Directory for the shared-memory file.
     #[arg(long, env = "CRESCENT_SHM_DIR", default_value = "/dev/shm")]
     shm_dir: PathBuf,
@@ -200,6 +208,7 @@ fn main() -> anyhow::Result<()> {
             tls: crescent_auth::tls::for_data_port(args.data_tls, tls.as_ref())?
                 .and(serving_tls.clone()),
             disk_path: None,
+            prefault: args.prefault,
         };
         // Mooncake's offload path counts only with its switch on, as there.
         let mooncake_offload = std::env::var("MOONCAKE_ENABLE_SSD_OFFLOAD")
