@@ -33,7 +33,8 @@ enum Cmd {
         mode: ModeChoice,
         /// ci: the fixed short mix; soak: random faults until --duration;
         /// stalled-writers: only stalled writers across failovers;
-        /// disk-restarts: only store restarts with the disk tier.
+        /// disk-restarts: only store restarts with the disk tier;
+        /// rolling-restarts: only rolling restarts until --duration.
         #[arg(
             long,
             env = "CRESCENT_CHAOS_SCHEDULE",
@@ -41,7 +42,8 @@ enum Cmd {
             default_value = "ci"
         )]
         schedule: ScheduleKind,
-        /// How long a soak injects faults (the ci schedule ignores it).
+        /// How long a soak or rolling-restarts run injects faults (the other
+        /// schedules have a fixed length).
         #[arg(long, env = "CRESCENT_CHAOS_DURATION", default_value = "5m", value_parser = duration)]
         duration: Duration,
         /// Seed of the schedule and the workload; random when omitted (and printed).

@@ -19,7 +19,8 @@ use crate::disk::{restart_store_with_disk, DiskChecker, DISK_CHECKS};
 use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
 use crate::schedule::{
-    ci_schedule, disk_restart_schedule, soak_schedule, stalled_writer_schedule, Fault, FaultKind,
+    ci_schedule, disk_restart_schedule, rolling_restart_schedule, soak_schedule,
+    stalled_writer_schedule, Fault, FaultKind,
 };
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
@@ -44,6 +45,9 @@ pub enum ScheduleKind {
     /// Only store restarts with the disk tier, several of them (the test of
     /// --unsafe-forget-disk-on-restart).
     DiskRestarts,
+    /// Only rolling restarts until --duration is up (a reproducer for
+    /// leaders that start with a trailing state machine).
+    RollingRestarts,
 }
 
 impl ScheduleKind {
@@ -54,6 +58,7 @@ impl ScheduleKind {
             ScheduleKind::Soak => "soak",
             ScheduleKind::StalledWriters => "stalled-writers",
             ScheduleKind::DiskRestarts => "disk-restarts",
+            ScheduleKind::RollingRestarts => "rolling-restarts",
         }
     }
 }
@@ -349,12 +354,17 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         ScheduleKind::Soak => Box::new(soak_schedule(cfg.seed, network)),
         ScheduleKind::StalledWriters => Box::new(stalled_writer_schedule(cfg.seed).into_iter()),
         ScheduleKind::DiskRestarts => Box::new(disk_restart_schedule(cfg.seed).into_iter()),
+        ScheduleKind::RollingRestarts => Box::new(rolling_restart_schedule(cfg.seed)),
     };
     let deadline = Instant::now() + cfg.duration;
     let mut records = Vec::new();
     let mut outcome = Ok(());
     for (n, fault) in faults.enumerate() {
-        if cfg.schedule == ScheduleKind::Soak && Instant::now() >= deadline {
+        let timed = matches!(
+            cfg.schedule,
+            ScheduleKind::Soak | ScheduleKind::RollingRestarts
+        );
+        if timed && Instant::now() >= deadline {
             break;
         }
         match inject(dep, &probe, &stall, &disk, &fault, &cfg.out).await {

@@ -197,6 +197,15 @@ pub fn disk_restart_schedule(seed: u64) -> Vec<Fault> {
         .collect()
 }
 
+/// Endless rolling restarts (the runner stops drawing when its time is up):
+/// every master SIGKILLed in turn, the leader last, then a store. Each one
+/// elects a leader that has just restarted, the window in which a leader's
+/// applied state may trail what its log holds.
+pub fn rolling_restart_schedule(seed: u64) -> impl Iterator<Item = Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    std::iter::from_fn(move || Some(fault(&mut rng, FaultKind::RollingRestart)))
+}
+
 /// An endless soak schedule: faults drawn with weights (leader faults most
 /// often); the runner stops drawing when its time is up.
 pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = Fault> {
@@ -279,6 +288,13 @@ mod tests {
         assert!(a
             .iter()
             .all(|f| f.kind == FaultKind::StalledWriterAcrossFailover));
+    }
+
+    #[test]
+    fn the_rolling_restart_schedule_repeats_that_fault() {
+        let a: Vec<Fault> = rolling_restart_schedule(5).take(6).collect();
+        assert_eq!(a, rolling_restart_schedule(5).take(6).collect::<Vec<_>>());
+        assert!(a.iter().all(|f| f.kind == FaultKind::RollingRestart));
     }
 
     #[test]
