@@ -197,6 +197,7 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
         // would panic there on every start.
         crate::terms::check_persisted(v.leader_id.term).map_err(corrupt)?;
     }
+    let vote = vote.map(without_leadership);
     let committed: Option<LogId<NodeId>> = decode_meta(KEY_COMMITTED)?
         .map(|b| codec::decode::<Option<LogId<NodeId>>>(&b))
         .transpose()
@@ -259,6 +260,26 @@ fn decode_sm(data: &[u8]) -> Result<SmData, String> {
     let mut sm: SmData = codec::decode(data).map_err(|e| e.to_string())?;
     sm.state.rebuild_derived().map_err(|e| e.to_string())?;
     Ok(sm)
+}
+
+/// The persisted vote as it is handed to openraft after a restart: the same
+/// term and candidate, but not committed, so a node never resumes its
+/// leadership without an election.
+///
+/// openraft 0.9 restores a node whose persisted vote is committed and its
+/// own as leader at once (`Engine::startup`), in the same term and with no
+/// new blank entry. Its commit index is then the persisted hint, which may
+/// trail what the previous incarnation had committed and acknowledged, and
+/// both read paths (lease reads, and openraft's read index, which is
+/// max(commit index, this leader's first entry)) would answer from a state
+/// machine that has not applied those writes: a get could miss an object
+/// whose put was acknowledged. Uncommitted, the vote still binds the node in
+/// its term (openraft grants no other candidate of that term), and the
+/// leadership is won again by an election whose blank entry every read
+/// waits for. The cost is one election timeout when a leader restarts.
+fn without_leadership(mut vote: Vote<NodeId>) -> Vote<NodeId> {
+    vote.committed = false;
+    vote
 }
 
 /// The single writer: folds queued requests into one transaction, commits

@@ -871,6 +871,28 @@ mod durability {
         assert_eq!(sm.applied_state().await.unwrap().0, None);
     }
 
+    /// A committed vote (this node led, or followed a leader, in term 5)
+    /// comes back uncommitted: openraft would otherwise restore a restarted
+    /// leader in its old term without a blank entry (see
+    /// `store::without_leadership`).
+    #[tokio::test]
+    async fn a_committed_vote_comes_back_uncommitted() {
+        let dir = tempfile::TempDir::new().unwrap();
+        {
+            let (mut log, _sm) = store::open(dir.path()).unwrap();
+            log.save_vote(&Vote::new_committed(5, 1)).await.unwrap();
+            assert_eq!(
+                log.read_vote().await.unwrap(),
+                Some(Vote::new_committed(5, 1)),
+                "a running node reads back what it saved"
+            );
+        }
+        let (mut log, _sm) = store::open(dir.path()).unwrap();
+        let vote = log.read_vote().await.unwrap().unwrap();
+        assert_eq!(vote, Vote::new(5, 1));
+        assert!(!vote.is_committed());
+    }
+
     /// A persisted vote with an absurd term (issue 11: a forged Vote with
     /// term u64::MAX was saved, then openraft panicked at every start's
     /// election) is refused when the store opens, with a clear error.
