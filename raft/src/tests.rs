@@ -858,7 +858,7 @@ mod durability {
             log.save_committed(Some(LogId::new(CommittedLeaderId::new(3, 2), 0)))
                 .await
                 .unwrap();
-            // save_committed is write-behind: a later synchronous write orders after it.
+            // save_committed is write-behind: the close writes it at the latest.
             log.save_vote(&Vote::new(4, 2)).await.unwrap();
         }
         let (mut log, mut sm) = store::open(dir.path()).unwrap();
@@ -891,6 +891,25 @@ mod durability {
         let vote = log.read_vote().await.unwrap().unwrap();
         assert_eq!(vote, Vote::new(5, 1));
         assert!(!vote.is_committed());
+    }
+
+    /// The committed hint has no transaction of its own: the one saved last,
+    /// with no write after it, reaches the disk when the store closes.
+    #[tokio::test]
+    async fn the_latest_committed_hint_is_written_at_close() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let at = |index| Some(LogId::new(CommittedLeaderId::new(3, 2), index));
+        {
+            let (mut log, _sm) = store::open(dir.path()).unwrap();
+            log.save_vote(&Vote::new(3, 2)).await.unwrap();
+            log.save_committed(at(0)).await.unwrap();
+            log.save_vote(&Vote::new(4, 2)).await.unwrap();
+            // No write after this hint but the one at close.
+            log.save_committed(at(1)).await.unwrap();
+        }
+        let (mut log, _sm) = store::open(dir.path()).unwrap();
+        assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(4, 2)));
+        assert_eq!(log.read_committed().await.unwrap(), at(1));
     }
 
     /// A persisted vote with an absurd term (issue 11: a forged Vote with
