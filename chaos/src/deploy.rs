@@ -344,7 +344,12 @@ impl Deployment for ProcessDeployment {
         Ok(exits)
     }
     fn collect_logs(&self, dir: &Path) {
-        if let Ok(entries) = std::fs::read_dir(&self.cluster.root) {
+        // The masters' and stores' logs, and the etcd members' (a member
+        // that does not come back after a restart fails the run).
+        for from in [self.cluster.root.as_path(), self.etcd.dir()] {
+            let Ok(entries) = std::fs::read_dir(from) else {
+                continue;
+            };
             for e in entries.flatten() {
                 let p = e.path();
                 if p.extension().is_some_and(|x| x == "log") {
