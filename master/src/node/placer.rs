@@ -129,10 +129,11 @@ pub struct Placer {
     per_client: HashMap<String, u64>,
     next_pending: u64,
     /// Reservations this leader's own Reserve entries made. Its term alone
-    /// does not tell: a leader restarted into the same term (openraft
-    /// restores a committed vote's leadership on restart) must not adopt
-    /// what its previous incarnation reserved, whose placements it no
-    /// longer knows and whose writers may still be writing.
+    /// would not tell if a leader could restart into the same term (openraft
+    /// restores a committed vote's leadership on restart; the Raft store now
+    /// prevents that, see `without_leadership`): it must not adopt what its
+    /// previous incarnation reserved, whose placements it no longer knows
+    /// and whose writers may still be writing. Kept as a second guard.
     made: BTreeSet<ReservationId>,
 }
 
