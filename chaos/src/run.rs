@@ -61,6 +61,12 @@ impl ScheduleKind {
             ScheduleKind::RollingRestarts => "rolling-restarts",
         }
     }
+
+    /// Whether it draws faults until `--duration` is up (the others have a
+    /// fixed length).
+    pub fn runs_until_duration(self) -> bool {
+        matches!(self, ScheduleKind::Soak | ScheduleKind::RollingRestarts)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -359,11 +365,8 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     let deadline = Instant::now() + cfg.duration;
     let mut records = Vec::new();
     let mut outcome = Ok(());
+    let timed = cfg.schedule.runs_until_duration();
     for (n, fault) in faults.enumerate() {
-        let timed = matches!(
-            cfg.schedule,
-            ScheduleKind::Soak | ScheduleKind::RollingRestarts
-        );
         if timed && Instant::now() >= deadline {
             break;
         }

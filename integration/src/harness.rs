@@ -99,10 +99,16 @@ const LOWEST_TEST_PORT: u16 = 10_000;
 
 /// `LOWEST_TEST_PORT..` the start of the kernel's ephemeral port range, or
 /// None when that range is unknown or leaves fewer than 1,000 ports below it.
+/// Read once per process.
 fn ports_below_ephemeral() -> Option<std::ops::Range<u16>> {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
-    let low: u16 = text.split_whitespace().next()?.parse().ok()?;
-    (low >= LOWEST_TEST_PORT + 1_000).then_some(LOWEST_TEST_PORT..low)
+    static RANGE: std::sync::OnceLock<Option<std::ops::Range<u16>>> = std::sync::OnceLock::new();
+    RANGE
+        .get_or_init(|| {
+            let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+            let low: u16 = text.split_whitespace().next()?.parse().ok()?;
+            (low >= LOWEST_TEST_PORT + 1_000).then_some(LOWEST_TEST_PORT..low)
+        })
+        .clone()
 }
 
 /// Where this process starts looking: differs between processes (tests run
