@@ -93,6 +93,12 @@ enum Cmd {
         /// --schedule disk-restarts).
         #[arg(long, hide = true)]
         unsafe_exclusive_promotion: bool,
+        /// TEST ONLY: start masters with --unsafe-resume-leadership: a
+        /// restarted leader leads again in its old term without an election,
+        /// and serves reads before it has applied what it acknowledged; the
+        /// run must then fail (use --schedule rolling-restarts).
+        #[arg(long, hide = true)]
+        unsafe_resume_leadership: bool,
     },
     /// Re-check a recorded run directory.
     Check { dir: PathBuf },
@@ -171,6 +177,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_adopt_foreign_reservations,
             unsafe_forget_disk_on_restart,
             unsafe_exclusive_promotion,
+            unsafe_resume_leadership,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             // Short put timeouts: with the defaults (30 s, 600 s) an earlier
@@ -231,6 +238,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             if unsafe_exclusive_promotion {
                 master_flags.push("--unsafe-exclusive-promotion".into());
+            }
+            if unsafe_resume_leadership {
+                master_flags.push("--unsafe-resume-leadership".into());
             }
             let mut store_flags = Vec::new();
             if unsafe_forget_disk_on_restart {

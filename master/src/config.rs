@@ -331,6 +331,15 @@ pub struct MasterConfig {
     /// it in production.
     #[arg(long, env = "CRESCENT_UNSAFE_EXCLUSIVE_PROMOTION", hide = true)]
     pub unsafe_exclusive_promotion: bool,
+
+    /// TEST ONLY; breaks linearizable reads. A restarted master whose last
+    /// vote was its own committed one leads again at once in its old term,
+    /// as openraft 0.9 would have it, with only its persisted commit hint,
+    /// so gets may miss acknowledged puts until it catches up. The chaos
+    /// suite (`--schedule rolling-restarts`) shows its checker catches that.
+    /// Hidden from --help; never set it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_RESUME_LEADERSHIP", hide = true)]
+    pub unsafe_resume_leadership: bool,
 }
 
 /// How puts that ask for one commit are committed.

@@ -378,7 +378,16 @@ impl MasterNode {
     pub async fn start(config: MasterConfig) -> anyhow::Result<Arc<Self>> {
         let id = config.node_id;
         let addr = config.advertise_addr();
-        let (log, sm) = crescent_raft::store::open(&config.data_dir)?;
+        let vote_at_open = if config.unsafe_resume_leadership {
+            tracing::warn!(
+                "--unsafe-resume-leadership: a restarted leader leads again without an \
+                 election; reads may miss acknowledged writes (test only)"
+            );
+            crescent_raft::store::VoteAtOpen::AsSavedUnsafely
+        } else {
+            crescent_raft::store::VoteAtOpen::Uncommitted
+        };
+        let (log, sm) = crescent_raft::store::open_with(&config.data_dir, vote_at_open)?;
         let shared = sm.shared.clone();
         let verifier = Arc::new(config.verifier()?);
         if verifier.is_insecure() {

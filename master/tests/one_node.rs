@@ -104,6 +104,24 @@ async fn a_restarted_leader_leads_again_only_in_a_new_term() {
     master.stop().await;
 }
 
+/// The test-only `--unsafe-resume-leadership` restores openraft 0.9's own
+/// behaviour, the one the test above rules out: the restarted leader leads
+/// again at once in its old term. (The chaos suite shows the stale reads
+/// that follows; here, that the switch does what it says.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unsafe_switch_resumes_leadership_in_the_old_term() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let unsafely = ["--unsafe-resume-leadership"];
+    let (master, client) = one_master(dir.path(), &unsafely).await;
+    put(&client, "a").await;
+    let term = master.node.current_term();
+    master.stop().await;
+
+    let master = start_leading(dir.path(), &unsafely).await;
+    assert_eq!(master.node.current_term(), term);
+    master.stop().await;
+}
+
 fn one_replica() -> pb::ReplicateConfig {
     pb::ReplicateConfig {
         replica_num: 1,

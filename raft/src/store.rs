@@ -152,8 +152,31 @@ fn io_err<E: std::fmt::Display>(e: E) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
+/// How the vote found on disk is handed back to openraft at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VoteAtOpen {
+    /// Uncommitted: a node that led before it stopped leads again only
+    /// after an election (see [`without_leadership`]). Always, but in tests.
+    #[default]
+    Uncommitted,
+    /// TEST ONLY; breaks linearizable reads. As saved, so openraft restores a
+    /// restarted leader in its old term with only its persisted commit hint,
+    /// and it may answer reads from a state that lacks acknowledged writes.
+    /// The chaos suite uses it to show its checker sees that.
+    AsSavedUnsafely,
+}
+
 /// Opens (or creates) `<dir>/raft.redb` and returns the log and state machine stores.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
+    open_with(dir, VoteAtOpen::Uncommitted)
+}
+
+/// [`open`], choosing how the persisted vote comes back (tests only pass
+/// anything but the default).
+pub fn open_with(
+    dir: &Path,
+    vote_at_open: VoteAtOpen,
+) -> Result<(LogStore, StateMachineStore), OpenError> {
     std::fs::create_dir_all(dir).map_err(|source| OpenError::DataDir {
         path: dir.display().to_string(),
         source,
@@ -204,7 +227,10 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
         // would panic there on every start.
         crate::terms::check_persisted(v.leader_id.term).map_err(corrupt)?;
     }
-    let vote = vote.map(without_leadership);
+    let vote = match vote_at_open {
+        VoteAtOpen::Uncommitted => vote.map(without_leadership),
+        VoteAtOpen::AsSavedUnsafely => vote,
+    };
     let committed: Option<LogId<NodeId>> = decode_meta(KEY_COMMITTED)?
         .map(|b| codec::decode::<Option<LogId<NodeId>>>(&b))
         .transpose()

@@ -891,6 +891,15 @@ mod durability {
         let vote = log.read_vote().await.unwrap().unwrap();
         assert_eq!(vote, Vote::new(5, 1));
         assert!(!vote.is_committed());
+        drop(log);
+        drop(_sm);
+        // The test-only switch hands it back as saved.
+        let (mut log, _sm) =
+            store::open_with(dir.path(), store::VoteAtOpen::AsSavedUnsafely).unwrap();
+        assert_eq!(
+            log.read_vote().await.unwrap(),
+            Some(Vote::new_committed(5, 1))
+        );
     }
 
     /// The committed hint has no transaction of its own: the one saved last,
