@@ -118,11 +118,12 @@ pub fn raise_open_file_limit(needed: u64) -> Option<u64> {
 ///
 /// Why: mimalloc (the master's allocator) marks its arenas
 /// `MADV_HUGEPAGE`, so where THP is `madvise` (the usual default) each
-/// fresh or purged-and-reused span of its heap faults in a whole 2 MiB page
-/// and zeroes it. A profile of batch-128 puts found 20 % of the master's
-/// time in that zeroing; with THP off, 3-node batch-128 puts went from
-/// 50-57 k to 59-82 k objects/s and their p99 from 46-60 to 18-27 ms
-/// (docs/benchmarks.md, stop 41). Returns whether it was turned off.
+/// fresh span of its heap faults in a whole 2 MiB page and zeroes it. A
+/// profile of batch-128 puts found 20 % of the master's time in that
+/// zeroing; with THP off, six alternating runs of 3-node batch-128 puts
+/// averaged 69 k objects/s against 54 k, p99 median 24 ms against 48, and
+/// single puts were unchanged (docs/benchmarks.md, stop 41). Returns
+/// whether it was turned off.
 pub fn disable_transparent_huge_pages() -> bool {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
         return false;
