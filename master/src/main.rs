@@ -16,7 +16,8 @@ fn main() -> anyhow::Result<()> {
     let needed =
         (config.max_connections + crescent_runtime::conn_limit::MAX_HTTP_CONNECTIONS + 1024) as u64;
     crescent_runtime::raise_open_file_limit(needed);
-    // Before the runtime and the Raft store allocate (see the function).
+    // Early, so little of the heap is already backed by huge pages (the
+    // kernel checks the flag when memory is first touched; see the function).
     crescent_runtime::disable_transparent_huge_pages();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -107,7 +107,7 @@ async fn a_restarted_leader_leads_again_only_in_a_new_term() {
 /// The test-only `--unsafe-resume-leadership` restores openraft 0.9's own
 /// behaviour, the one the test above rules out: the restarted leader leads
 /// again at once in its old term. (The chaos suite shows the stale reads
-/// that follows; here, that the switch does what it says.)
+/// that follow; here, that the switch does what it says.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unsafe_switch_resumes_leadership_in_the_old_term() {
     let dir = tempfile::TempDir::new().unwrap();

@@ -156,7 +156,7 @@ fn io_err<E: std::fmt::Display>(e: E) -> std::io::Error {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum VoteAtOpen {
     /// Uncommitted: a node that led before it stopped leads again only
-    /// after an election (see [`without_leadership`]). Always, but in tests.
+    /// after an election (see [`without_leadership`]). Always, except in tests.
     #[default]
     Uncommitted,
     /// TEST ONLY; breaks linearizable reads. As saved, so openraft restores a

@@ -887,12 +887,12 @@ mod durability {
                 "a running node reads back what it saved"
             );
         }
-        let (mut log, _sm) = store::open(dir.path()).unwrap();
+        let (mut log, sm) = store::open(dir.path()).unwrap();
         let vote = log.read_vote().await.unwrap().unwrap();
         assert_eq!(vote, Vote::new(5, 1));
         assert!(!vote.is_committed());
         drop(log);
-        drop(_sm);
+        drop(sm);
         // The test-only switch hands it back as saved.
         let (mut log, _sm) =
             store::open_with(dir.path(), store::VoteAtOpen::AsSavedUnsafely).unwrap();

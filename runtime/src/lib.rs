@@ -113,17 +113,18 @@ pub fn raise_open_file_limit(needed: u64) -> Option<u64> {
 }
 
 /// Turns transparent huge pages off for this process
-/// (`prctl(PR_SET_THP_DISABLE)`), unless `MIMALLOC_ALLOW_THP` is set, in
-/// which case mimalloc has already done what that variable asks.
+/// (`prctl(PR_SET_THP_DISABLE)`), unless `MIMALLOC_ALLOW_THP` is set: for
+/// a process whose global allocator is mimalloc (the master), that
+/// variable already told mimalloc what to do.
 ///
-/// Why: mimalloc (the master's allocator) marks its arenas
-/// `MADV_HUGEPAGE`, so where THP is `madvise` (the usual default) each
-/// fresh span of its heap faults in a whole 2 MiB page and zeroes it. A
-/// profile of batch-128 puts found 20 % of the master's time in that
-/// zeroing; with THP off, six alternating runs of 3-node batch-128 puts
-/// averaged 69 k objects/s against 54 k, p99 median 24 ms against 48, and
-/// single puts were unchanged (docs/benchmarks.md, stop 41). Returns
-/// whether it was turned off.
+/// Why: mimalloc marks its arenas `MADV_HUGEPAGE`, so where THP is
+/// `madvise` (the usual default) each fresh span of its heap faults in a
+/// whole 2 MiB page and zeroes it. A profile of batch-128 puts found about
+/// 30 % of the masters' time in that zeroing; with THP off, six
+/// alternating runs of 3-node batch-128 puts averaged 69 k objects/s
+/// against 55 k, p99 median 24 ms against 48, and single puts were
+/// unchanged (docs/benchmarks.md, stop 41). Returns whether this call
+/// turned it off.
 pub fn disable_transparent_huge_pages() -> bool {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
         return false;
