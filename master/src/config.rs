@@ -597,10 +597,35 @@ pub fn read_config_file(path: &str) -> anyhow::Result<Vec<(String, String)>> {
                 other.type_str()
             ),
         };
-        let env = format!("CRESCENT_{}", key.replace('-', "_").to_ascii_uppercase());
+        let flag = key.replace('_', "-");
+        // A config file is read by whoever runs the master, not only by the
+        // test harness: a test-only switch that breaks a guarantee is taken
+        // from the command line or environment alone, and a misspelt key is
+        // an error, not a setting silently ignored.
+        anyhow::ensure!(
+            !flag.starts_with("unsafe-"),
+            "config key {key:?} in {path} is a test-only switch; it is not accepted from a \
+             config file"
+        );
+        anyhow::ensure!(
+            flag != "config" && master_flags().any(|known| known == flag),
+            "config key {key:?} in {path} is not a crescent-master flag (keys are the long \
+             flag names, e.g. lease-ttl)"
+        );
+        let env = format!("CRESCENT_{}", flag.replace('-', "_").to_ascii_uppercase());
         out.push((env, value));
     }
     Ok(out)
+}
+
+/// The long names of the master's flags, the keys a config file may use.
+fn master_flags() -> impl Iterator<Item = String> {
+    use clap::CommandFactory;
+    MasterConfig::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect::<Vec<_>>()
+        .into_iter()
 }
 
 #[cfg(test)]
@@ -657,5 +682,38 @@ mod tests {
         assert!(pairs.contains(&("CRESCENT_LEASE_TTL".into(), "7s".into())));
         std::fs::write(&path, "node-id = [").unwrap();
         assert!(read_config_file(path.to_str().unwrap()).is_err());
+    }
+
+    #[test]
+    fn config_files_refuse_unknown_keys_and_test_only_switches() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        let read = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            read_config_file(path.to_str().unwrap())
+        };
+        for text in [
+            "unsafe-resume-leadership = true\n",
+            "unsafe_ack_before_commit = true\n",
+            "UNSAFE-forget-leases = true\n",
+        ] {
+            let err = read(text).unwrap_err().to_string();
+            assert!(
+                err.contains("test-only") || err.contains("not a crescent-master flag"),
+                "{text}: {err}"
+            );
+        }
+        let err = read("node-id = 1\nlease-tll = \"5s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"lease-tll\"") && err.contains("not a crescent-master flag"),
+            "{err}"
+        );
+        assert!(read("config = \"/etc/other.toml\"\n").is_err());
+        // Every flag a user may set is still accepted, under either spelling.
+        let pairs = read("read-mode = \"lease\"\nmax_key_len = 128\n").unwrap();
+        assert!(pairs.contains(&("CRESCENT_READ_MODE".into(), "lease".into())));
+        assert!(pairs.contains(&("CRESCENT_MAX_KEY_LEN".into(), "128".into())));
     }
 }
