@@ -345,7 +345,12 @@ pub struct MasterNode {
     peers: GrpcNetworkFactory,
     /// What the gRPC and HTTP ports serve with `--tls-*` (re-read on SIGHUP).
     serving_tls: Option<Arc<crescent_auth::tls::ServingTls>>,
+    /// Resolves once the Raft storage's file is closed after a shutdown.
+    store_closed: crescent_raft::store::StoreClosed,
 }
+
+/// How long a shutdown waits for openraft's tasks to let the storage go.
+pub const STORE_CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -389,6 +394,7 @@ impl MasterNode {
         };
         let (log, sm) = crescent_raft::store::open_with(&config.data_dir, vote_at_open)?;
         let shared = sm.shared.clone();
+        let store_closed = log.closed();
         let verifier = Arc::new(config.verifier()?);
         if verifier.is_insecure() {
             tracing::warn!(
@@ -428,6 +434,7 @@ impl MasterNode {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let node = Arc::new(Self {
+            store_closed,
             id,
             addr: addr.clone(),
             raft: raft.clone(),
@@ -538,9 +545,18 @@ impl MasterNode {
         RaftGrpcServer::new(self.raft.clone(), self.config.election_timeout_max)
     }
 
-    /// Stops the Raft node; its storage is closed when this returns.
+    /// Stops the Raft node and waits (at most [`STORE_CLOSE_WAIT`]) until
+    /// its storage file is closed, so that the same data dir can be opened
+    /// again at once (a restart in the same process, as tests do).
     pub async fn shutdown(&self) -> Result<(), tokio::task::JoinError> {
-        self.raft.shutdown().await
+        let stopped = self.raft.shutdown().await;
+        if !self.store_closed.clone().wait(STORE_CLOSE_WAIT).await {
+            tracing::warn!(
+                "the Raft store is still open {STORE_CLOSE_WAIT:?} after shutdown; \
+                 something still holds it"
+            );
+        }
+        stopped
     }
 
     /// Raft metrics as they change (the leader loops follow leadership with it).

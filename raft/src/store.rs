@@ -92,6 +92,25 @@ struct Writer {
     handle: Option<std::thread::JoinHandle<()>>,
     /// The newest committed id not yet written (encoded), for the next transaction.
     committed_hint: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Becomes true once the thread has closed the file.
+    closed: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Resolves once the store's file is closed, i.e. once openraft (and every
+/// other holder) has dropped the log and state machine stores. Holds no
+/// store itself, so waiting on it does not keep the file open.
+#[derive(Clone)]
+pub struct StoreClosed(tokio::sync::watch::Receiver<bool>);
+
+impl StoreClosed {
+    /// Waits at most `limit`; returns whether the file is closed.
+    pub async fn wait(mut self, limit: std::time::Duration) -> bool {
+        // An error means the thread ended without saying so (it panicked):
+        // the file is closed then too.
+        tokio::time::timeout(limit, self.0.wait_for(|closed| *closed))
+            .await
+            .is_ok()
+    }
 }
 
 impl Writer {
@@ -118,6 +137,14 @@ impl Drop for Writer {
 pub struct LogStore {
     mem: Arc<Mutex<LogMem>>,
     writer: Arc<Writer>,
+}
+
+impl LogStore {
+    /// What to wait on, after the Raft node shut down, before the data dir
+    /// is opened again.
+    pub fn closed(&self) -> StoreClosed {
+        StoreClosed(self.writer.closed.clone())
+    }
 }
 
 /// The state machine data shared between openraft (which applies) and the
@@ -259,9 +286,14 @@ pub fn open_with(
     let (tx, rx) = mpsc::channel();
     let committed_hint = Arc::new(Mutex::new(None));
     let hint = committed_hint.clone();
+    let (closed_tx, closed) = tokio::sync::watch::channel(false);
     let handle = std::thread::Builder::new()
         .name("raft-log-writer".into())
-        .spawn(move || writer_loop(db, rx, &hint))
+        .spawn(move || {
+            writer_loop(db, rx, &hint);
+            // `db` was dropped by the loop: the file may be opened again.
+            let _ = closed_tx.send(true);
+        })
         .map_err(|source| OpenError::DataDir {
             path: dir.display().to_string(),
             source,
@@ -270,6 +302,7 @@ pub fn open_with(
         tx: Some(tx),
         handle: Some(handle),
         committed_hint,
+        closed,
     });
 
     let log = LogStore {
