@@ -821,6 +821,10 @@ fn print(
                 "{}",
                 floor.put_line("4 KiB put over TCP, one client:", r.p50_ms, r.p99_ms)
             );
+            println!(
+                "{}",
+                floor.serial_flush_line("4 KiB put over TCP, one client:", r.p50_ms)
+            );
         } else if r.op == "get" {
             println!(
                 "{}",

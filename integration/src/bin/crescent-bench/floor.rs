@@ -26,7 +26,7 @@ impl Floor {
 
     pub fn to_json(self) -> serde_json::Value {
         json!({"fsync_4k_p50_ms": self.fsync_4k_p50_ms, "grpc_round_trip_p50_ms": self.rpc_p50_ms,
-               "put_floor_ms": self.put_ms()})
+               "put_floor_ms": self.put_ms(), "serial_flush_put_floor_ms": self.serial_flush_put_ms()})
     }
 
     /// A put's latency as a ratio of the floor, against issue 12's targets.
@@ -35,6 +35,27 @@ impl Floor {
             "  {what} p50 {p50_ms:.3} ms = {:.2}x floor (target 1.5x), p99 {p99_ms:.3} ms = {:.2}x floor (target 4x)",
             p50_ms / self.put_ms(),
             p99_ms / self.put_ms()
+        )
+    }
+
+    /// What a replicated put can reach on openraft 0.9: two fsyncs and four
+    /// round trips. Its RaftCore awaits the leader's own log flush before it
+    /// sends the entry to the followers (`append_to_log` awaits the
+    /// `LogFlushed` callback), so the leader's fsync and a follower's run in
+    /// series, and the replication round trip comes on top of the three the
+    /// floor counts. Printed beside the floor, not instead of it: the target
+    /// stays against the floor.
+    pub fn serial_flush_put_ms(&self) -> f64 {
+        2.0 * self.fsync_4k_p50_ms + 4.0 * self.rpc_p50_ms
+    }
+
+    /// A replicated put's p50 against [`Floor::serial_flush_put_ms`].
+    pub fn serial_flush_line(&self, what: &str, p50_ms: f64) -> String {
+        format!(
+            "  {what} p50 = {:.2}x openraft 0.9's own floor (leader flush, then replication: 2 fsyncs + 4 round trips = {:.3} ms; the floor above is {:.2}x that)",
+            p50_ms / self.serial_flush_put_ms(),
+            self.serial_flush_put_ms(),
+            self.put_ms() / self.serial_flush_put_ms()
         )
     }
 

@@ -504,6 +504,9 @@ fn print_rows(rows: &[Row], floors: &Floors, args: &MetaArgs, json_out: bool) {
             if r.op == "put" {
                 let what = format!("{cluster} single put (metadata only)");
                 println!("{}", f.put_line(&what, r.p50_ms, r.p99_ms));
+                if !cluster.starts_with("1-node") {
+                    println!("{}", f.serial_flush_line(&what, r.p50_ms));
+                }
             } else {
                 let what = format!("{cluster} single get_replica_list");
                 println!("{}", f.get_line(&what, r.p50_ms, 3.0));
