@@ -585,6 +585,7 @@ pub fn read_config_file(path: &str) -> anyhow::Result<Vec<(String, String)>> {
     let table: toml::Table = text
         .parse()
         .map_err(|e| anyhow::anyhow!("config file {path} is not valid TOML: {e}"))?;
+    let known = master_flags();
     let mut out = Vec::new();
     for (key, value) in table {
         let value = match value {
@@ -608,7 +609,7 @@ pub fn read_config_file(path: &str) -> anyhow::Result<Vec<(String, String)>> {
              config file"
         );
         anyhow::ensure!(
-            flag != "config" && master_flags().any(|known| known == flag),
+            flag != "config" && known.contains(&flag),
             "config key {key:?} in {path} is not a crescent-master flag (keys are the long \
              flag names, e.g. lease-ttl)"
         );
@@ -619,13 +620,12 @@ pub fn read_config_file(path: &str) -> anyhow::Result<Vec<(String, String)>> {
 }
 
 /// The long names of the master's flags, the keys a config file may use.
-fn master_flags() -> impl Iterator<Item = String> {
+fn master_flags() -> std::collections::HashSet<String> {
     use clap::CommandFactory;
     MasterConfig::command()
         .get_arguments()
         .filter_map(|a| a.get_long().map(str::to_string))
-        .collect::<Vec<_>>()
-        .into_iter()
+        .collect()
 }
 
 #[cfg(test)]
