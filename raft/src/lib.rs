@@ -2,8 +2,8 @@
 //!
 //! Owns the openraft type configuration, the pure and deterministic metadata
 //! state machine ([`state`]), the segment allocator ([`alloc`]), the eviction
-//! policy ([`eviction`]), the durable log and snapshot storage on redb
-//! ([`store`]), the tonic Raft transport ([`network`]), the leader's read
+//! policy ([`eviction`]), the durable log and snapshot storage ([`store`],
+//! in an append-only file, [`journal`]), the tonic Raft transport ([`network`]), the leader's read
 //! lease bookkeeping ([`lease`]), the rules for
 //! which terms a node accepts ([`terms`]) and how big entries and
 //! replication messages may be ([`sizing`]).
@@ -17,6 +17,7 @@ use std::io::Cursor;
 pub mod alloc;
 pub mod codec;
 pub mod eviction;
+pub mod journal;
 pub mod lease;
 pub mod network;
 pub mod sizing;
