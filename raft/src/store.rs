@@ -1,16 +1,19 @@
-//! Durable Raft storage in the node's data dir, on redb.
+//! Durable Raft storage in the node's data dir, in an append-only journal
+//! (`raft.log`, [`crate::journal`]).
 //!
 //! * Log: every entry is kept in memory (until purged) and written through one
-//!   writer thread that groups concurrent appends into one redb transaction and
-//!   fsyncs it before telling openraft the entries are flushed. openraft only
-//!   counts an entry towards a commit quorum after that callback, so an
-//!   acknowledged write is on disk on a majority.
+//!   writer thread that groups concurrent appends into one journal batch (one
+//!   write, one fdatasync) before telling openraft the entries are flushed.
+//!   openraft only counts an entry towards a commit quorum after that
+//!   callback, so an acknowledged write is on disk on a majority.
 //! * Vote, committed log id and last purged id: small records in the same file,
 //!   written by the same thread (so they are ordered with the log). The
 //!   committed id is only a hint: it rides in one of every
-//!   `HINT_EVERY_TXNS` transactions the writer makes anyway, and in one at
-//!   close. A transaction of its own per commit cost a second fsync per
+//!   `HINT_EVERY_TXNS` batches the writer makes anyway, and in one at
+//!   close. A batch of its own per commit cost a second fsync per
 //!   entry, queued ahead of the next append (about 10 % of a 3-node put).
+//! * A data dir written by an earlier version (`raft.redb`) is copied into a
+//!   journal once, at open, and the old file renamed `raft.redb.migrated`.
 //! * State machine: held in memory ([`SharedState`]) and made durable by
 //!   snapshots stored in the same file; on restart the snapshot is loaded and
 //!   openraft re-applies the committed log after it.
@@ -32,11 +35,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::codec;
+use crate::journal::{Contents, Journal, JournalError, Record};
 use crate::state::{MetaState, Response};
 use crate::{NodeId, TypeConfig};
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// The tables of the redb file earlier versions kept (read once, to migrate).
+const REDB_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const REDB_META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const REDB_FILE: &str = "raft.redb";
 const KEY_VOTE: &str = "vote";
 const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "last_purged";
@@ -50,7 +56,7 @@ const SLOW_COMMIT_MS: u64 = 20;
 /// that finds an older hint applies the rest once a leader reaches it.
 const HINT_EVERY_TXNS: u32 = 1024;
 
-/// Most writer requests folded into one transaction.
+/// Most writer requests folded into one batch.
 const MAX_GROUP: usize = 256;
 
 type SResult<T> = Result<T, StorageError<NodeId>>;
@@ -62,8 +68,10 @@ pub enum OpenError {
         path: String,
         source: std::io::Error,
     },
-    #[error("cannot open raft store {path}: {source}")]
-    Database {
+    #[error("cannot open raft store: {0}")]
+    Journal(#[from] JournalError),
+    #[error("cannot migrate the raft store {path} of an earlier version: {source}")]
+    Migrate {
         path: String,
         source: Box<redb::Error>,
     },
@@ -193,7 +201,7 @@ pub enum VoteAtOpen {
     AsSavedUnsafely,
 }
 
-/// Opens (or creates) `<dir>/raft.redb` and returns the log and state machine stores.
+/// Opens (or creates) `<dir>/raft.log` and returns the log and state machine stores.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), OpenError> {
     open_with(dir, VoteAtOpen::Uncommitted)
 }
@@ -208,41 +216,20 @@ pub fn open_with(
         path: dir.display().to_string(),
         source,
     })?;
-    let path = dir.join("raft.redb");
-    let path_s = path.display().to_string();
-    let db_err = |e: redb::Error| OpenError::Database {
-        path: path_s.clone(),
-        source: Box::new(e),
-    };
+    migrate_from_redb(dir)?;
+    let path_s = dir.join(crate::journal::FILE_NAME).display().to_string();
     let corrupt = |reason: String| OpenError::Corrupt {
         path: path_s.clone(),
         reason,
     };
-    let db = Database::create(&path).map_err(|e| db_err(e.into()))?;
-    {
-        let txn = db.begin_write().map_err(|e| db_err(e.into()))?;
-        txn.open_table(LOG).map_err(|e| db_err(e.into()))?;
-        txn.open_table(META).map_err(|e| db_err(e.into()))?;
-        txn.commit().map_err(|e| db_err(e.into()))?;
-    }
-
+    let (journal, contents) = Journal::open(dir, KEY_PURGED)?;
     let mut entries = BTreeMap::new();
-    let mut metas: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    {
-        let txn = db.begin_read().map_err(|e| db_err(e.into()))?;
-        let log = txn.open_table(LOG).map_err(|e| db_err(e.into()))?;
-        for item in log.iter().map_err(|e| db_err(e.into()))? {
-            let (k, v) = item.map_err(|e| db_err(e.into()))?;
-            let entry: Entry<TypeConfig> =
-                codec::decode(v.value()).map_err(|e| corrupt(format!("log {}: {e}", k.value())))?;
-            entries.insert(k.value(), entry);
-        }
-        let meta = txn.open_table(META).map_err(|e| db_err(e.into()))?;
-        for item in meta.iter().map_err(|e| db_err(e.into()))? {
-            let (k, v) = item.map_err(|e| db_err(e.into()))?;
-            metas.insert(k.value().to_string(), v.value().to_vec());
-        }
+    for (index, bytes) in &contents.entries {
+        let entry: Entry<TypeConfig> =
+            codec::decode(bytes).map_err(|e| corrupt(format!("log {index}: {e}")))?;
+        entries.insert(*index, entry);
     }
+    let metas = contents.metas;
     let decode_meta =
         |key: &str| -> Result<Option<Vec<u8>>, OpenError> { Ok(metas.get(key).cloned()) };
     let vote: Option<Vote<NodeId>> = decode_meta(KEY_VOTE)?
@@ -290,8 +277,8 @@ pub fn open_with(
     let handle = std::thread::Builder::new()
         .name("raft-log-writer".into())
         .spawn(move || {
-            writer_loop(db, rx, &hint);
-            // `db` was dropped by the loop: the file may be opened again.
+            writer_loop(journal, rx, &hint);
+            // The journal was dropped by the loop: the file may be opened again.
             let _ = closed_tx.send(true);
         })
         .map_err(|source| OpenError::DataDir {
@@ -351,28 +338,76 @@ fn without_leadership(mut vote: Vote<NodeId>) -> Vote<NodeId> {
     vote
 }
 
-/// The single writer: folds queued requests into one transaction, commits
-/// (fsync), then reports. Runs until every sender is dropped, then writes the
-/// last committed hint.
+/// Copies a data dir of an earlier version (`raft.redb`) into a journal, once.
+/// The journal is written whole and renamed into place before the old file
+/// is renamed away, so a crash at any point leaves one of the two complete.
+fn migrate_from_redb(dir: &Path) -> Result<(), OpenError> {
+    let old = dir.join(REDB_FILE);
+    if !old.exists() {
+        return Ok(());
+    }
+    let migrate_err = |e: redb::Error| OpenError::Migrate {
+        path: old.display().to_string(),
+        source: Box::new(e),
+    };
+    let journal_path = dir.join(crate::journal::FILE_NAME);
+    if !journal_path.exists() {
+        let mut contents = Contents::default();
+        {
+            let db = Database::open(&old).map_err(|e| migrate_err(e.into()))?;
+            let txn = db.begin_read().map_err(|e| migrate_err(e.into()))?;
+            if let Ok(log) = txn.open_table(REDB_LOG) {
+                for item in log.iter().map_err(|e| migrate_err(e.into()))? {
+                    let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
+                    contents.entries.insert(k.value(), v.value().to_vec());
+                }
+            }
+            if let Ok(meta) = txn.open_table(REDB_META) {
+                for item in meta.iter().map_err(|e| migrate_err(e.into()))? {
+                    let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
+                    contents
+                        .metas
+                        .insert(k.value().to_string(), v.value().to_vec());
+                }
+            }
+        }
+        crate::journal::write_fresh(dir, &journal_path, &contents, KEY_PURGED)?;
+        tracing::info!(
+            entries = contents.entries.len(),
+            from = %old.display(),
+            "raft store migrated to the journal"
+        );
+    }
+    let done = dir.join(format!("{REDB_FILE}.migrated"));
+    std::fs::rename(&old, &done).map_err(|source| OpenError::DataDir {
+        path: old.display().to_string(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// The single writer: folds queued requests into one journal batch, writes
+/// and syncs it, then reports. Runs until every sender is dropped, then
+/// writes the last committed hint.
 fn writer_loop(
-    db: Database,
+    mut journal: Journal,
     rx: mpsc::Receiver<WriteReq>,
     committed_hint: &Mutex<Option<Vec<u8>>>,
 ) {
     let take_hint = || committed_hint.lock().expect("hint lock poisoned").take();
-    let mut txns_without_hint = 0u32;
+    let mut batches_without_hint = 0u32;
     while let Ok(first) = rx.recv() {
         // Taken before the queue is drained: a hint is set after the appends
         // it covers were queued, so they are in this batch or an earlier one,
         // and the persisted hint never runs ahead of the persisted log.
-        txns_without_hint += 1;
-        let hint = if txns_without_hint >= HINT_EVERY_TXNS {
+        batches_without_hint += 1;
+        let hint = if batches_without_hint >= HINT_EVERY_TXNS {
             take_hint()
         } else {
             None
         };
         if hint.is_some() {
-            txns_without_hint = 0;
+            batches_without_hint = 0;
         }
         let mut batch = vec![first];
         while batch.len() < MAX_GROUP {
@@ -382,13 +417,13 @@ fn writer_loop(
             }
         }
         let started = std::time::Instant::now();
-        let result = write_batch(&db, &batch, hint.as_deref()).map_err(|e| e.to_string());
+        let result = write_batch(&mut journal, &batch, hint.as_deref()).map_err(|e| e.to_string());
         let took = started.elapsed();
         if took > std::time::Duration::from_millis(SLOW_COMMIT_MS) {
             tracing::warn!(
                 ?took,
                 requests = batch.len(),
-                "slow raft log commit (disk or fsync stall)"
+                "slow raft log write (disk or fsync stall)"
             );
         }
         if let Err(e) = &result {
@@ -406,55 +441,44 @@ fn writer_loop(
                 WriteReq::PurgeUpTo(..) => {}
             }
         }
+        // Between batches, so no request waits on it but the next ones.
+        if result.is_ok() {
+            if let Err(e) = journal.compact_if_worth_it() {
+                tracing::error!(error = %e, "raft log compaction failed");
+            }
+        }
     }
     if let Some(hint) = take_hint() {
-        if let Err(e) = write_batch(&db, &[], Some(&hint)) {
+        if let Err(e) = write_batch(&mut journal, &[], Some(&hint)) {
             tracing::warn!(error = %e, "could not save the committed hint at shutdown");
         }
     }
 }
 
 fn write_batch(
-    db: &Database,
+    journal: &mut Journal,
     batch: &[WriteReq],
     committed_hint: Option<&[u8]>,
-) -> Result<(), Box<redb::Error>> {
-    let boxed = |e: redb::Error| Box::new(e);
-    let txn = db.begin_write().map_err(|e| boxed(e.into()))?;
-    {
-        let mut log = txn.open_table(LOG).map_err(|e| boxed(e.into()))?;
-        let mut meta = txn.open_table(META).map_err(|e| boxed(e.into()))?;
-        for req in batch {
-            match req {
-                WriteReq::Append(entries, _) => {
-                    for (idx, bytes) in entries {
-                        log.insert(*idx, bytes.as_slice())
-                            .map_err(|e| boxed(e.into()))?;
-                    }
-                }
-                WriteReq::TruncateFrom(from, _) => {
-                    log.retain_in(*from.., |_, _| false)
-                        .map_err(|e| boxed(e.into()))?;
-                }
-                WriteReq::PurgeUpTo(upto, purged) => {
-                    meta.insert(KEY_PURGED, purged.as_slice())
-                        .map_err(|e| boxed(e.into()))?;
-                    log.retain_in(..=*upto, |_, _| false)
-                        .map_err(|e| boxed(e.into()))?;
-                }
-                WriteReq::PutMeta(key, value, _) => {
-                    meta.insert(*key, value.as_slice())
-                        .map_err(|e| boxed(e.into()))?;
-                }
+) -> Result<(), JournalError> {
+    let mut records = Vec::new();
+    for req in batch {
+        match req {
+            WriteReq::Append(entries, _) => {
+                records.extend(
+                    entries
+                        .iter()
+                        .map(|(idx, bytes)| Record::Entry(*idx, bytes)),
+                );
             }
-        }
-        if let Some(hint) = committed_hint {
-            meta.insert(KEY_COMMITTED, hint)
-                .map_err(|e| boxed(e.into()))?;
+            WriteReq::TruncateFrom(from, _) => records.push(Record::TruncateFrom(*from)),
+            WriteReq::PurgeUpTo(upto, purged) => records.push(Record::PurgeUpTo(*upto, purged)),
+            WriteReq::PutMeta(key, value, _) => records.push(Record::Meta(key, value)),
         }
     }
-    txn.commit().map_err(|e| boxed(e.into()))?;
-    Ok(())
+    if let Some(hint) = committed_hint {
+        records.push(Record::Meta(KEY_COMMITTED, hint));
+    }
+    journal.write(&records)
 }
 
 fn write_failed(e: impl std::fmt::Display) -> StorageError<NodeId> {

@@ -825,9 +825,9 @@ mod storage_suite {
     use crate::store::{LogStore, StateMachineStore};
     use crate::{NodeId, TypeConfig};
 
-    struct RedbBuilder;
+    struct JournalBuilder;
 
-    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuilder {
+    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for JournalBuilder {
         async fn build(
             &self,
         ) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
@@ -839,7 +839,7 @@ mod storage_suite {
 
     #[test]
     fn openraft_storage_conformance() {
-        Suite::test_all(RedbBuilder).expect("openraft storage suite");
+        Suite::test_all(JournalBuilder).expect("openraft storage suite");
     }
 }
 
@@ -919,6 +919,65 @@ mod durability {
         let (mut log, _sm) = store::open(dir.path()).unwrap();
         assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(4, 2)));
         assert_eq!(log.read_committed().await.unwrap(), at(1));
+    }
+
+    /// A data dir of an earlier version kept its log in redb (`raft.redb`,
+    /// tables "log" and "meta"): it is copied into the journal at the first
+    /// open, and the old file is renamed away, not deleted.
+    #[tokio::test]
+    async fn a_redb_store_of_an_earlier_version_is_migrated_once() {
+        use openraft::{Entry, EntryPayload};
+        use redb::TableDefinition;
+        const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+        const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+        let dir = tempfile::TempDir::new().unwrap();
+        let entry = |index| Entry::<crate::TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(7, 1), index),
+            payload: EntryPayload::Blank,
+        };
+        {
+            let db = redb::Database::create(dir.path().join("raft.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut log = txn.open_table(LOG).unwrap();
+                for index in 3..=5 {
+                    let bytes = crate::codec::encode(&entry(index)).unwrap();
+                    log.insert(index, bytes.as_slice()).unwrap();
+                }
+                let mut meta = txn.open_table(META).unwrap();
+                let vote = crate::codec::encode(&Vote::<crate::NodeId>::new(7, 1)).unwrap();
+                meta.insert("vote", vote.as_slice()).unwrap();
+                let purged = crate::codec::encode(&LogId::<crate::NodeId>::new(
+                    CommittedLeaderId::new(6, 1),
+                    2,
+                ))
+                .unwrap();
+                meta.insert("last_purged", purged.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        for round in 0..2 {
+            let (mut log, _sm) = store::open(dir.path()).unwrap();
+            assert_eq!(
+                log.read_vote().await.unwrap(),
+                Some(Vote::new(7, 1)),
+                "round {round}"
+            );
+            let state = log.get_log_state().await.unwrap();
+            assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(2));
+            assert_eq!(state.last_log_id.map(|l| l.index), Some(5));
+            let indexes: Vec<u64> = log
+                .try_get_log_entries(0..10)
+                .await
+                .unwrap()
+                .iter()
+                .map(|e| e.log_id.index)
+                .collect();
+            assert_eq!(indexes, vec![3, 4, 5], "round {round}");
+            assert!(!dir.path().join("raft.redb").exists());
+            assert!(dir.path().join("raft.redb.migrated").exists());
+            assert!(dir.path().join("raft.log").exists());
+        }
     }
 
     /// A persisted vote with an absurd term (issue 11: a forged Vote with
