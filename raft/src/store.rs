@@ -216,13 +216,15 @@ pub fn open_with(
         path: dir.display().to_string(),
         source,
     })?;
+    // Locked before anything is read or written, the migration included.
+    let lock = crate::journal::lock_dir(dir)?;
     migrate_from_redb(dir)?;
     let path_s = dir.join(crate::journal::FILE_NAME).display().to_string();
     let corrupt = |reason: String| OpenError::Corrupt {
         path: path_s.clone(),
         reason,
     };
-    let (journal, contents) = Journal::open(dir, KEY_PURGED)?;
+    let (journal, contents) = Journal::open(lock, dir, KEY_PURGED)?;
     let mut entries = BTreeMap::new();
     for (index, bytes) in &contents.entries {
         let entry: Entry<TypeConfig> =
@@ -341,6 +343,7 @@ fn without_leadership(mut vote: Vote<NodeId>) -> Vote<NodeId> {
 /// Copies a data dir of an earlier version (`raft.redb`) into a journal, once.
 /// The journal is written whole and renamed into place before the old file
 /// is renamed away, so a crash at any point leaves one of the two complete.
+/// The caller holds the dir's lock.
 fn migrate_from_redb(dir: &Path) -> Result<(), OpenError> {
     let old = dir.join(REDB_FILE);
     if !old.exists() {
@@ -356,13 +359,26 @@ fn migrate_from_redb(dir: &Path) -> Result<(), OpenError> {
         {
             let db = Database::open(&old).map_err(|e| migrate_err(e.into()))?;
             let txn = db.begin_read().map_err(|e| migrate_err(e.into()))?;
-            if let Ok(log) = txn.open_table(REDB_LOG) {
+            // A table that is not there is empty (a store that never wrote
+            // one); any other error stops the migration, which leaves
+            // raft.redb in place.
+            let log = match txn.open_table(REDB_LOG) {
+                Ok(t) => Some(t),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(migrate_err(e.into())),
+            };
+            if let Some(log) = log {
                 for item in log.iter().map_err(|e| migrate_err(e.into()))? {
                     let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
                     contents.entries.insert(k.value(), v.value().to_vec());
                 }
             }
-            if let Ok(meta) = txn.open_table(REDB_META) {
+            let meta = match txn.open_table(REDB_META) {
+                Ok(t) => Some(t),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(migrate_err(e.into())),
+            };
+            if let Some(meta) = meta {
                 for item in meta.iter().map_err(|e| migrate_err(e.into()))? {
                     let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
                     contents

@@ -953,14 +953,36 @@ mod durability {
                 ))
                 .unwrap();
                 meta.insert("last_purged", purged.as_slice()).unwrap();
+                let committed = crate::codec::encode(&Some(LogId::<crate::NodeId>::new(
+                    CommittedLeaderId::new(7, 1),
+                    4,
+                )))
+                .unwrap();
+                meta.insert("committed", committed.as_slice()).unwrap();
             }
             txn.commit().unwrap();
         }
-        for round in 0..2 {
+        // Round 0 migrates; round 1 must read the journal (which saw a new
+        // vote), not migrate again; round 2 is a crash after the journal
+        // was written but before raft.redb was renamed: the journal wins.
+        for round in 0..3 {
+            if round == 2 {
+                std::fs::copy(
+                    dir.path().join("raft.redb.migrated"),
+                    dir.path().join("raft.redb"),
+                )
+                .unwrap();
+            }
             let (mut log, _sm) = store::open(dir.path()).unwrap();
+            let vote = if round == 0 {
+                Vote::new(7, 1)
+            } else {
+                Vote::new(8, 1)
+            };
+            assert_eq!(log.read_vote().await.unwrap(), Some(vote), "round {round}");
             assert_eq!(
-                log.read_vote().await.unwrap(),
-                Some(Vote::new(7, 1)),
+                log.read_committed().await.unwrap().map(|l| l.index),
+                Some(4),
                 "round {round}"
             );
             let state = log.get_log_state().await.unwrap();
@@ -977,6 +999,9 @@ mod durability {
             assert!(!dir.path().join("raft.redb").exists());
             assert!(dir.path().join("raft.redb.migrated").exists());
             assert!(dir.path().join("raft.log").exists());
+            if round == 0 {
+                log.save_vote(&Vote::new(8, 1)).await.unwrap();
+            }
         }
     }
 
