@@ -79,6 +79,11 @@ pub trait Deployment: Send {
     }
     fn kill_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn start_master(&mut self, id: u64) -> anyhow::Result<()>;
+    /// Master `id`'s data dir, where this process can write it (`None` in
+    /// containers).
+    fn master_data_dir(&self, _id: u64) -> Option<PathBuf> {
+        None
+    }
     fn pause_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn resume_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn isolate_master(&mut self, id: u64) -> anyhow::Result<()>;
@@ -249,6 +254,9 @@ impl Deployment for ProcessDeployment {
     }
     fn start_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.restart(id)
+    }
+    fn master_data_dir(&self, id: u64) -> Option<PathBuf> {
+        self.master(id).map(|m| m.data_dir.clone())
     }
     fn pause_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.pause(id)

@@ -470,6 +470,22 @@ async fn inject(
             tokio::time::sleep(fault.hold).await;
             dep.start_master(id)?;
         }
+        FaultKind::TearMasterLog => {
+            let id = if fault.pick.is_multiple_of(2) {
+                probe.leader(Duration::from_secs(20)).await?
+            } else {
+                pick_master(fault.pick / 2)
+            };
+            target = format!("master {id}");
+            dep.kill_master(id)?;
+            let torn = match dep.master_data_dir(id) {
+                Some(data_dir) => tear_log_tail(&data_dir, fault.pick)?,
+                None => "not torn (its data dir is not reachable in this mode)".to_string(),
+            };
+            println!("chaos:      master {id}'s log: {torn}");
+            tokio::time::sleep(fault.hold).await;
+            dep.start_master(id)?;
+        }
         FaultKind::PauseMaster => {
             let id = if fault.pick.is_multiple_of(2) {
                 probe.leader(Duration::from_secs(20)).await?
@@ -572,6 +588,26 @@ async fn inject(
 /// the workers and a few victim puts served by the new leader for
 /// [`WORKERS_PUT_FOR`], then the stalled bytes and PutEnds, and every
 /// replica of the keys involved read back. Returns the killed master.
+/// Leaves what a crash in the middle of a write leaves past the end of a
+/// stopped master's Raft log: random bytes where its next batch would have
+/// gone. Nothing synced is touched.
+fn tear_log_tail(data_dir: &Path, seed: u64) -> anyhow::Result<String> {
+    use rand::{Rng, SeedableRng};
+    use std::os::unix::fs::FileExt;
+    let end = crescent_raft::journal::valid_end(data_dir)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let len = rng.random_range(64..4096usize);
+    let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(data_dir.join(crescent_raft::journal::FILE_NAME))?;
+    file.write_all_at(&bytes, end)?;
+    file.sync_all()?;
+    Ok(format!(
+        "{len} random bytes at offset {end}, past its last synced batch"
+    ))
+}
+
 async fn stalled_writer_across_failover(
     dep: &mut dyn Deployment,
     probe: &Prober,

@@ -57,10 +57,16 @@ pub enum FaultKind {
     ///
     /// [`KillStore`]: FaultKind::KillStore
     RestartStoreWithDisk,
+    /// SIGKILL a master (the leader every other time) and leave random bytes
+    /// right past the last synced batch of its Raft log, as a crash in the
+    /// middle of a write leaves them; restart it after `hold`. It must drop
+    /// them and keep every synced entry (see `crescent_raft::journal`).
+    /// Without access to the masters' data dirs (containers) it is a kill.
+    TearMasterLog,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -74,6 +80,7 @@ impl FaultKind {
         FaultKind::ConnectionFlood,
         FaultKind::StalledWriterAcrossFailover,
         FaultKind::RestartStoreWithDisk,
+        FaultKind::TearMasterLog,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +98,7 @@ impl FaultKind {
             FaultKind::ConnectionFlood => "connection flood",
             FaultKind::StalledWriterAcrossFailover => "stalled writer across failover",
             FaultKind::RestartStoreWithDisk => "restart store with disk",
+            FaultKind::TearMasterLog => "kill master, tear its log",
         }
     }
 
@@ -146,8 +154,8 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// 2 leader partitions and 1 follower partition (when the network can be
 /// controlled), a store kill, an etcd member kill, a rolling restart, 2
 /// leader kills amid removes, a big batch, a connection flood, a stalled
-/// writer across a failover and a store restart with its disk tier, in a
-/// seeded order.
+/// writer across a failover, a store restart with its disk tier and a
+/// master killed with a torn write left in its log, in a seeded order.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -166,6 +174,7 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::ConnectionFlood);
     kinds.push(FaultKind::StalledWriterAcrossFailover);
     kinds.push(FaultKind::RestartStoreWithDisk);
+    kinds.push(FaultKind::TearMasterLog);
     kinds.shuffle(&mut rng);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
@@ -226,6 +235,7 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         // Twice a plain store kill's weight: the only fault that checks the
         // disk tier's objects across a restart.
         (FaultKind::RestartStoreWithDisk, 2),
+        (FaultKind::TearMasterLog, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -267,7 +277,8 @@ mod tests {
         assert_eq!(count(FaultKind::ConnectionFlood), 1);
         assert_eq!(count(FaultKind::StalledWriterAcrossFailover), 1);
         assert_eq!(count(FaultKind::RestartStoreWithDisk), 1);
-        assert_eq!(a.len(), 26);
+        assert_eq!(count(FaultKind::TearMasterLog), 1);
+        assert_eq!(a.len(), 27);
         // Every kind is in the CI schedule.
         for kind in FaultKind::ALL {
             assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
