@@ -359,25 +359,15 @@ fn migrate_from_redb(dir: &Path) -> Result<(), OpenError> {
         {
             let db = Database::open(&old).map_err(|e| migrate_err(e.into()))?;
             let txn = db.begin_read().map_err(|e| migrate_err(e.into()))?;
-            // A table that is not there is empty (a store that never wrote
-            // one); any other error stops the migration, which leaves
-            // raft.redb in place.
-            let log = match txn.open_table(REDB_LOG) {
-                Ok(t) => Some(t),
-                Err(redb::TableError::TableDoesNotExist(_)) => None,
-                Err(e) => return Err(migrate_err(e.into())),
-            };
+            // Any error stops the migration, which leaves raft.redb in place.
+            let log = redb_table_if_any(&txn, REDB_LOG).map_err(|e| migrate_err(e.into()))?;
             if let Some(log) = log {
                 for item in log.iter().map_err(|e| migrate_err(e.into()))? {
                     let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
                     contents.entries.insert(k.value(), v.value().to_vec());
                 }
             }
-            let meta = match txn.open_table(REDB_META) {
-                Ok(t) => Some(t),
-                Err(redb::TableError::TableDoesNotExist(_)) => None,
-                Err(e) => return Err(migrate_err(e.into())),
-            };
+            let meta = redb_table_if_any(&txn, REDB_META).map_err(|e| migrate_err(e.into()))?;
             if let Some(meta) = meta {
                 for item in meta.iter().map_err(|e| migrate_err(e.into()))? {
                     let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
@@ -400,6 +390,19 @@ fn migrate_from_redb(dir: &Path) -> Result<(), OpenError> {
         source,
     })?;
     Ok(())
+}
+
+/// `def` in an old redb file, or `None` if that file never had it (a store
+/// that never wrote one): a missing table is empty, not an error.
+fn redb_table_if_any<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, redb::TableError> {
+    match txn.open_table(def) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The single writer: folds queued requests into one journal batch, writes
