@@ -429,6 +429,14 @@ async fn inject(
 ) -> anyhow::Result<FaultRecord> {
     let ids = dep.master_ids();
     let pick_master = |p: u64| ids[(p % ids.len() as u64) as usize];
+    // The leader for an even pick, any master for an odd one.
+    let leader_every_other_time = async |pick: u64| -> anyhow::Result<u64> {
+        if pick.is_multiple_of(2) {
+            probe.leader(Duration::from_secs(20)).await
+        } else {
+            Ok(pick_master(pick / 2))
+        }
+    };
     let start_us = now_us();
     let target;
     match fault.kind {
@@ -471,11 +479,7 @@ async fn inject(
             dep.start_master(id)?;
         }
         FaultKind::TearMasterLog => {
-            let id = if fault.pick.is_multiple_of(2) {
-                probe.leader(Duration::from_secs(20)).await?
-            } else {
-                pick_master(fault.pick / 2)
-            };
+            let id = leader_every_other_time(fault.pick).await?;
             target = format!("master {id}");
             dep.kill_master(id)?;
             let torn = match dep.master_data_dir(id) {
@@ -487,11 +491,7 @@ async fn inject(
             dep.start_master(id)?;
         }
         FaultKind::PauseMaster => {
-            let id = if fault.pick.is_multiple_of(2) {
-                probe.leader(Duration::from_secs(20)).await?
-            } else {
-                pick_master(fault.pick / 2)
-            };
+            let id = leader_every_other_time(fault.pick).await?;
             target = format!("master {id}");
             dep.pause_master(id)?;
             tokio::time::sleep(fault.hold).await;
@@ -583,11 +583,6 @@ async fn inject(
     })
 }
 
-/// [`FaultKind::StalledWriterAcrossFailover`]: stalled puts placed by the
-/// leader, the leader SIGKILLed (restarted after `hold`, as a leader kill),
-/// the workers and a few victim puts served by the new leader for
-/// [`WORKERS_PUT_FOR`], then the stalled bytes and PutEnds, and every
-/// replica of the keys involved read back. Returns the killed master.
 /// Leaves what a crash in the middle of a write leaves past the end of a
 /// stopped master's Raft log: random bytes where its next batch would have
 /// gone. Nothing synced is touched.
@@ -608,6 +603,11 @@ fn tear_log_tail(data_dir: &Path, seed: u64) -> anyhow::Result<String> {
     ))
 }
 
+/// [`FaultKind::StalledWriterAcrossFailover`]: stalled puts placed by the
+/// leader, the leader SIGKILLed (restarted after `hold`, as a leader kill),
+/// the workers and a few victim puts served by the new leader for
+/// [`WORKERS_PUT_FOR`], then the stalled bytes and PutEnds, and every
+/// replica of the keys involved read back. Returns the killed master.
 async fn stalled_writer_across_failover(
     dep: &mut dyn Deployment,
     probe: &Prober,
