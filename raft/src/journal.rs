@@ -40,7 +40,13 @@
 //!
 //! Space: the file grows in zeroed chunks; when most of it is dead (purged
 //! or overwritten entries, old snapshots), the live records are written to a
-//! new file that replaces the old one by rename.
+//! new file that replaces the old one by rename. The copy runs on a thread
+//! of its own, from the part of the file written before it started (which
+//! no write touches again), while the writer goes on appending; the writer
+//! then only carries over the batches it wrote meanwhile and renames. So a
+//! compaction holds the writer up for that short catch-up, not for the
+//! whole copy (0.3-0.9 s for a 64-107 MB file in a soak on a 2-vCPU VM,
+//! when it ran on the writer: docs/benchmarks.md, stop 43).
 //!
 //! After a failed write or sync the journal refuses every later write: the
 //! kernel may have dropped the failed pages, so what is on disk is no longer
@@ -68,6 +74,11 @@ const COMPACT_MIN: u64 = 64 << 20;
 /// batches, so that neither a long write nor a compaction of a large live
 /// set makes a batch whose length does not fit its header.
 const BATCH_TARGET: usize = 64 << 20;
+/// A compaction's copy carries over what the writer wrote meanwhile until
+/// at most this much is left for the writer itself (in at most
+/// [`CATCH_UP_ROUNDS`] rounds; a writer faster than the copy leaves more).
+const CATCH_UP_ON_WRITER: u64 = 1 << 20;
+const CATCH_UP_ROUNDS: usize = 8;
 
 const KIND_ENTRY: u8 = 1;
 const KIND_TRUNCATE: u8 = 2;
@@ -222,6 +233,39 @@ pub struct Journal {
     next_compaction_at: u64,
     /// How many compactions this journal has made (for tests and logs).
     compactions: u64,
+    /// The compaction whose copy is running, if any.
+    compacting: Option<Compaction>,
+    /// `tail` as of the last successful write, for a running compaction's
+    /// copy: everything below it is written, synced and never written again.
+    synced_tail: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// How much a compaction's copy leaves for the writer to carry over
+    /// ([`CATCH_UP_ON_WRITER`]; tests set it to 0).
+    leave_for_writer: u64,
+}
+
+/// A compaction whose copy runs on its own thread: the live records of the
+/// file's first `upto` bytes, written to the temporary file. Nothing below
+/// `upto` is written again while it runs (the writer only appends, and
+/// zeroes past its tail).
+struct Compaction {
+    upto: u64,
+    started: std::time::Instant,
+    copy: std::thread::JoinHandle<Result<Copied, JournalError>>,
+}
+
+/// How far a compaction's copy got.
+struct Copied {
+    /// The journal's batches up to here are in the new file.
+    from: u64,
+    tmp: TempFile,
+}
+
+/// Where the new file's batches end, and its length (zero past them, as
+/// the writer keeps its file).
+#[derive(Clone, Copy)]
+struct TempFile {
+    tail: u64,
+    len: u64,
 }
 
 fn io_error(path: &Path) -> impl Fn(std::io::Error) -> JournalError + '_ {
@@ -340,10 +384,11 @@ fn decode_records(body: &[u8]) -> Option<Vec<Record<'_>>> {
     Some(out)
 }
 
-/// The batch at `offset` of `data`, if one is valid there: its records'
-/// bytes and the offset after it.
-fn batch_at(data: &[u8], offset: u64) -> Option<(&[u8], u64)> {
-    let start = usize::try_from(offset).ok()?;
+/// The batch at file offset `offset`, if one is valid there, in `data`,
+/// which holds the file from offset `base` on: its records' bytes and the
+/// offset after it.
+fn batch_at(data: &[u8], base: u64, offset: u64) -> Option<(&[u8], u64)> {
+    let start = usize::try_from(offset.checked_sub(base)?).ok()?;
     let header = data.get(start..start.checked_add(BATCH_HEADER)?)?;
     let len = u32::from_le_bytes(header[..4].try_into().ok()?) as u64;
     let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
@@ -370,7 +415,7 @@ fn replay(data: &[u8], purged_key: &str, path: &Path) -> Result<(Contents, u64),
     }
     let mut contents = Contents::default();
     let mut at = MAGIC.len() as u64;
-    while let Some((body, next)) = batch_at(data, at) {
+    while let Some((body, next)) = batch_at(data, 0, at) {
         let records = decode_records(body).ok_or_else(|| {
             corrupt(format!(
                 "batch at offset {at} has a valid checksum but does not parse"
@@ -386,7 +431,7 @@ fn replay(data: &[u8], purged_key: &str, path: &Path) -> Result<(Contents, u64),
     let mut probe = at + ALIGN;
     while probe + BATCH_HEADER as u64 <= data.len() as u64 {
         let p = probe as usize;
-        if data[p..p + 4] != [0, 0, 0, 0] && batch_at(data, probe).is_some() {
+        if data[p..p + 4] != [0, 0, 0, 0] && batch_at(data, 0, probe).is_some() {
             return Err(corrupt(format!(
                 "the batch at offset {at} is unreadable but a valid one follows at {probe}: \
                  the file was damaged, not torn by a crash; replace this master (README, \
@@ -483,6 +528,9 @@ impl Journal {
             compact_min,
             next_compaction_at: 0,
             compactions: 0,
+            compacting: None,
+            synced_tail: std::sync::Arc::new(tail.into()),
+            leave_for_writer: CATCH_UP_ON_WRITER,
         };
         // Whatever a torn write left past the tail becomes zero (synced
         // before anything is written after it), and the file is grown to a
@@ -554,74 +602,125 @@ impl Journal {
             self.live.apply(&self.purged_key, rec);
         }
         self.tail = end;
+        self.synced_tail
+            .store(end, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
-    /// Rewrites the file with only its live records once it is mostly
-    /// dead. Returns whether it did. Called by the writer between batches.
+    /// Compacts the file once it is mostly dead: starts the copy of its live
+    /// records on a thread, or, when a copy has finished, carries over what
+    /// was written since and puts the new file in place. Returns whether a
+    /// new file was put in place. Called by the writer between batches.
     /// A failure before the new file replaces the old one changes nothing
     /// (the next attempt waits for the file to grow further); a failure
-    /// after it leaves the journal refusing writes.
+    /// after it, or damage found in the file, leaves the journal refusing
+    /// writes.
     pub fn compact_if_worth_it(&mut self) -> Result<bool, JournalError> {
         if self.failed {
             return Err(JournalError::Failed);
         }
-        if self.tail < self.compact_min.max(self.next_compaction_at)
-            || self.tail < 4 * self.live.total()
-        {
-            return Ok(false);
+        match &self.compacting {
+            Some(running) if running.copy.is_finished() => self.finish_compaction(),
+            Some(_) => Ok(false),
+            None => {
+                if self.tail >= self.compact_min.max(self.next_compaction_at)
+                    && self.tail >= 4 * self.live.total()
+                {
+                    self.start_compaction()?;
+                }
+                Ok(false)
+            }
         }
-        let started = std::time::Instant::now();
-        let before = self.tail;
-        let contents = match self.read_back() {
-            Ok(contents) => contents,
-            Err(e @ JournalError::Corrupt { .. }) => {
-                self.failed = true;
-                return Err(e);
+    }
+
+    /// Starts copying the live records of the file's first `tail` bytes to
+    /// the temporary file, on a thread.
+    fn start_compaction(&mut self) -> Result<(), JournalError> {
+        let upto = self.tail;
+        let spawned = self.file.try_clone().and_then(|file| {
+            let (path, tmp, key, chunk) = (
+                self.path.clone(),
+                temp_path(&self.dir),
+                self.purged_key.clone(),
+                self.chunk,
+            );
+            let synced_tail = self.synced_tail.clone();
+            let leave = self.leave_for_writer;
+            std::thread::Builder::new()
+                .name("raft-log-compact".into())
+                .spawn(move || {
+                    let copied = copy_live(&file, &path, upto, &tmp, &key, chunk)?;
+                    let synced = (&*synced_tail, leave);
+                    catch_up(&file, &path, upto, synced, &tmp, copied, chunk)
+                })
+        });
+        match spawned {
+            Ok(copy) => {
+                self.compacting = Some(Compaction {
+                    upto,
+                    started: std::time::Instant::now(),
+                    copy,
+                });
+                Ok(())
             }
             Err(e) => {
                 self.next_compaction_at = self.tail + self.compact_min;
+                Err(io_error(&self.path)(e))
+            }
+        }
+    }
+
+    /// Waits for the running compaction's copy, appends to the new file the
+    /// batches written since the copy began, and puts it in place.
+    fn finish_compaction(&mut self) -> Result<bool, JournalError> {
+        let Some(running) = self.compacting.take() else {
+            return Ok(false);
+        };
+        let tmp = temp_path(&self.dir);
+        let copied = running.copy.join().unwrap_or_else(|_| {
+            Err(JournalError::Io {
+                path: tmp.display().to_string(),
+                source: std::io::Error::other("the compaction thread panicked"),
+            })
+        });
+        let paused = std::time::Instant::now();
+        let ready = copied.and_then(|copy| {
+            let to = self.tail;
+            carry_over(
+                &self.file, &self.path, copy.from, to, &tmp, copy.tmp, self.chunk,
+            )
+        });
+        let new_tail = match ready {
+            Ok(tmp) => tmp.tail,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                if matches!(e, JournalError::Corrupt { .. }) {
+                    self.failed = true;
+                } else {
+                    self.next_compaction_at = self.tail + self.compact_min;
+                }
                 return Err(e);
             }
         };
-        let tmp = temp_path(&self.dir);
-        if let Err(e) = write_temp(&tmp, &contents, &self.purged_key) {
-            let _ = std::fs::remove_file(&tmp);
-            self.next_compaction_at = self.tail + self.compact_min;
-            return Err(e);
-        }
-        if let Err(e) = self.install(&tmp, &contents) {
+        let before = self.tail;
+        if let Err(e) = self.install(&tmp, new_tail) {
             self.failed = true;
             return Err(e);
         }
         tracing::info!(
             before,
+            copy_began_at = running.upto,
             after = self.tail,
-            took = ?started.elapsed(),
+            copy_took = ?paused.duration_since(running.started),
+            writer_paused = ?paused.elapsed(),
             "raft log compacted"
         );
         Ok(true)
     }
 
-    /// What the file holds, read back from it (the writer keeps sizes only).
-    fn read_back(&self) -> Result<Contents, JournalError> {
-        let mut data = vec![0u8; self.tail as usize];
-        self.file
-            .read_exact_at(&mut data, 0)
-            .map_err(io_error(&self.path))?;
-        let (contents, tail) = replay(&data, &self.purged_key, &self.path)?;
-        if tail != self.tail {
-            return Err(JournalError::Corrupt {
-                path: self.path.display().to_string(),
-                reason: format!("replay ends at {tail}, the writer at {}", self.tail),
-            });
-        }
-        Ok(contents)
-    }
-
-    /// Puts the compacted file `tmp` in place of the journal and writes on
-    /// in it.
-    fn install(&mut self, tmp: &Path, contents: &Contents) -> Result<(), JournalError> {
+    /// Puts the compacted file `tmp`, whose batches end at `tail`, in place
+    /// of the journal and writes on in it. What is live does not change.
+    fn install(&mut self, tmp: &Path, tail: u64) -> Result<(), JournalError> {
         replace_with(tmp, &self.path, &self.dir)?;
         let file = OpenOptions::new()
             .read(true)
@@ -629,14 +728,33 @@ impl Journal {
             .open(&self.path)
             .map_err(io_error(&self.path))?;
         let len = file.metadata().map_err(io_error(&self.path))?.len();
-        self.file = file;
-        self.tail = len;
-        self.zeroed_to = len;
-        self.live = LiveSizes::from_contents(contents);
+        let old = std::mem::replace(&mut self.file, file);
+        // The old file's last close frees its blocks (tens of ms for a
+        // 64 MiB file here): not on the writer. Should the thread not
+        // start, the closure, and the file with it, is dropped right here.
+        let _ = std::thread::Builder::new()
+            .name("raft-log-release".into())
+            .spawn(move || drop(old));
+        self.tail = tail;
+        self.synced_tail
+            .store(tail, std::sync::atomic::Ordering::Release);
+        self.zeroed_to = len.max(tail);
         self.next_compaction_at = 0;
         self.compactions += 1;
-        let end = len.div_ceil(self.chunk).max(1) * self.chunk;
-        self.zero(len, end)
+        let end = self.zeroed_to.div_ceil(self.chunk).max(1) * self.chunk;
+        if end > self.zeroed_to {
+            self.zero(self.zeroed_to, end)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for a running compaction and finishes it (tests).
+    #[cfg(test)]
+    fn settle(&mut self) -> Result<bool, JournalError> {
+        match &self.compacting {
+            Some(_) => self.finish_compaction(),
+            None => Ok(false),
+        }
     }
 
     /// Bytes from the file's start to the next batch.
@@ -648,6 +766,142 @@ impl Journal {
     pub fn compactions(&self) -> u64 {
         self.compactions
     }
+
+    /// The file's length: it is zero from the tail to here.
+    pub fn zeroed_len(&self) -> u64 {
+        self.zeroed_to
+    }
+}
+
+impl Drop for Journal {
+    /// A running compaction's copy is waited for, so that it never writes
+    /// the temporary file after the lock is gone (a new journal on the dir
+    /// may be compacting to it), and its file is removed.
+    fn drop(&mut self) {
+        if let Some(running) = self.compacting.take() {
+            let _ = running.copy.join();
+            let _ = std::fs::remove_file(temp_path(&self.dir));
+        }
+    }
+}
+
+/// The compaction thread's copy: replays the first `upto` bytes of the
+/// journal file and writes their live records to `tmp`, followed by zeros
+/// up to a chunk boundary at least some way past them (so that the
+/// writer's catch-up and first writes in the new file overwrite zeroed
+/// blocks, as always), synced. Returns where the batches end and the
+/// file's length.
+fn copy_live(
+    file: &File,
+    path: &Path,
+    upto: u64,
+    tmp: &Path,
+    purged_key: &str,
+    chunk: u64,
+) -> Result<TempFile, JournalError> {
+    let mut data = vec![0u8; upto as usize];
+    file.read_exact_at(&mut data, 0).map_err(io_error(path))?;
+    let (contents, end) = replay(&data, purged_key, path)?;
+    if end != upto {
+        return Err(JournalError::Corrupt {
+            path: path.display().to_string(),
+            reason: format!("replay ends at {end}, the writer was at {upto}"),
+        });
+    }
+    drop(data);
+    let (tail, len) = write_temp(tmp, &contents, purged_key, |tail| {
+        (tail / chunk + 1) * chunk
+    })?;
+    Ok(TempFile { tail, len })
+}
+
+/// The copy thread's catch-up: carries into the new file what the writer
+/// has synced since `from` (`synced.0`, the writer's synced tail), in
+/// rounds, until at most `synced.1` bytes are left, few enough for the
+/// writer to carry over itself without a noticeable pause.
+fn catch_up(
+    file: &File,
+    path: &Path,
+    mut from: u64,
+    synced: (&std::sync::atomic::AtomicU64, u64),
+    tmp: &Path,
+    mut new_file: TempFile,
+    chunk: u64,
+) -> Result<Copied, JournalError> {
+    for _ in 0..CATCH_UP_ROUNDS {
+        let to = synced.0.load(std::sync::atomic::Ordering::Acquire);
+        if to.saturating_sub(from) <= synced.1 {
+            break;
+        }
+        new_file = carry_over(file, path, from, to, tmp, new_file, chunk)?;
+        from = to;
+    }
+    Ok(Copied {
+        from,
+        tmp: new_file,
+    })
+}
+
+/// Appends to the new file `tmp` the journal's batches from `from` to `to`
+/// (all written and synced), re-sealed for their new offsets, and syncs it.
+/// A file that has to grow grows by zeroed `chunk`s, as the journal does.
+fn carry_over(
+    file: &File,
+    path: &Path,
+    from: u64,
+    to: u64,
+    tmp: &Path,
+    new_file: TempFile,
+    chunk: u64,
+) -> Result<TempFile, JournalError> {
+    if from >= to {
+        return Ok(new_file);
+    }
+    let corrupt = |reason: String| JournalError::Corrupt {
+        path: path.display().to_string(),
+        reason,
+    };
+    let mut data = vec![0u8; (to - from) as usize];
+    file.read_exact_at(&mut data, from)
+        .map_err(io_error(path))?;
+    let mut records = Vec::new();
+    let mut at = from;
+    while at < to {
+        let (body, next) = batch_at(&data, from, at)
+            .filter(|(_, next)| *next <= to)
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "no valid batch at {at}, below the writer's tail {to}"
+                ))
+            })?;
+        records.extend(decode_records(body).ok_or_else(|| {
+            corrupt(format!(
+                "batch at offset {at} has a valid checksum but does not parse"
+            ))
+        })?);
+        at = next;
+    }
+    let mut batches = encode_batches(new_file.tail, &records)?;
+    let end = new_file.tail + batches.len() as u64;
+    let len = if end > new_file.len {
+        (end / chunk + 1) * chunk
+    } else {
+        new_file.len
+    };
+    batches.resize(batches.len().max((len - new_file.tail) as usize), 0);
+    let out = OpenOptions::new()
+        .write(true)
+        .open(tmp)
+        .map_err(io_error(tmp))?;
+    out.write_all_at(&batches, new_file.tail)
+        .map_err(io_error(tmp))?;
+    if len > new_file.len {
+        // The file grew: a full sync, for its size too.
+        out.sync_all().map_err(io_error(tmp))?;
+    } else {
+        out.sync_data().map_err(io_error(tmp))?;
+    }
+    Ok(TempFile { tail: end, len })
 }
 
 /// Where the valid batches of the journal in `dir` end: the offset a torn
@@ -663,8 +917,15 @@ fn temp_path(dir: &Path) -> PathBuf {
     dir.join(format!("{FILE_NAME}.new"))
 }
 
-/// Writes `contents` as a whole journal file at `tmp`, synced.
-fn write_temp(tmp: &Path, contents: &Contents, purged_key: &str) -> Result<(), JournalError> {
+/// Writes `contents` as a whole journal file at `tmp`, zero-filled up to
+/// `length(where its batches end)`, synced. Returns where its batches end
+/// and its length.
+fn write_temp(
+    tmp: &Path,
+    contents: &Contents,
+    purged_key: &str,
+    length: impl Fn(u64) -> u64,
+) -> Result<(u64, u64), JournalError> {
     let mut records: Vec<Record<'_>> = Vec::new();
     // The purge first (it also sets its value), then the other values and
     // the entries: replaying these gives back `contents`.
@@ -687,8 +948,11 @@ fn write_temp(tmp: &Path, contents: &Contents, purged_key: &str) -> Result<(), J
         .write(true)
         .open(tmp)
         .map_err(io_error(tmp))?;
+    let tail = out.len() as u64;
+    out.resize(length(tail).max(tail) as usize, 0);
     file.write_all_at(&out, 0).map_err(io_error(tmp))?;
-    file.sync_all().map_err(io_error(tmp))
+    file.sync_all().map_err(io_error(tmp))?;
+    Ok((tail, out.len() as u64))
 }
 
 /// Renames `tmp` over `path` and syncs the directory, so the rename is
@@ -710,7 +974,7 @@ pub fn write_fresh(
     purged_key: &str,
 ) -> Result<(), JournalError> {
     let tmp = temp_path(dir);
-    write_temp(&tmp, contents, purged_key)?;
+    write_temp(&tmp, contents, purged_key, |tail| tail)?;
     replace_with(&tmp, path, dir)
 }
 
@@ -922,6 +1186,7 @@ mod tests {
                 all.push((index, purged.into_bytes()));
                 j.compact_if_worth_it().unwrap();
             }
+            j.settle().unwrap();
             assert!(
                 j.compactions() >= 1,
                 "64 MiB written, most of it purged: no compaction"
@@ -936,6 +1201,105 @@ mod tests {
         assert_eq!(c.metas["vote"], b"after");
         assert_eq!(c.purged_up_to, Some(last - 1));
         assert!(file_len(dir.path()) < COMPACT_MIN);
+    }
+
+    /// The copy runs beside the writer: batches written after it began are
+    /// carried into the new file, re-sealed at their new offsets, and a
+    /// write after the switch lands in the new file.
+    #[test]
+    fn batches_written_while_a_compaction_copies_are_carried_into_the_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut expect = Model::default();
+        let (mut j, _) = open_compacting_from(dir.path(), 16 << 10);
+        let mut feed = |j: &mut Journal, ops| write_one_batch(j, &mut expect, ops);
+        for i in 1..=40u64 {
+            feed(&mut j, vec![(0, i, vec![i as u8; 1000])]);
+            if i > 2 {
+                feed(&mut j, vec![(2, i - 2, format!("p{i}").into_bytes())]);
+            }
+        }
+        let before = j.tail();
+        assert!(
+            !j.compact_if_worth_it().unwrap(),
+            "nothing to put in place yet"
+        );
+        let running = j
+            .compacting
+            .as_ref()
+            .expect("a mostly dead file starts a compaction");
+        assert_eq!(running.upto, before);
+        let waited = std::time::Instant::now();
+        while !j.compacting.as_ref().unwrap().copy.is_finished() {
+            assert!(
+                waited.elapsed() < std::time::Duration::from_secs(20),
+                "copy never finished"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        // Written after the copy's cut: each kind of record.
+        feed(
+            &mut j,
+            vec![(0, 41, b"41".to_vec()), (0, 42, b"42".to_vec())],
+        );
+        feed(&mut j, vec![(0, 43, b"43".to_vec()), (1, 42, vec![])]);
+        feed(&mut j, vec![(3, 0, b"vote-during".to_vec())]);
+        feed(
+            &mut j,
+            vec![(2, 39, b"p-during".to_vec()), (0, 42, b"42b".to_vec())],
+        );
+        assert!(
+            j.compact_if_worth_it().unwrap(),
+            "the finished copy is put in place"
+        );
+        assert_eq!(j.compactions(), 1);
+        assert!(j.tail() < before / 4, "tail {} from {before}", j.tail());
+        assert!(zero_past_tail(dir.path(), &j));
+        assert!(!temp_path(dir.path()).exists());
+        feed(&mut j, vec![(0, 44, b"after".to_vec())]);
+        drop(j);
+        let (_j, c) = open(dir.path());
+        expect.check(&c).unwrap();
+        assert_eq!(
+            c.entries.keys().copied().collect::<Vec<_>>(),
+            vec![40, 41, 42, 44]
+        );
+    }
+
+    /// The copy thread's own catch-up: what the writer synced after the
+    /// copy's cut is carried into the new file, in rounds, re-sealed at its
+    /// new offsets, and the new file replays to everything.
+    #[test]
+    fn the_copy_carries_over_what_was_synced_after_its_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut expect = Model::default();
+        let (mut j, _) = open(dir.path());
+        let mut feed = |j: &mut Journal, ops| write_one_batch(j, &mut expect, ops);
+        for i in 1..=20u64 {
+            feed(&mut j, vec![(0, i, vec![i as u8; 3000])]);
+        }
+        feed(&mut j, vec![(2, 15, b"p15".to_vec())]);
+        let cut = j.tail();
+        let tmp = temp_path(dir.path());
+        let copied = copy_live(&j.file, &j.path, cut, &tmp, PURGED, TEST_CHUNK).unwrap();
+        // After the cut: two rounds' worth, each kind of record.
+        feed(&mut j, vec![(0, 21, b"21".to_vec()), (1, 18, vec![])]);
+        feed(&mut j, vec![(3, 0, b"vote".to_vec())]);
+        let first = j.synced_tail.load(std::sync::atomic::Ordering::Acquire);
+        let one_round = carry_over(&j.file, &j.path, cut, first, &tmp, copied, TEST_CHUNK).unwrap();
+        feed(
+            &mut j,
+            vec![(0, 18, b"18 again".to_vec()), (2, 16, b"p16".to_vec())],
+        );
+        let synced = (&*j.synced_tail, 0);
+        let done = catch_up(&j.file, &j.path, first, synced, &tmp, one_round, TEST_CHUNK).unwrap();
+        assert_eq!(done.from, j.tail(), "everything synced is carried over");
+        assert!(done.tmp.len.is_multiple_of(TEST_CHUNK) && done.tmp.len > done.tmp.tail);
+        drop(j);
+        std::fs::rename(&tmp, dir.path().join(FILE_NAME)).unwrap();
+        let (j, c) = open(dir.path());
+        expect.check(&c).unwrap();
+        assert_eq!(j.tail(), done.tmp.tail);
+        assert_eq!(c.entries.keys().copied().collect::<Vec<_>>(), vec![17, 18]);
     }
 
     /// A write larger than a batch goes out as several, all of which come
@@ -1008,6 +1372,13 @@ mod tests {
         }
     }
 
+    /// Writes `ops` as one batch and feeds them to `model`.
+    fn write_one_batch(j: &mut Journal, model: &mut Model, ops: Vec<(u8, u64, Vec<u8>)>) {
+        let records: Vec<Record<'_>> = ops.iter().map(as_record).collect();
+        j.write(&records).unwrap();
+        ops.iter().for_each(|op| model.feed(op));
+    }
+
     fn as_record((kind, index, bytes): &(u8, u64, Vec<u8>)) -> Record<'_> {
         match kind {
             0 => Record::Entry(*index, bytes),
@@ -1051,6 +1422,7 @@ mod tests {
                 let dir = tempfile::tempdir().unwrap();
                 let mut synced = Model::default();
                 let (mut j, _) = open_compacting_from(dir.path(), compact_min);
+                j.leave_for_writer = 0;
                 for (batch, crash) in &batches {
                     let records: Vec<Record<'_>> = batch.iter().map(as_record).collect();
                     let before = j.tail();
@@ -1063,7 +1435,10 @@ mod tests {
                         continue;
                     };
                     // Crash during this batch: only a prefix of it landed.
+                    // (A running compaction's copy is waited for, and its
+                    // file removed: as after a crash, the old file rules.)
                     drop(j);
+                    prop_assert!(!temp_path(dir.path()).exists());
                     let mut img = std::fs::read(dir.path().join(FILE_NAME)).unwrap();
                     let end = unpadded_end(&img, before);
                     let keep = before + u64::from(*point) % (end - before);
@@ -1079,6 +1454,10 @@ mod tests {
                     synced.check(&c).map_err(TestCaseError::fail)?;
                     prop_assert!(zero_past_tail(dir.path(), &reopened));
                     j = reopened;
+                    j.leave_for_writer = 0;
+                }
+                if j.settle().unwrap() {
+                    compactions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 drop(j);
                 let (_j, c) = open_compacting_from(dir.path(), compact_min);
