@@ -543,6 +543,27 @@ impl DiskChecker {
 
     /// The store's segments as its /health tells them; None when it does
     /// not answer.
+    /// The store's health once its disk segment is mounted, polled for at
+    /// most [`BACK_WITHIN`]; the last answer (or none) if it never is.
+    async fn mounted_health(http: &str) -> Option<StoreHealth> {
+        let asked = Instant::now();
+        loop {
+            let health = Self::health(http).await;
+            let mounted = matches!(
+                &health,
+                Some(StoreHealth {
+                    disk_segment: Some(_),
+                    disk_mounted: true,
+                    ..
+                })
+            );
+            if mounted || asked.elapsed() >= BACK_WITHIN {
+                return health;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn health(http: &str) -> Option<StoreHealth> {
         let (status, body) = tokio::time::timeout(
             Duration::from_secs(2),
@@ -775,8 +796,10 @@ pub async fn restart_store_with_disk(
     let http = dep.store_http(idx);
     let mut summary = RestartSummary::default();
     // Which disk segment is this store's: its name is kept in the disk
-    // file, so it is the same after an honest restart.
-    let health = DiskChecker::health(&http).await;
+    // file, so it is the same after an honest restart. A store killed by
+    // the fault just before this one may still be mounting it: wait for
+    // that (bounded), or this restart would check nothing.
+    let health = DiskChecker::mounted_health(&http).await;
     let segment = match &health {
         Some(StoreHealth {
             disk_segment: Some(name),
