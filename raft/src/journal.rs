@@ -241,6 +241,12 @@ pub struct Journal {
     /// How much a compaction's copy leaves for the writer to carry over
     /// ([`CATCH_UP_ON_WRITER`]; tests set it to 0).
     leave_for_writer: u64,
+    /// Bytes of batches the writer itself carried over at the last switch.
+    last_writer_carry: u64,
+    /// Tests: the copy thread waits for a message here between the copy
+    /// and its catch-up, so that a test can write while it runs.
+    #[cfg(test)]
+    hold_copy: Option<std::sync::mpsc::Receiver<()>>,
 }
 
 /// A compaction whose copy runs on its own thread: the live records of the
@@ -249,7 +255,6 @@ pub struct Journal {
 /// zeroes past its tail).
 struct Compaction {
     upto: u64,
-    started: std::time::Instant,
     copy: std::thread::JoinHandle<Result<Copied, JournalError>>,
 }
 
@@ -258,6 +263,8 @@ struct Copied {
     /// The journal's batches up to here are in the new file.
     from: u64,
     tmp: TempFile,
+    /// How long the copy and its catch-up rounds took.
+    took: std::time::Duration,
 }
 
 /// Where the new file's batches end, and its length (zero past them, as
@@ -531,6 +538,9 @@ impl Journal {
             compacting: None,
             synced_tail: std::sync::Arc::new(tail.into()),
             leave_for_writer: CATCH_UP_ON_WRITER,
+            last_writer_carry: 0,
+            #[cfg(test)]
+            hold_copy: None,
         };
         // Whatever a torn write left past the tail becomes zero (synced
         // before anything is written after it), and the file is grown to a
@@ -646,21 +656,28 @@ impl Journal {
             );
             let synced_tail = self.synced_tail.clone();
             let leave = self.leave_for_writer;
+            #[cfg(test)]
+            let hold = self.hold_copy.take();
             std::thread::Builder::new()
                 .name("raft-log-compact".into())
                 .spawn(move || {
+                    let started = std::time::Instant::now();
                     let copied = copy_live(&file, &path, upto, &tmp, &key, chunk)?;
+                    #[cfg(test)]
+                    if let Some(hold) = hold {
+                        let _ = hold.recv();
+                    }
                     let synced = (&*synced_tail, leave);
-                    catch_up(&file, &path, upto, synced, &tmp, copied, chunk)
+                    let caught_up = catch_up(&file, &path, upto, synced, &tmp, copied, chunk)?;
+                    Ok(Copied {
+                        took: started.elapsed(),
+                        ..caught_up
+                    })
                 })
         });
         match spawned {
             Ok(copy) => {
-                self.compacting = Some(Compaction {
-                    upto,
-                    started: std::time::Instant::now(),
-                    copy,
-                });
+                self.compacting = Some(Compaction { upto, copy });
                 Ok(())
             }
             Err(e) => {
@@ -686,12 +703,14 @@ impl Journal {
         let paused = std::time::Instant::now();
         let ready = copied.and_then(|copy| {
             let to = self.tail;
+            let carried = to.saturating_sub(copy.from);
             carry_over(
                 &self.file, &self.path, copy.from, to, &tmp, copy.tmp, self.chunk,
             )
+            .map(|new_file| (new_file.tail, copy.took, carried))
         });
-        let new_tail = match ready {
-            Ok(tmp) => tmp.tail,
+        let (new_tail, copy_took, writer_carried) = match ready {
+            Ok(done) => done,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 if matches!(e, JournalError::Corrupt { .. }) {
@@ -703,6 +722,7 @@ impl Journal {
             }
         };
         let before = self.tail;
+        self.last_writer_carry = writer_carried;
         if let Err(e) = self.install(&tmp, new_tail) {
             self.failed = true;
             return Err(e);
@@ -711,7 +731,8 @@ impl Journal {
             before,
             copy_began_at = running.upto,
             after = self.tail,
-            copy_took = ?paused.duration_since(running.started),
+            ?copy_took,
+            writer_carried,
             writer_paused = ?paused.elapsed(),
             "raft log compacted"
         );
@@ -765,6 +786,12 @@ impl Journal {
     /// How many compactions this journal has made.
     pub fn compactions(&self) -> u64 {
         self.compactions
+    }
+
+    /// Bytes of batches the writer carried over itself at the last switch
+    /// to a compacted file (the copy's thread carried the rest).
+    pub fn last_writer_carry(&self) -> u64 {
+        self.last_writer_carry
     }
 
     /// The file's length: it is zero from the tail to here.
@@ -839,6 +866,7 @@ fn catch_up(
     Ok(Copied {
         from,
         tmp: new_file,
+        took: std::time::Duration::ZERO,
     })
 }
 
@@ -888,7 +916,10 @@ fn carry_over(
     } else {
         new_file.len
     };
-    batches.resize(batches.len().max((len - new_file.tail) as usize), 0);
+    if len > new_file.len {
+        // Past `end` only the grown part needs zeros: the rest already is.
+        batches.resize((len - new_file.tail) as usize, 0);
+    }
     let out = OpenOptions::new()
         .write(true)
         .open(tmp)
@@ -1203,14 +1234,31 @@ mod tests {
         assert!(file_len(dir.path()) < COMPACT_MIN);
     }
 
-    /// The copy runs beside the writer: batches written after it began are
-    /// carried into the new file, re-sealed at their new offsets, and a
-    /// write after the switch lands in the new file.
+    /// Batches written after the copy's cut, once the copy has finished,
+    /// are carried into the new file by the writer, re-sealed at their new
+    /// offsets, and a write after the switch lands in the new file.
     #[test]
-    fn batches_written_while_a_compaction_copies_are_carried_into_the_new_file() {
+    fn batches_written_after_the_copy_are_carried_over_by_the_writer() {
+        writes_after_the_cut_come_back(false);
+    }
+
+    /// Batches written while the copy's thread is alive (held between the
+    /// copy and its catch-up) are carried over by that thread.
+    #[test]
+    fn batches_written_while_the_copy_runs_are_carried_over_by_its_thread() {
+        writes_after_the_cut_come_back(true);
+    }
+
+    fn writes_after_the_cut_come_back(by_the_thread: bool) {
         let dir = tempfile::tempdir().unwrap();
         let mut expect = Model::default();
         let (mut j, _) = open_compacting_from(dir.path(), 16 << 10);
+        let release = by_the_thread.then(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            j.hold_copy = Some(rx);
+            j.leave_for_writer = 0;
+            tx
+        });
         let mut feed = |j: &mut Journal, ops| write_one_batch(j, &mut expect, ops);
         for i in 1..=40u64 {
             feed(&mut j, vec![(0, i, vec![i as u8; 1000])]);
@@ -1228,13 +1276,18 @@ mod tests {
             .as_ref()
             .expect("a mostly dead file starts a compaction");
         assert_eq!(running.upto, before);
-        let waited = std::time::Instant::now();
-        while !j.compacting.as_ref().unwrap().copy.is_finished() {
-            assert!(
-                waited.elapsed() < std::time::Duration::from_secs(20),
-                "copy never finished"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(2));
+        let wait_for_the_copy = |j: &Journal| {
+            let waited = std::time::Instant::now();
+            while !j.compacting.as_ref().unwrap().copy.is_finished() {
+                assert!(
+                    waited.elapsed() < std::time::Duration::from_secs(20),
+                    "copy never finished"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        };
+        if !by_the_thread {
+            wait_for_the_copy(&j);
         }
         // Written after the copy's cut: each kind of record.
         feed(
@@ -1247,11 +1300,24 @@ mod tests {
             &mut j,
             vec![(2, 39, b"p-during".to_vec()), (0, 42, b"42b".to_vec())],
         );
+        if let Some(tx) = release {
+            assert!(
+                !j.compacting.as_ref().unwrap().copy.is_finished(),
+                "the held copy finished"
+            );
+            tx.send(()).unwrap();
+            wait_for_the_copy(&j);
+        }
         assert!(
             j.compact_if_worth_it().unwrap(),
             "the finished copy is put in place"
         );
         assert_eq!(j.compactions(), 1);
+        if by_the_thread {
+            assert_eq!(j.last_writer_carry(), 0, "the thread carried it all");
+        } else {
+            assert!(j.last_writer_carry() > 0, "the writer carried nothing");
+        }
         assert!(j.tail() < before / 4, "tail {} from {before}", j.tail());
         assert!(zero_past_tail(dir.path(), &j));
         assert!(!temp_path(dir.path()).exists());
