@@ -391,6 +391,20 @@ fn decode_records(body: &[u8]) -> Option<Vec<Record<'_>>> {
     Some(out)
 }
 
+/// The records of the valid batch at `at` (its body), or why they do not
+/// parse: damage that happens to match the CRC is not assumed, but is
+/// refused anyway.
+fn records_of_batch<'a>(
+    body: &'a [u8],
+    at: u64,
+    path: &Path,
+) -> Result<Vec<Record<'a>>, JournalError> {
+    decode_records(body).ok_or_else(|| JournalError::Corrupt {
+        path: path.display().to_string(),
+        reason: format!("batch at offset {at} has a valid checksum but does not parse"),
+    })
+}
+
 /// The batch at file offset `offset`, if one is valid there, in `data`,
 /// which holds the file from offset `base` on: its records' bytes and the
 /// offset after it.
@@ -423,12 +437,7 @@ fn replay(data: &[u8], purged_key: &str, path: &Path) -> Result<(Contents, u64),
     let mut contents = Contents::default();
     let mut at = MAGIC.len() as u64;
     while let Some((body, next)) = batch_at(data, 0, at) {
-        let records = decode_records(body).ok_or_else(|| {
-            corrupt(format!(
-                "batch at offset {at} has a valid checksum but does not parse"
-            ))
-        })?;
-        for rec in records {
+        for rec in records_of_batch(body, at, path)? {
             contents.apply(purged_key, rec);
         }
         at = next;
@@ -902,11 +911,7 @@ fn carry_over(
                     "no valid batch at {at}, below the writer's tail {to}"
                 ))
             })?;
-        records.extend(decode_records(body).ok_or_else(|| {
-            corrupt(format!(
-                "batch at offset {at} has a valid checksum but does not parse"
-            ))
-        })?);
+        records.extend(records_of_batch(body, at, path)?);
         at = next;
     }
     let mut batches = encode_batches(new_file.tail, &records)?;
