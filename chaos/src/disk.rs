@@ -543,22 +543,19 @@ impl DiskChecker {
 
     /// The store's segments as its /health tells them; None when it does
     /// not answer.
-    /// The store's health once its disk segment is mounted, polled for at
-    /// most [`BACK_WITHIN`]; the last answer (or none) if it never is.
-    async fn mounted_health(http: &str) -> Option<StoreHealth> {
+    /// The store's health, polled every 200 ms until `ready` holds of it,
+    /// for at most [`BACK_WITHIN`]: the last answer (or none), and whether
+    /// it was ready.
+    async fn wait_for_health(
+        http: &str,
+        ready: impl Fn(&StoreHealth) -> bool,
+    ) -> (Option<StoreHealth>, bool) {
         let asked = Instant::now();
         loop {
             let health = Self::health(http).await;
-            let mounted = matches!(
-                &health,
-                Some(StoreHealth {
-                    disk_segment: Some(_),
-                    disk_mounted: true,
-                    ..
-                })
-            );
-            if mounted || asked.elapsed() >= BACK_WITHIN {
-                return health;
+            let is_ready = health.as_ref().is_some_and(&ready);
+            if is_ready || asked.elapsed() >= BACK_WITHIN {
+                return (health, is_ready);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -799,7 +796,8 @@ pub async fn restart_store_with_disk(
     // file, so it is the same after an honest restart. A store killed by
     // the fault just before this one may still be mounting it: wait for
     // that (bounded), or this restart would check nothing.
-    let health = DiskChecker::mounted_health(&http).await;
+    let (health, _) =
+        DiskChecker::wait_for_health(&http, |h| h.disk_segment.is_some() && h.disk_mounted).await;
     let segment = match &health {
         Some(StoreHealth {
             disk_segment: Some(name),
@@ -867,20 +865,12 @@ pub async fn restart_store_with_disk(
     // Back when both of its segments are mounted again (bounded: an object
     // whose segment never comes back is read anyway, and counts as lost).
     let mut back_us = None;
-    while restarted.elapsed() < BACK_WITHIN {
-        if let Some(StoreHealth {
-            memory_mounted: true,
-            disk_segment,
-            disk_mounted: true,
-            ..
-        }) = DiskChecker::health(&http).await
-        {
-            summary.segment_after = disk_segment.unwrap_or_default();
-            summary.back_after = Some(restarted.elapsed());
-            back_us = Some(now_us());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    if let (Some(health), true) =
+        DiskChecker::wait_for_health(&http, |h| h.memory_mounted && h.disk_mounted).await
+    {
+        summary.segment_after = health.disk_segment.unwrap_or_default();
+        summary.back_after = Some(restarted.elapsed());
+        back_us = Some(now_us());
     }
 
     // Read each again; retry the unreadable ones for a while (bounded in
