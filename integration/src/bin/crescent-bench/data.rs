@@ -130,7 +130,8 @@ struct Row {
     pass: Option<usize>,
 }
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
+/// The `p` quantile of `sorted` latencies, in ms (0 for none).
+pub(crate) fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -14,6 +14,8 @@ use crescent_proto::units::parse_size;
 use crescent_raft::journal::{lock_dir, Journal, Record};
 use serde_json::json;
 
+use crate::data::pct;
+
 #[derive(Args, Debug)]
 pub struct JournalArgs {
     /// Directory to put the scratch journal in (put it on the masters'
@@ -35,13 +37,6 @@ pub struct JournalArgs {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    ms(sorted[((sorted.len() - 1) as f64 * p).round() as usize])
 }
 
 pub async fn run(args: JournalArgs, as_json: bool) -> anyhow::Result<()> {
