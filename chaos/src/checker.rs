@@ -5,7 +5,12 @@
 //!   (corrupt bytes, or another key's value);
 //! - an acknowledged put whose object a later get found missing while no
 //!   remove of that key could have run in between (a lost write);
-//! - two masters reporting themselves leader in the same term;
+//! - entries of one term committed by two different leaders, or two
+//!   different entries applied at one log index (seen in the masters' last
+//!   applied log ids, sampled). Two masters *leading* in one term is not a
+//!   violation by itself: openraft's "advanced" leader id is (term, node),
+//!   so two candidates of one term can win in turn, the later one for good,
+//!   and only one of them can commit (see `leadership`);
 //! - a disk object (one the leader listed on a store's disk segment, read
 //!   before that store was SIGKILLed) missing, unreadable or holding other
 //!   bytes once the store is back on the same disk, while no remove of that
@@ -32,7 +37,10 @@ use crate::history::{DiskCheck, Op, OpKind, Outcome, RoleSample};
 pub enum ViolationKind {
     WrongBytes,
     LostWrite,
-    TwoLeaders,
+    /// Entries of one term committed by two different leaders.
+    TwoLeadersCommitted,
+    /// Two different entries applied at one log index.
+    DivergedLog,
     NotLinearizable,
     /// A disk object lost (or changed) across a restart of its store.
     DiskLost,
@@ -58,6 +66,25 @@ pub struct CheckResult {
     /// ... of which a remove of the key may have run between the reads, so
     /// a missing or different object there proves nothing.
     pub disk_objects_removed_meanwhile: usize,
+    /// What the masters' samples showed of leadership (see `leadership`).
+    pub leadership: LeadershipSeen,
+}
+
+/// Leadership as sampled, beside the violations it may prove: a run whose
+/// samples show no applied entry checked nothing here.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct LeadershipSeen {
+    /// Terms in which some master reported itself leader.
+    pub terms_led: usize,
+    /// Terms whose entries some master was seen to have applied.
+    pub terms_committed: usize,
+    /// Distinct applied log indexes seen (each checked against every other
+    /// sample of the same index).
+    pub applied_indexes_seen: usize,
+    /// Terms in which two masters reported themselves leader, as
+    /// "term T: {a, b}" (allowed with advanced leader ids; at most one of
+    /// them may commit, which `TwoLeadersCommitted` checks).
+    pub terms_with_two_elected: Vec<String>,
 }
 
 /// Default per-key search budget (distinct search states).
@@ -70,7 +97,9 @@ pub fn check(
     budget: usize,
 ) -> CheckResult {
     let mut result = CheckResult::default();
-    result.violations.extend(two_leaders(samples));
+    let (leadership_violations, seen) = leadership(samples);
+    result.violations.extend(leadership_violations);
+    result.leadership = seen;
     let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in ops {
         by_key.entry(op.key.as_str()).or_default().push(op);
@@ -100,21 +129,91 @@ pub fn check(
     result
 }
 
-/// Two masters leading in one term.
-pub fn two_leaders(samples: &[RoleSample]) -> Vec<Violation> {
-    let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    for s in samples.iter().filter(|s| s.leader) {
-        leaders.entry(s.term).or_default().insert(s.node);
+impl LeadershipSeen {
+    /// One line for a report.
+    pub fn summary(&self) -> String {
+        format!(
+            "leadership: {} terms led, {} terms with applied entries seen, {} applied indexes \
+             compared; {} terms with two elected leaders (allowed, at most one commits){}",
+            self.terms_led,
+            self.terms_committed,
+            self.applied_indexes_seen,
+            self.terms_with_two_elected.len(),
+            if self.terms_with_two_elected.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", self.terms_with_two_elected.join("; "))
+            }
+        )
     }
-    leaders
-        .into_iter()
+}
+
+/// Raft's safety, as far as the masters' samples show it.
+///
+/// With openraft's default ("advanced") leader id, a vote is (term, node)
+/// and a node grants any vote greater than the last it granted, so two
+/// candidates of one term can both be elected: A = (t, 1) with B's vote,
+/// then C = (t, 3) with B's vote again. Only one can commit: an entry of A
+/// on a quorum would sit on a node whose vote C needs, and that node refuses
+/// a candidate whose log lacks it. So what must never be seen is
+/// - applied entries of one term written by two different leaders, or
+/// - two different log ids applied at one index (an applied entry is
+///   committed, and a committed entry never changes).
+///
+/// The samples are taken every 150 ms, so a leader that committed only
+/// briefly can be missed; the lost-write and linearizability checks do not
+/// depend on them.
+pub fn leadership(samples: &[RoleSample]) -> (Vec<Violation>, LeadershipSeen) {
+    let mut elected: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    let mut committed_by: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    let mut at_index: BTreeMap<u64, BTreeSet<(u64, u64)>> = BTreeMap::new();
+    for s in samples {
+        if s.leader {
+            elected.entry(s.term).or_default().insert(s.node);
+        }
+        if s.applied_index > 0 {
+            committed_by
+                .entry(s.applied_term)
+                .or_default()
+                .insert(s.applied_leader);
+            at_index
+                .entry(s.applied_index)
+                .or_default()
+                .insert((s.applied_term, s.applied_leader));
+        }
+    }
+    let mut violations: Vec<Violation> = committed_by
+        .iter()
         .filter(|(_, nodes)| nodes.len() > 1)
         .map(|(term, nodes)| Violation {
-            kind: ViolationKind::TwoLeaders,
+            kind: ViolationKind::TwoLeadersCommitted,
             key: None,
-            detail: format!("term {term} has leaders {nodes:?}"),
+            detail: format!("entries of term {term} were applied from leaders {nodes:?}"),
         })
-        .collect()
+        .collect();
+    violations.extend(
+        at_index
+            .iter()
+            .filter(|(_, ids)| ids.len() > 1)
+            .map(|(index, ids)| Violation {
+                kind: ViolationKind::DivergedLog,
+                key: None,
+                detail: format!(
+                    "log index {index} was applied as (term, leader) {ids:?} on different samples"
+                ),
+            }),
+    );
+    let seen = LeadershipSeen {
+        terms_led: elected.len(),
+        terms_committed: committed_by.len(),
+        applied_indexes_seen: at_index.len(),
+        terms_with_two_elected: elected
+            .iter()
+            .filter(|(_, nodes)| nodes.len() > 1)
+            .map(|(term, nodes)| format!("term {term}: {nodes:?}"))
+            .collect(),
+    };
+    (violations, seen)
 }
 
 fn wrong_bytes(key: &str, ops: &[&Op]) -> Vec<Violation> {
@@ -681,16 +780,78 @@ mod tests {
         }
     }
 
-    #[test]
-    fn two_leaders_in_one_term_are_caught() {
-        let s = |node, term, leader| RoleSample {
+    fn sample(node: u64, term: u64, leader: bool, applied: (u64, u64, u64)) -> RoleSample {
+        RoleSample {
             node,
             term,
             leader,
             at_us: 0,
-        };
-        assert!(two_leaders(&[s(1, 3, true), s(2, 4, true), s(2, 3, false)]).is_empty());
-        assert_eq!(two_leaders(&[s(1, 3, true), s(2, 3, true)]).len(), 1);
+            applied_index: applied.0,
+            applied_term: applied.1,
+            applied_leader: applied.2,
+        }
+    }
+
+    /// The kind and detail of each leadership violation.
+    fn leadership_found(samples: &[RoleSample]) -> Vec<(ViolationKind, String)> {
+        leadership(samples)
+            .0
+            .into_iter()
+            .map(|v| (v.kind, v.detail))
+            .collect()
+    }
+
+    #[test]
+    fn two_elected_leaders_of_one_term_pass_while_only_one_commits() {
+        // Term 5: node 1 elected first, node 3 later with node 2's vote
+        // again; only node 3's entries were ever applied.
+        let samples = [
+            sample(1, 5, true, (10, 4, 2)),
+            sample(3, 5, true, (11, 5, 3)),
+            sample(2, 5, false, (11, 5, 3)),
+            sample(1, 5, false, (12, 5, 3)),
+        ];
+        let (violations, seen) = leadership(&samples);
+        assert!(violations.is_empty(), "{violations:?}");
+        assert_eq!(seen.terms_with_two_elected, vec!["term 5: {1, 3}"]);
+        assert_eq!((seen.terms_led, seen.terms_committed), (1, 2));
+        assert_eq!(seen.applied_indexes_seen, 3);
+    }
+
+    #[test]
+    fn two_leaders_committing_in_one_term_are_caught() {
+        let samples = [
+            sample(1, 5, true, (11, 5, 1)),
+            sample(3, 5, true, (12, 5, 3)),
+        ];
+        let found = leadership_found(&samples);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, ViolationKind::TwoLeadersCommitted);
+        assert!(found[0].1.contains("term 5"), "{found:?}");
+    }
+
+    #[test]
+    fn two_entries_applied_at_one_index_are_caught() {
+        // Different terms, so no term has two committers: only the index
+        // shows the divergence.
+        let samples = [
+            sample(1, 6, false, (11, 5, 1)),
+            sample(2, 6, true, (11, 6, 2)),
+        ];
+        let found = leadership_found(&samples);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, ViolationKind::DivergedLog);
+        assert!(found[0].1.contains("index 11"), "{found:?}");
+    }
+
+    #[test]
+    fn samples_recorded_before_applied_ids_existed_check_nothing() {
+        let old: RoleSample =
+            serde_json::from_str(r#"{"node":1,"term":3,"leader":true,"at_us":0}"#).unwrap();
+        let (violations, seen) = leadership(&[old.clone(), RoleSample { node: 2, ..old }]);
+        assert!(violations.is_empty());
+        assert_eq!((seen.terms_committed, seen.applied_indexes_seen), (0, 0));
+        assert_eq!(seen.terms_with_two_elected.len(), 1);
     }
 
     #[test]

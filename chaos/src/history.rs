@@ -95,6 +95,15 @@ pub struct RoleSample {
     pub term: u64,
     pub leader: bool,
     pub at_us: u64,
+    /// The master's last applied entry: its index and the leader id that
+    /// wrote it (term, node). 0 when nothing was applied, and in runs
+    /// recorded before these fields existed.
+    #[serde(default)]
+    pub applied_index: u64,
+    #[serde(default)]
+    pub applied_term: u64,
+    #[serde(default)]
+    pub applied_leader: u64,
 }
 
 pub fn now_us() -> u64 {

@@ -289,6 +289,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 "{} disk objects checked across store restarts ({} removed meanwhile)",
                 r.disk_objects_checked, r.disk_objects_removed_meanwhile
             );
+            println!("{}", r.leadership.summary());
             for v in &r.violations {
                 println!(
                     "  {:?} {}: {}",

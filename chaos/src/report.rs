@@ -77,6 +77,8 @@ pub struct Report {
     pub disk_objects_checked: usize,
     /// ... of which a remove of the key may have run in between (not judged).
     pub disk_objects_removed_meanwhile: usize,
+    /// What the masters' samples showed of leadership.
+    pub leadership: crate::checker::LeadershipSeen,
     pub worker_exits: Vec<WorkerExit>,
     /// Why the run failed, one reason a line; empty when it passed.
     pub failure_reasons: Vec<String>,
@@ -283,6 +285,7 @@ pub fn build(i: Inputs<'_>) -> Report {
         keys_checked: i.check.keys_checked,
         disk_objects_checked: i.check.disk_objects_checked,
         disk_objects_removed_meanwhile: i.check.disk_objects_removed_meanwhile,
+        leadership: i.check.leadership,
         by_kind,
         faults: i.faults,
         violations: i.check.violations,
@@ -375,6 +378,8 @@ impl Report {
                 ""
             }
         ));
+        s.push_str(&self.leadership.summary());
+        s.push('\n');
         for (kind, n) in &self.violation_counts {
             s.push_str(&format!("violations of kind {kind}: {n}\n"));
         }

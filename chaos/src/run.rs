@@ -658,6 +658,9 @@ async fn sample_roles(probe: Prober, out: Arc<Mutex<Vec<RoleSample>>>) {
                         term: s.term,
                         leader: s.role == pb::Role::Leader as i32,
                         at_us: now_us(),
+                        applied_index: s.applied,
+                        applied_term: s.applied_term,
+                        applied_leader: s.applied_leader,
                     });
                 }
             }

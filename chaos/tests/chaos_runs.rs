@@ -162,6 +162,15 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
             .count()
     };
     assert!(count("kill_leader") >= 10, "{}", report["faults"]);
+    // The leadership check compared something: the real masters report the
+    // leader id of what they applied, across the failovers.
+    let seen = &report["leadership"];
+    assert!(seen["terms_led"].as_u64().unwrap() >= 10, "{seen}");
+    assert!(seen["terms_committed"].as_u64().unwrap() >= 2, "{seen}");
+    assert!(
+        seen["applied_indexes_seen"].as_u64().unwrap() >= 10,
+        "{seen}"
+    );
     assert_eq!(count("kill_leader_amid_removes"), 2);
     assert_eq!(count("big_batch"), 1, "{}", report["faults"]);
     assert_eq!(count("connection_flood"), 1, "{}", report["faults"]);

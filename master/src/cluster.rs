@@ -165,6 +165,8 @@ impl ClusterService for ClusterApi {
                 .map(|r| committed_index(r, &self.node.voters(), self.node.id(), m.last_log_index))
                 .unwrap_or_else(|| m.last_applied.map(|l| l.index).unwrap_or(0)),
             applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            applied_term: m.last_applied.map(|l| l.leader_id.term).unwrap_or(0),
+            applied_leader: m.last_applied.map(|l| l.leader_id.node_id).unwrap_or(0),
             snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
             purged_index: m.purged.map(|l| l.index).unwrap_or(0),
             members: self.members(),
