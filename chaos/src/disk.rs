@@ -21,11 +21,11 @@
 //! indistinguishable from a lost one to the checker (any eviction fails a
 //! run). Copies fail when a store dies amid one; when they read from a
 //! restarted store's old memory segment, still listed for the masters'
-//! expired-segment grace (the fillers wait until it is dropped); and when
-//! the leader's connection pool still holds a connection to a store from
-//! before its restart (the leader that demoted before the last restart is
-//! replaced first). The last two are master weaknesses, not the guarantee
-//! under test; see [`DiskChecker::replace_stale_leader`].
+//! expired-segment grace (the fillers wait until it is dropped), a master
+//! weakness, not the guarantee under test. (A leader whose connection pool
+//! still holds a connection to a store from before its restart is not
+//! helped: the transfer replaces a stale pooled connection and retries, and
+//! a demotion copy retries a failed piece on a fresh one.)
 //!
 //! Then this finds acknowledged objects (the probes, then the recorded
 //! histories': an acknowledged put and no remove since) that the leader
@@ -149,8 +149,6 @@ pub struct DiskChecker {
     checks: Mutex<Recorder>,
     acked: Mutex<AckedKeys>,
     rounds: std::sync::atomic::AtomicU32,
-    /// The term of the leader that demoted in the last restart's window.
-    last_demoting_term: Mutex<Option<u64>>,
 }
 
 /// What one restart did, for the run's output.
@@ -276,7 +274,6 @@ impl DiskChecker {
             checks: Mutex::new(Recorder::create(&dir.join(DISK_CHECKS))?),
             acked: Mutex::new(AckedKeys::default()),
             rounds: Default::default(),
-            last_demoting_term: Mutex::new(None),
         })
     }
 
@@ -495,54 +492,8 @@ impl DiskChecker {
             (Some((id0, n0)), Some((id, n))) if id0 == id => Some(n.saturating_sub(n0)),
             _ => None,
         };
-        *self.last_demoting_term.lock().expect("lock poisoned") =
-            self.leader_status().await.map(|(s, _)| s.term);
     }
 
-    /// WORKAROUND (a master bug, see below): if the leader that demoted in
-    /// the previous restart's window still leads, SIGKILL it, wait for the
-    /// next leader, and start it again (as a leader kill does).
-    ///
-    /// The leader's demotion copies go through a connection pool that keeps
-    /// connections to a store across that store's restart at the same
-    /// address; the next copy through such a stale connection fails
-    /// ("early eof", not retried) and the leader then evicts the object,
-    /// although both its replica and the store are fine. An evicted key
-    /// is indistinguishable from a lost one to the checker. A new leader
-    /// starts with a fresh pool. Remove this once the master retries a
-    /// copy on a fresh connection (or does not evict an intact object).
-    async fn replace_stale_leader(&self, dep: &mut dyn crate::deploy::Deployment) -> Option<u64> {
-        let last = *self.last_demoting_term.lock().expect("lock poisoned");
-        let (leader, _) = self.leader_status().await?;
-        if last != Some(leader.term) {
-            return None;
-        }
-        if let Err(e) = dep.kill_master(leader.id) {
-            println!("chaos:      disk: killing the leader failed: {e:#}");
-            return None;
-        }
-        let waited = Instant::now();
-        while waited.elapsed() < BACK_WITHIN {
-            if self
-                .leader_status()
-                .await
-                .is_some_and(|(s, _)| s.term > leader.term)
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if let Err(e) = dep.start_master(leader.id) {
-            println!(
-                "chaos:      disk: restarting master {} failed: {e:#}",
-                leader.id
-            );
-        }
-        Some(leader.id)
-    }
-
-    /// The store's segments as its /health tells them; None when it does
-    /// not answer.
     /// The store's health, polled every 200 ms until `ready` holds of it,
     /// for at most [`BACK_WITHIN`]: the last answer (or none), and whether
     /// it was ready.
@@ -561,6 +512,8 @@ impl DiskChecker {
         }
     }
 
+    /// The store's segments as its /health tells them; None when it does
+    /// not answer.
     async fn health(http: &str) -> Option<StoreHealth> {
         let (status, body) = tokio::time::timeout(
             Duration::from_secs(2),
@@ -814,12 +767,6 @@ pub async fn restart_store_with_disk(
     let mut probes = Vec::new();
     if let Some(segment) = &segment {
         summary.segment = segment.clone();
-        if let Some(id) = checker.replace_stale_leader(dep).await {
-            println!(
-                "chaos:      disk: leader {id} demoted before the last store restart; \
-                 replaced (its copies would fail on stale connections and evict)"
-            );
-        }
         if checker.old_memory_segments_gone(memory_bytes).await {
             probes = checker.put_probes(process, &memory_segment).await;
             summary.probes = probes.len();
