@@ -792,13 +792,11 @@ mod tests {
         }
     }
 
-    /// The kind and detail of each leadership violation.
-    fn leadership_found(samples: &[RoleSample]) -> Vec<(ViolationKind, String)> {
-        leadership(samples)
-            .0
-            .into_iter()
-            .map(|v| (v.kind, v.detail))
-            .collect()
+    /// The one leadership violation `samples` show (fails unless exactly one).
+    fn only_leadership_violation(samples: &[RoleSample]) -> Violation {
+        let (mut violations, _) = leadership(samples);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        violations.remove(0)
     }
 
     #[test]
@@ -824,10 +822,9 @@ mod tests {
             sample(1, 5, true, (11, 5, 1)),
             sample(3, 5, true, (12, 5, 3)),
         ];
-        let found = leadership_found(&samples);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].0, ViolationKind::TwoLeadersCommitted);
-        assert!(found[0].1.contains("term 5"), "{found:?}");
+        let found = only_leadership_violation(&samples);
+        assert_eq!(found.kind, ViolationKind::TwoLeadersCommitted);
+        assert!(found.detail.contains("term 5"), "{found:?}");
     }
 
     #[test]
@@ -838,10 +835,9 @@ mod tests {
             sample(1, 6, false, (11, 5, 1)),
             sample(2, 6, true, (11, 6, 2)),
         ];
-        let found = leadership_found(&samples);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].0, ViolationKind::DivergedLog);
-        assert!(found[0].1.contains("index 11"), "{found:?}");
+        let found = only_leadership_violation(&samples);
+        assert_eq!(found.kind, ViolationKind::DivergedLog);
+        assert!(found.detail.contains("index 11"), "{found:?}");
     }
 
     #[test]

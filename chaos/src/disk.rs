@@ -23,9 +23,9 @@
 //! restarted store's old memory segment, still listed for the masters'
 //! expired-segment grace (the fillers wait until it is dropped), a master
 //! weakness, not the guarantee under test. (A leader whose connection pool
-//! still holds a connection to a store from before its restart is not
-//! helped: the transfer replaces a stale pooled connection and retries, and
-//! a demotion copy retries a failed piece on a fresh one.)
+//! still holds a connection to a store from before its restart needs no
+//! help here: the transfer replaces a stale pooled connection and retries,
+//! and a demotion copy retries a failed piece on a fresh one.)
 //!
 //! Then this finds acknowledged objects (the probes, then the recorded
 //! histories': an acknowledged put and no remove since) that the leader
