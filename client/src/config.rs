@@ -90,6 +90,14 @@ pub struct ClientConfig {
     /// leases) or lost with its store, and put again meanwhile, may be read
     /// with its previous value until that lease ends. See the README.
     pub descriptor_cache: bool,
+    /// While a put runs, ask the leader to place the next put of the same
+    /// size and config, so that put writes its bytes at once and needs one
+    /// master round trip instead of two (`CRESCENT_PLACE_AHEAD`, JSON
+    /// `place_ahead`; on by default). The cost: a put of a key that already
+    /// exists moves its bytes before it learns so, and a placement this
+    /// client does not use is given back (or, if the client dies, held until
+    /// the leader's release timeout). docs/one-commit-puts.md.
+    pub place_ahead: bool,
 }
 
 /// The disk segment's size when none is given (as `crescent-store --disk-size`).
@@ -119,6 +127,7 @@ impl Default for ClientConfig {
             disk_path: None,
             disk_size: DEFAULT_DISK_SIZE,
             descriptor_cache: false,
+            place_ahead: true,
         }
     }
 }
@@ -166,6 +175,7 @@ struct JsonConfig {
     disk_path: Option<String>,
     disk_size: Option<SizeValue>,
     descriptor_cache: Option<bool>,
+    place_ahead: Option<bool>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
@@ -294,6 +304,9 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_DESCRIPTOR_CACHE") {
             c.descriptor_cache = boolish("CRESCENT_DESCRIPTOR_CACHE", &v)?;
         }
+        if let Some(v) = get("CRESCENT_PLACE_AHEAD") {
+            c.place_ahead = boolish("CRESCENT_PLACE_AHEAD", &v)?;
+        }
         if let Some(v) = get("CRESCENT_DISK_SIZE") {
             c.disk_size =
                 parse_size(&v).map_err(|e| ConfigError(format!("CRESCENT_DISK_SIZE: {e}")))?;
@@ -370,6 +383,9 @@ impl ClientConfig {
         if let Some(v) = j.descriptor_cache {
             self.descriptor_cache = v;
         }
+        if let Some(v) = j.place_ahead {
+            self.place_ahead = v;
+        }
         Ok(())
     }
 
@@ -419,6 +435,10 @@ mod tests {
         assert!(
             ClientConfig::from_lookup(lookup(&[("CRESCENT_DESCRIPTOR_CACHE", "lots")])).is_err()
         );
+        assert!(c.place_ahead, "on unless turned off");
+        let off = ClientConfig::from_lookup(lookup(&[("CRESCENT_PLACE_AHEAD", "0")]));
+        assert!(!off.unwrap().place_ahead);
+        assert!(ClientConfig::from_lookup(lookup(&[("CRESCENT_PLACE_AHEAD", "maybe")])).is_err());
         let c = ClientConfig::from_lookup(lookup(&[("CRESCENT_TOKEN_FILE", "/run/t")])).unwrap();
         assert_eq!(
             c.token_file.as_deref(),

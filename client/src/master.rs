@@ -91,6 +91,7 @@ has_status!(
     pb::PutStartResponse,
     pb::BatchPutStartResponse,
     pb::StatusResponse,
+    pb::PutEndResponse,
     pb::BatchStatusResponse,
     pb::GetReplicaListResponse,
     pb::BatchGetReplicaListResponse,
@@ -108,10 +109,18 @@ has_status!(
 /// Splits `host:port,host:port` into addresses.
 /// Where a put was placed: its replicas (with write grants), and whether
 /// the placement is pending (made without a commit; the PutEnd records it).
+/// How long a placement ahead (or its revoke) is tried: it only saves a
+/// round trip, and each retry of it may leave a placement unused until the
+/// leader's release timeout.
+const AHEAD_DEADLINE: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Debug, Default)]
 pub struct Placement {
     pub replicas: Vec<pb::ReplicaDescriptor>,
     pub pending: bool,
+    /// Made ahead of its put, before its key was known
+    /// ([`MasterClient::put_start_ahead`]); always pending.
+    pub ahead: bool,
 }
 
 pub fn parse_master_list(spec: &str) -> Result<Vec<String>, MasterRpcError> {
@@ -963,7 +972,25 @@ impl MasterClient {
         Ok(Placement {
             replicas: r.replicas,
             pending: r.pending,
+            ahead: false,
         })
+    }
+
+    /// Gives back a placement made ahead and not used.
+    pub async fn put_revoke_ahead(&self, put_id: u64) -> Result<(), MasterRpcError> {
+        let header = self.header();
+        let r = self
+            .call_leader_within(AHEAD_DEADLINE, |ch| {
+                let req = pb::PutRevokeRequest {
+                    header: Some(header.clone()),
+                    key: String::new(),
+                    put_id,
+                    ahead: true,
+                };
+                async move { Self::master(ch).put_revoke(req).await }
+            })
+            .await?;
+        Self::check(r).map(|_| ())
     }
 
     /// PutEnd of a put started with [`put_start_placed`](Self::put_start_placed):
@@ -977,12 +1004,34 @@ impl MasterClient {
         size: u64,
         config: &pb::ReplicateConfig,
     ) -> Result<(), MasterRpcError> {
+        self.put_end_placing_next(key, checksum, put_id, placement, size, config, 0)
+            .await
+            .0
+    }
+
+    /// [`put_end_placed`](Self::put_end_placed) that also asks the leader
+    /// to place this client's next put, of the same size and config, named
+    /// `next_put_id` (not 0), while this one commits: that placement, if the
+    /// leader made one, whatever became of this put.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put_end_placing_next(
+        &self,
+        key: &str,
+        checksum: u32,
+        put_id: u64,
+        placement: &Placement,
+        size: u64,
+        config: &pb::ReplicateConfig,
+        next_put_id: u64,
+    ) -> (Result<(), MasterRpcError>, Option<Placement>) {
         let header = self.header();
-        let (replicas, config) = if placement.pending {
-            (placement.replicas.clone(), Some(config.clone()))
+        let replicas = if placement.pending {
+            placement.replicas.clone()
         } else {
-            (Vec::new(), None)
+            Vec::new()
         };
+        // The next placement is made with this config too.
+        let config = (placement.pending || next_put_id != 0).then(|| config.clone());
         let r = self
             .call_leader(|ch| {
                 let req = pb::PutEndRequest {
@@ -993,11 +1042,24 @@ impl MasterClient {
                     placement: replicas.clone(),
                     size,
                     config: config.clone(),
+                    ahead: placement.ahead,
+                    next_put_id,
                 };
                 async move { Self::master(ch).put_end(req).await }
             })
-            .await?;
-        Self::check(r).map(|_| ())
+            .await;
+        match r {
+            Ok(mut r) => {
+                let next = std::mem::take(&mut r.next);
+                let next = (next_put_id != 0 && !next.is_empty()).then_some(Placement {
+                    replicas: next,
+                    pending: true,
+                    ahead: true,
+                });
+                (Self::check(r).map(|_| ()), next)
+            }
+            Err(e) => (Err(e), None),
+        }
     }
 
     /// An unnamed PutEnd: finishes this client's unfinished put of `key`, whichever it is.
@@ -1042,6 +1104,7 @@ impl MasterClient {
                     header: Some(header.clone()),
                     key: key.to_string(),
                     put_id,
+                    ahead: false,
                 };
                 async move { Self::master(ch).put_revoke(req).await }
             })

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crescent_client::master::MasterRpcError;
+use crescent_client::master::{MasterRpcError, Placement};
 use crescent_client::MasterClient;
 use crescent_integration::{crescentctl, LocalCluster};
 use crescent_proto::pb;
@@ -640,6 +640,21 @@ async fn a_stale_put_end_cannot_finish_a_later_put_of_the_same_key() {
     assert_eq!(client.get_replica_list("k").await.unwrap().checksum, 22);
 }
 
+/// Kills `leader`, waits for the next, and has it place 20 one-commit puts
+/// at once: their ranges.
+async fn fail_over_and_put(
+    cluster: &mut LocalCluster,
+    leader: u64,
+    client: &MasterClient,
+) -> Vec<(u64, u64)> {
+    cluster.kill(leader).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    one_commit_puts(client, "after", 20).await
+}
+
 /// Puts `n` objects of 4 KiB for one commit each; returns their ranges.
 async fn one_commit_puts(client: &MasterClient, prefix: &str, n: u32) -> Vec<(u64, u64)> {
     let mut ranges = Vec::new();
@@ -689,12 +704,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         assert!(stalled.pending);
         let range = (stalled.replicas[0].segment_id, stalled.replicas[0].offset);
 
-        cluster.kill(leader).unwrap();
-        cluster
-            .wait_for_leader(Duration::from_secs(15))
-            .await
-            .unwrap();
-        let after = one_commit_puts(&client, "after", 20).await;
+        let after = fail_over_and_put(&mut cluster, leader, &client).await;
         if broken {
             assert!(
                 after.contains(&range),
@@ -805,4 +815,152 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         assert!(client.exists("two").await.unwrap());
         drop(p);
     }
+}
+
+/// Asks for a placement ahead in the PutEnd of a one-commit put of `key`.
+async fn put_placing_next(client: &MasterClient, key: &str, next_id: u64) -> Placement {
+    let id = client.new_put_id();
+    let p = client
+        .put_start_placed(key, 4096, cfg(1), id)
+        .await
+        .unwrap();
+    let (end, next) = client
+        .put_end_placing_next(key, 5, id, &p, 4096, &cfg(1), next_id)
+        .await;
+    end.unwrap();
+    let next = next.expect("the leader placed nothing ahead");
+    assert!(next.pending && next.ahead && next.replicas.len() == 1);
+    assert_eq!(next.replicas[0].length, 4096);
+    next
+}
+
+/// Commits `key` with the placement made ahead for put `id`, and checks
+/// the object lives in that placement's `range`.
+async fn commit_ahead_at(
+    client: &MasterClient,
+    key: &str,
+    checksum: u32,
+    id: u64,
+    ahead: &Placement,
+    range: (u64, u64),
+) {
+    client
+        .put_end_placed(key, checksum, id, ahead, 4096, &cfg(1))
+        .await
+        .unwrap();
+    let r = client.get_replica_list(key).await.unwrap();
+    assert_eq!(r.checksum, checksum);
+    assert_eq!((r.replicas[0].segment_id, r.replicas[0].offset), range);
+}
+
+/// The code a PutEnd of `key` with `placement` for put `id` is refused
+/// with (`what` it should be refused for).
+async fn refused_end(
+    client: &MasterClient,
+    key: &str,
+    checksum: u32,
+    id: u64,
+    placement: &Placement,
+    what: &str,
+) -> ErrorCode {
+    client
+        .put_end_placed(key, checksum, id, placement, 4096, &cfg(1))
+        .await
+        .expect_err(what)
+        .code()
+}
+
+/// Placements ahead (issue 12) against real masters: a PutEnd asks the
+/// leader to place the writer's next put, which commits under the key its
+/// own PutEnd names, by its put id only, also through the next leader
+/// (which never places in the dead leader's reservation meanwhile); an
+/// unused one is given back; and nobody else's PutEnd can take one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_ahead_commits_under_the_key_its_put_end_names() {
+    let (mut cluster, client) = mounted_cluster(3, &[]).await;
+    one_commit_puts(&client, "warm", 3).await;
+
+    // Used under the same leader, by the put id it was made for.
+    let id = client.new_put_id();
+    let ahead = put_placing_next(&client, "first", id).await;
+    let range = (ahead.replicas[0].segment_id, ahead.replicas[0].offset);
+    assert_eq!(
+        refused_end(&client, "second", 6, id + 1, &ahead, "another put id").await,
+        ErrorCode::InvalidWrite
+    );
+    let keyed = Placement {
+        ahead: false,
+        ..ahead.clone()
+    };
+    assert_eq!(
+        refused_end(
+            &client,
+            "second",
+            6,
+            id,
+            &keyed,
+            "filed under its put id, not under a key"
+        )
+        .await,
+        ErrorCode::InvalidWrite
+    );
+    assert!(!client.exists("second").await.unwrap());
+    commit_ahead_at(&client, "second", 6, id, &ahead, range).await;
+
+    // A placement ahead of a key that exists: the commit answers so, and
+    // the range is free again.
+    let id = client.new_put_id();
+    let ahead = put_placing_next(&client, "third", id).await;
+    assert_eq!(
+        refused_end(&client, "second", 7, id, &ahead, "second exists").await,
+        ErrorCode::ObjectAlreadyExists
+    );
+    assert_eq!(client.get_replica_list("second").await.unwrap().checksum, 6);
+
+    // Given back unused (twice is fine), and no longer committable.
+    let id = client.new_put_id();
+    let given_back = put_placing_next(&client, "fourth", id).await;
+    client.put_revoke_ahead(id).await.unwrap();
+    client.put_revoke_ahead(id).await.unwrap();
+    assert_eq!(
+        refused_end(&client, "fifth", 8, id, &given_back, "given back").await,
+        ErrorCode::InvalidWrite
+    );
+    assert!(!client.exists("fifth").await.unwrap());
+
+    // Made by a leader that dies before it is used: committed through the
+    // next one, which placed nothing in that range meanwhile.
+    let id = client.new_put_id();
+    let stalled = put_placing_next(&client, "sixth", id).await;
+    let range = (stalled.replicas[0].segment_id, stalled.replicas[0].offset);
+    let (leader, _, _) = cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    let after = fail_over_and_put(&mut cluster, leader, &client).await;
+    assert!(
+        !after.contains(&range),
+        "the next leader placed a put in a range the dead leader placed ahead"
+    );
+    commit_ahead_at(&client, "seventh", 9, id, &stalled, range).await;
+
+    // Bad requests change nothing.
+    let header = client.header();
+    let bad = client
+        .call_leader(|ch| {
+            let req = pb::PutRevokeRequest {
+                header: Some(header.clone()),
+                key: "k".into(),
+                put_id: 1,
+                ahead: true,
+            };
+            async move { MasterClient::master(ch).put_revoke(req).await }
+        })
+        .await
+        .map_or_else(|e| e.code(), |r| r.status.unwrap_or_default().error_code());
+    assert_eq!(bad, ErrorCode::InvalidParams, "a revoke ahead names no key");
+    assert_eq!(
+        refused_end(&client, "eighth", 1, 0, &stalled, "put id 0").await,
+        ErrorCode::InvalidParams
+    );
 }

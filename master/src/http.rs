@@ -211,7 +211,7 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
     for (name, help, v) in [
         (
             "master_put_start_requests_total",
-            "Objects in PutStart and BatchPutStart requests.",
+            "Objects in PutStart and BatchPutStart requests, and puts into a placement made ahead (which need no PutStart): one per put started.",
             &mm.put_start_requests,
         ),
         (
@@ -308,6 +308,16 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             "master_one_commit_placements_total",
             "Puts this leader placed inside its reservations without a commit (one commit per put).",
             &mm.one_commit_placements,
+        ),
+        (
+            "master_placements_ahead_total",
+            "Of those, placements made ahead of their put's key (asked for in the writer's previous PutEnd).",
+            &mm.placements_ahead,
+        ),
+        (
+            "master_placements_ahead_given_back_total",
+            "Placements made ahead that their writer gave back unused (revoked).",
+            &mm.placements_ahead_given_back,
         ),
         (
             "master_two_commit_placements_total",

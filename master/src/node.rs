@@ -61,6 +61,10 @@ pub struct MasterMetrics {
     /// the reservations they live in.
     pub one_commit_placements: AtomicU64,
     pub two_commit_fallbacks: AtomicU64,
+    /// Of the one-commit placements, those made ahead of their put (asked
+    /// for in a PutEnd), and those given back unused.
+    pub placements_ahead: AtomicU64,
+    pub placements_ahead_given_back: AtomicU64,
     /// Puts placed on disk because memory had no room (see
     /// `MetaState::put_start_one`).
     pub puts_to_disk: AtomicU64,

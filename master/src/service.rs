@@ -16,7 +16,7 @@ use crescent_raft::{sizing, Response};
 use tonic::{Request, Response as TonicResponse, Status as TonicStatus};
 
 use crate::config::PutMode;
-use crate::node::placer::Placed;
+use crate::node::placer::{Placed, AHEAD_KEY};
 use crate::node::{MasterNode, NodeError};
 
 type Rpc<T> = Result<TonicResponse<T>, TonicStatus>;
@@ -568,6 +568,39 @@ impl MasterApi {
             .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.check_keys(items.iter().map(|i| i.key.as_str()))?;
         let n = items.len();
+        if let Some(i) = items
+            .iter()
+            .position(|i| i.ahead && (i.placement.is_empty() || i.put_id == 0))
+        {
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                format!(
+                    "{}a put placed ahead carries its placement and its put id",
+                    item_prefix(i, n)
+                ),
+            ));
+        }
+        // A put into a placement made ahead had no PutStart: counted here,
+        // so the PutStart count stays one per put started, as Mooncake's.
+        let ahead = items.iter().filter(|i| i.ahead).count() as u64;
+        if ahead > 0 {
+            self.node
+                .counters()
+                .put_start_requests
+                .fetch_add(ahead, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Where the placer filed each item's placement: under its key, or
+        // (placed ahead, before the key was known) under its put id alone.
+        let placer_keys: Vec<String> = items
+            .iter()
+            .map(|i| {
+                if i.ahead {
+                    AHEAD_KEY.to_string()
+                } else {
+                    i.key.clone()
+                }
+            })
+            .collect();
         if items.iter().all(|i| i.placement.is_empty()) {
             let op = Op::PutEndNamed {
                 items: items
@@ -622,8 +655,9 @@ impl MasterApi {
             let asked: Vec<(&str, PutId, &[Replica])> = commits
                 .iter()
                 .zip(&refused)
-                .filter(|(c, r)| r.is_none() && !c.replicas.is_empty())
-                .map(|(c, _)| (c.key.as_str(), c.put_id, c.replicas.as_slice()))
+                .zip(&placer_keys)
+                .filter(|((c, r), _)| r.is_none() && !c.replicas.is_empty())
+                .map(|((c, _), k)| (k.as_str(), c.put_id, c.replicas.as_slice()))
                 .collect();
             let allowed = self
                 .node
@@ -643,6 +677,7 @@ impl MasterApi {
         }
         // Refused items are left out of the entry; their answer is the refusal.
         let keep: Vec<usize> = (0..n).filter(|i| refused[*i].is_none()).collect();
+        let kept_placer_keys: Vec<String> = keep.iter().map(|&i| placer_keys[i].clone()).collect();
         let commits: Vec<CommitItem> = commits
             .into_iter()
             .enumerate()
@@ -680,9 +715,9 @@ impl MasterApi {
                     Err(NodeError::TooLarge { .. }) => vec![false; commits.len()],
                     _ => vec![true; commits.len()],
                 };
-                for (c, taken) in commits.iter().zip(taken) {
+                for ((c, taken), placer_key) in commits.iter().zip(taken).zip(&kept_placer_keys) {
                     if !c.replicas.is_empty() {
-                        node.end_commit(&client, &c.key, c.put_id, &c.replicas, taken);
+                        node.end_commit(&client, placer_key, c.put_id, &c.replicas, taken);
                     }
                 }
             })
@@ -749,6 +784,73 @@ impl MasterApi {
             }
         }
         Ok(results)
+    }
+
+    /// The placement ahead a PutEnd asks for (`next_put_id`): a one-commit
+    /// placement of `size` bytes filed under the writer's put id alone, its
+    /// key named by the PutEnd that uses it. Only the one-commit path: this
+    /// never proposes an entry; when this leader cannot place for one commit
+    /// now, there is none, and the writer's next put starts the usual way.
+    async fn place_ahead(
+        &self,
+        header: Option<pb::RequestHeader>,
+        size: u64,
+        put_id: PutId,
+        config: Option<pb::ReplicateConfig>,
+    ) -> Result<Vec<pb::ReplicaDescriptor>, String> {
+        if put_id == 0 || size == 0 {
+            return Err("a placement ahead needs a put id and a size".into());
+        }
+        if self.node.config().put_mode != PutMode::OneCommit || !self.node.is_leader() {
+            return Err("not placing for one commit".into());
+        }
+        let origin = Self::origin(header).map_err(|s| s.message)?;
+        let items = vec![(AHEAD_KEY.to_string(), size, put_id)];
+        self.check_put_quota(&origin, &items)
+            .map_err(|s| s.message)?;
+        let config = Self::replicate_config(config).map_err(|s| s.message)?;
+        let placed = self
+            .node
+            .place_one_commit(&origin.client_id, &items, &config)
+            .await
+            .ok_or("this leader holds no lease or is handing over")?;
+        match placed.into_iter().next() {
+            Some((Placed::Replicas(reps), _)) => {
+                self.node
+                    .counters()
+                    .placements_ahead
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let terms =
+                    GrantTerms::new(Access::Write, self.node.config().put_start_discard_timeout);
+                let state = self.node.state();
+                Ok(reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
+            }
+            other => Err(format!("not placed: {other:?}")),
+        }
+    }
+
+    /// A PutRevoke of a placement made ahead and not used (`ahead`): only
+    /// this leader's memory holds it. Nothing to revoke (another leader's
+    /// placement, or one already settled) is OK: an unused placement of an
+    /// earlier leader stays out of use until its reservation is retired.
+    fn put_revoke_ahead(&self, r: pb::PutRevokeRequest) -> Result<(), pb::Status> {
+        if !r.key.is_empty() || r.put_id == 0 {
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                "a revoke of a placement ahead has no key and names its put id",
+            ));
+        }
+        let origin = Self::origin(r.header)?;
+        if self
+            .node
+            .revoke_placement(&origin.client_id, AHEAD_KEY, r.put_id)
+        {
+            self.node
+                .counters()
+                .placements_ahead_given_back
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Remove of `keys`: the core of Remove and BatchRemove.
@@ -993,6 +1095,8 @@ struct EndItem {
     put_id: PutId,
     placement: Vec<pb::ReplicaDescriptor>,
     size: u64,
+    /// Its placement was made ahead, filed under [`AHEAD_KEY`].
+    ahead: bool,
 }
 
 /// The replicas of a one-commit placement and its commit deadline (the
@@ -1140,18 +1244,37 @@ impl MasterService for MasterApi {
         )
     }
 
-    async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::StatusResponse> {
+    async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::PutEndResponse> {
         let r = request.into_inner();
+        // The next put's placement is made while this one commits: the
+        // commit waits on the log's fsyncs, and the writer saves a round
+        // trip (and the leader a request) on its next put.
+        let next = (r.next_put_id != 0)
+            .then(|| self.place_ahead(r.header.clone(), r.size, r.next_put_id, r.config.clone()));
         let items = vec![EndItem {
             key: r.key,
             checksum: r.checksum,
             put_id: r.put_id,
             placement: r.placement,
             size: r.size,
+            ahead: r.ahead,
         }];
-        ok(single_status(
-            self.put_end_items(r.header, items, r.config).await,
-        ))
+        let end = self.put_end_items(r.header, items, r.config);
+        let (ended, next) = match next {
+            Some(next) => {
+                let (ended, next) = tokio::join!(end, next);
+                (ended, next)
+            }
+            None => (end.await, Ok(Vec::new())),
+        };
+        let next = next.unwrap_or_else(|why| {
+            tracing::debug!(%why, "no placement ahead");
+            Vec::new()
+        });
+        ok(pb::PutEndResponse {
+            status: single_status(ended).status,
+            next,
+        })
     }
 
     async fn batch_put_end(
@@ -1168,6 +1291,7 @@ impl MasterService for MasterApi {
                 put_id: i.put_id,
                 placement: i.placement,
                 size: i.size,
+                ahead: i.ahead,
             })
             .collect();
         ok(batch_status(
@@ -1177,6 +1301,11 @@ impl MasterService for MasterApi {
 
     async fn put_revoke(&self, request: Request<pb::PutRevokeRequest>) -> Rpc<pb::StatusResponse> {
         let r = request.into_inner();
+        if r.ahead {
+            return ok(single_status(
+                self.put_revoke_ahead(r).map(|()| vec![Ok(())]),
+            ));
+        }
         let items = vec![(r.key, r.put_id)];
         ok(single_status(self.put_revoke_items(r.header, items).await))
     }

@@ -25,6 +25,7 @@ use crate::config::{ClientConfig, Protocol};
 use crate::local_cache::LocalCache;
 use crate::master::{MasterClient, MasterRpcError};
 
+mod ahead;
 mod degraded;
 mod error;
 mod get;
@@ -32,6 +33,7 @@ mod put;
 mod renewal;
 mod routing;
 
+pub use ahead::AheadStats;
 pub use error::{Error, Result};
 
 use renewal::Remembered;
@@ -85,6 +87,8 @@ pub struct ClientStats {
     /// Keys looked up again in the background because they were read
     /// through the cache and their lease neared its end.
     pub descriptor_renewals: std::sync::atomic::AtomicU64,
+    /// Placements made ahead of puts (`place_ahead`).
+    pub ahead: Arc<AheadStats>,
 }
 
 /// The client's state and operations; [`Client`] owns it together with the
@@ -112,6 +116,8 @@ pub struct ClientCore {
     /// Recent GetReplicaList answers, usable while degraded until their
     /// lease ends (and with `descriptor_cache`, for reads with no lookup).
     descriptors: Mutex<HashMap<String, Remembered>>,
+    /// The next put's placement, asked for ahead (`place_ahead`).
+    ahead: ahead::AheadPlacements,
 }
 
 /// A connected client. Dereferences to [`ClientCore`] for every operation.
@@ -290,6 +296,7 @@ impl Client {
             last_master_ok: Mutex::new(Instant::now()),
             local_only: Mutex::new(LocalCache::new(config.local_buffer_size)),
             descriptors: Mutex::new(HashMap::new()),
+            ahead: ahead::AheadPlacements::default(),
             config,
         });
         let monitor = tokio::spawn(monitor_loop(Arc::downgrade(&core)));
@@ -316,6 +323,10 @@ impl Client {
     /// mounted until it expires, and a client started again on the same
     /// directory takes it back with its objects.
     pub async fn close(&self) {
+        self.core
+            .ahead
+            .give_back_ready(&self.core.master, &self.core.stats.ahead)
+            .await;
         self.monitor.abort();
         if let Some(r) = &self.renewal {
             r.abort();

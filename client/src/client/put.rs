@@ -5,10 +5,14 @@
 //! REPLICA_IS_NOT_READY for the second from the master).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
 use crescent_store::protocol::Grant;
+
+use super::ahead::{Ahead, Next};
+use crate::master::Placement;
 
 use super::routing::chunks;
 use super::*;
@@ -61,9 +65,25 @@ impl ClientCore {
         value: &[u8],
         cfg: &ReplicateConfig,
     ) -> Result<()> {
-        let put_id = self.master.new_put_id();
-        let checksum = crc32c::crc32c(value);
         let config = self.replicate(cfg);
+        let checksum = crc32c::crc32c(value);
+        let mut next = None;
+        if self.config.place_ahead {
+            let (ahead, ask) =
+                self.ahead
+                    .take(&self.master, &self.stats.ahead, value.len() as u64, &config);
+            next = ask;
+            if let Some(a) = ahead {
+                if let Some(done) = self
+                    .put_in_ahead(key, value, checksum, &config, a, &mut next)
+                    .await
+                {
+                    return done;
+                }
+                self.stats.ahead.retried.fetch_add(1, Relaxed);
+            }
+        }
+        let put_id = self.master.new_put_id();
         let placement = match self
             .master
             .put_start_placed(key, value.len() as u64, config.clone(), put_id)
@@ -76,32 +96,24 @@ impl ClientCore {
             }) => return Ok(()),
             Err(e) => return Err(Error::from_master(e, key)),
         };
-        let writes = futures::future::join_all(
-            placement
-                .replicas
-                .iter()
-                .map(|r| self.write_replica(r, value)),
-        )
-        .await;
-        if let Some(Err(e)) = writes.into_iter().find(|w| w.is_err()) {
+        if let Err(e) = self.write_replicas(&placement, value).await {
             // Nothing half-written may become readable.
             if let Err(re) = self.master.put_revoke_named(key, put_id).await {
                 tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
             }
             return Err(e);
         }
-        match self
-            .master
-            .put_end_placed(
+        let end = self
+            .end_put(
                 key,
                 checksum,
-                put_id,
-                &placement,
+                (put_id, &placement),
                 value.len() as u64,
                 &config,
+                next,
             )
-            .await
-        {
+            .await;
+        match end {
             Ok(()) => {}
             // Another put of the key committed first (a one-commit put placed
             // by an earlier leader): the key exists, as at PutStart.
@@ -113,6 +125,99 @@ impl ClientCore {
         }
         self.mark_master_ok();
         Ok(())
+    }
+
+    /// Writes `value` to every replica of `placement` at once: the first
+    /// error, if any.
+    async fn write_replicas(&self, placement: &Placement, value: &[u8]) -> Result<()> {
+        let writes = futures::future::join_all(
+            placement
+                .replicas
+                .iter()
+                .map(|r| self.write_replica(r, value)),
+        )
+        .await;
+        writes.into_iter().find(|w| w.is_err()).unwrap_or(Ok(()))
+    }
+
+    /// The PutEnd of `placement`, asking the leader for the next put's
+    /// placement when `next` says so, and keeping what it placed.
+    async fn end_put(
+        &self,
+        key: &str,
+        checksum: u32,
+        (put_id, placement): (u64, &Placement),
+        size: u64,
+        config: &pb::ReplicateConfig,
+        next: Option<Next>,
+    ) -> std::result::Result<(), MasterRpcError> {
+        let Some(next) = next else {
+            return self
+                .master
+                .put_end_placed(key, checksum, put_id, placement, size, config)
+                .await;
+        };
+        let (end, placed) = self
+            .master
+            .put_end_placing_next(key, checksum, put_id, placement, size, config, next.put_id)
+            .await;
+        if let Some(p) = placed {
+            self.ahead.keep(&self.master, &self.stats.ahead, next, p);
+        }
+        end
+    }
+
+    /// A put into a placement made ahead: the bytes at once, then one
+    /// PutEnd naming the key. None when that placement did not take the
+    /// object (its write failed, or the commit was refused: too old, say)
+    /// and the put should go the usual way; nothing of it became readable.
+    async fn put_in_ahead(
+        &self,
+        key: &str,
+        value: &[u8],
+        checksum: u32,
+        config: &pb::ReplicateConfig,
+        ahead: Ahead,
+        next: &mut Option<Next>,
+    ) -> Option<Result<()>> {
+        let placement = &ahead.placement;
+        if let Err(e) = self.write_replicas(placement, value).await {
+            tracing::debug!(key, error = %e, "a write into a placement ahead failed; putting the usual way");
+            if let Err(re) = self.master.put_revoke_ahead(ahead.put_id).await {
+                tracing::debug!(key, error = %re, "giving back a placement ahead failed; the leader releases it later");
+            }
+            return None;
+        }
+        let end = self
+            .end_put(
+                key,
+                checksum,
+                (ahead.put_id, placement),
+                value.len() as u64,
+                config,
+                next.take(),
+            )
+            .await;
+        match end {
+            Ok(()) => {}
+            // The key exists (put before, or by a writer that committed
+            // first): success, as at PutStart; the leader frees the range.
+            Err(MasterRpcError::Status {
+                code: ErrorCode::ObjectAlreadyExists,
+                ..
+            }) => {}
+            // No master answered: the usual way would not fare better.
+            Err(e @ MasterRpcError::Unavailable(_)) => {
+                return Some(Err(Error::from_master(e, key)))
+            }
+            Err(e) => {
+                tracing::debug!(key, error = %e, "a placement ahead was not committed; putting the usual way");
+                return None;
+            }
+        }
+        self.stats.ahead.used.fetch_add(1, Relaxed);
+        self.mark_master_ok();
+        Some(Ok(()))
     }
 
     /// Same as [`put`](Self::put): the bytes are sent from the caller's buffer without a copy.
@@ -297,6 +402,7 @@ impl ClientCore {
                         Vec::new()
                     },
                     size: items[i].1.len() as u64,
+                    ahead: false,
                 })
                 .collect();
             match self.master.batch_put_end_placed(ends, config).await {

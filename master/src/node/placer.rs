@@ -78,6 +78,13 @@ pub enum CommitStatus {
 /// A writer's name for one of its puts, as the placer files placements.
 type PutKey = (String, String, PutId);
 
+/// The key a placement made ahead of its put is filed under (no key is
+/// empty: the service refuses one). Such a placement is found by its
+/// writer and put id only, refuses no other put of any key, and checks no
+/// key's existence: its PutEnd names the key, and the state machine's
+/// commit decides (docs/one-commit-puts.md, "Placements ahead").
+pub const AHEAD_KEY: &str = "";
+
 /// What one placement request came to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Placed {
@@ -239,7 +246,12 @@ impl Placer {
         req: &PlaceRequest<'_>,
         t: PlaceTimes,
     ) -> (Placed, Tracked) {
-        if let Some(pid) = self.by_key.get(req.key) {
+        let ahead = req.key == AHEAD_KEY;
+        if ahead && req.put_id == 0 {
+            // Only its put id can name an ahead placement again.
+            return (Placed::TwoCommit, Tracked::Nothing);
+        }
+        if let Some(pid) = self.by_key.get(req.key).filter(|_| !ahead) {
             match self.pending.get(pid) {
                 // A retry of the same put gets the same placement, once its
                 // first request answered with it.
@@ -271,7 +283,7 @@ impl Placer {
                 }
             }
         }
-        match state.objects.get(req.key) {
+        match state.objects.get(req.key).filter(|_| !ahead) {
             Some(o) if o.is_complete() => {
                 return (
                     Placed::Refused(MetaError::ObjectAlreadyExists(req.key.to_string())),
@@ -345,7 +357,9 @@ impl Placer {
                 answered: false,
             },
         );
-        self.by_key.insert(req.key.to_string(), id);
+        if !ahead {
+            self.by_key.insert(req.key.to_string(), id);
+        }
         self.by_put
             .entry((req.client.to_string(), req.key.to_string(), req.put_id))
             .or_default()
@@ -761,6 +775,48 @@ mod tests {
         p.expire(&s, 600_000);
         assert_eq!(p.inflight(), 1);
         assert_eq!(p.inflight_of("a"), 0);
+    }
+
+    /// Placements ahead (no key yet) are told apart by writer and put id
+    /// alone: they refuse no put of any key, are not refused by one, and
+    /// are committed, revoked and found again only by that put id.
+    #[test]
+    fn placements_ahead_are_named_by_their_put_id_only() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 1);
+        let mut p = Placer::new(1, 0, 8 * MB, false);
+        claim_own(&mut p, &s);
+        assert_eq!(
+            p.place(&s, &req(AHEAD_KEY, "c", 0), times(0)),
+            Placed::TwoCommit,
+            "an ahead placement without a put id could never be named again"
+        );
+        let Placed::Replicas(a1) = p.place(&s, &req(AHEAD_KEY, "c", 1), times(0)) else {
+            panic!("placed nothing")
+        };
+        let Placed::Replicas(a2) = p.place(&s, &req(AHEAD_KEY, "c", 2), times(1)) else {
+            panic!("a second ahead placement must not be refused as a key in flight")
+        };
+        assert_ne!(a1, a2);
+        let Placed::Replicas(k) = p.place(&s, &req("k", "c", 3), times(2)) else {
+            panic!("a keyed put must not be refused by ahead placements")
+        };
+        assert_eq!(p.inflight_of("c"), 3);
+        // Another writer, or another put id, cannot commit or revoke it.
+        assert!(!p.begin_commit("d", AHEAD_KEY, 1, &a1));
+        assert!(!p.begin_commit("c", AHEAD_KEY, 2, &a1));
+        assert!(!p.revoke(&s, "c", AHEAD_KEY, 3));
+        assert!(p.begin_commit("c", AHEAD_KEY, 1, &a1));
+        assert!(!p.revoke(&s, "c", AHEAD_KEY, 1), "its commit is in flight");
+        assert!(p.revoke(&s, "c", AHEAD_KEY, 2));
+        assert_eq!(p.inflight_of("c"), 2);
+        // The revoked range is free again; the committing one is not.
+        let Placed::Replicas(again) = p.place(&s, &req(AHEAD_KEY, "c", 4), times(3)) else {
+            panic!("placed nothing")
+        };
+        assert_eq!(again, a2);
+        assert_ne!(again, a1);
+        assert_ne!(again, k);
     }
 
     #[test]

@@ -343,6 +343,7 @@ async fn run_phase(
                                             Vec::new()
                                         },
                                         size,
+                                        ahead: false,
                                     })
                                     .collect();
                                 match client.batch_put_end_placed(ends, cfg).await {
