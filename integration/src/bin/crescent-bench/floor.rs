@@ -51,11 +51,24 @@ impl Floor {
 
     /// A replicated put's p50 against [`Floor::serial_flush_put_ms`].
     pub fn serial_flush_line(&self, what: &str, p50_ms: f64) -> String {
+        self.serial_flush_line_of(what, p50_ms, 4, "")
+    }
+
+    /// [`serial_flush_line`](Self::serial_flush_line) for a put of
+    /// `round_trips` round trips (3 when it was placed ahead: no PutStart),
+    /// `why` saying so.
+    pub fn serial_flush_line_of(
+        &self,
+        what: &str,
+        p50_ms: f64,
+        round_trips: u32,
+        why: &str,
+    ) -> String {
+        let floor = 2.0 * self.fsync_4k_p50_ms + f64::from(round_trips) * self.rpc_p50_ms;
         format!(
-            "  {what} p50 = {:.2}x openraft 0.9's own floor (leader flush, then replication: 2 fsyncs + 4 round trips = {:.3} ms; the floor above is {:.2}x that)",
-            p50_ms / self.serial_flush_put_ms(),
-            self.serial_flush_put_ms(),
-            self.put_ms() / self.serial_flush_put_ms()
+            "  {what} p50 = {:.2}x openraft 0.9's own floor (leader flush, then replication: 2 fsyncs + {round_trips} round trips{why} = {floor:.3} ms; the floor above is {:.2}x that)",
+            p50_ms / floor,
+            self.put_ms() / floor
         )
     }
 

@@ -215,6 +215,7 @@ pub async fn run(
             creds,
             transport: if t == "disk" { "disk" } else { "disk-local" },
             hostname: if t == "disk" { &remote } else { &here },
+            place_ahead: args.place_ahead,
         };
         let client = super::connect(&run_at).await?;
         readers.push((run_at, client));
@@ -320,6 +321,7 @@ async fn measure_size(
             errors,
             ceiling: Some(total as f64 / ceiling_secs / 1e9),
             pass: Some(pass),
+            placed_ahead: None,
         }
     };
     let (first_at, first_client) = readers.first().context("no disk transport")?;
