@@ -15,6 +15,12 @@
 //! hold what the master describes ([`Outcome::Corrupt`], a wrong-bytes
 //! violation).
 //!
+//! Stalled puts after the first write into a *placement made ahead*: the
+//! filler before each asked the leader, in its PutEnd, to place the writer's
+//! next put before its key was known (docs/one-commit-puts.md, "Placements
+//! ahead"), and the stalled put's PutEnd names the key. Those must cross a
+//! failover as safely as placements made at PutStart.
+//!
 //! To make the stalled ranges exact holes (best fit gives a same-size put
 //! exactly such a hole), each stalled put is followed by a *filler*: a put
 //! of the same size finished at once, so it is committed and the new leader
@@ -89,6 +95,8 @@ pub struct RoundSummary {
     /// Stalled puts the leader placed without a commit (in a reservation):
     /// only those exercise the fence.
     pub stalled_pending: usize,
+    /// Of those, placed ahead of their key (by the filler's PutEnd before).
+    pub stalled_ahead: usize,
     pub fillers_ok: usize,
     pub victims: usize,
     /// Victims the new leader placed without a commit.
@@ -133,11 +141,12 @@ impl std::fmt::Display for RoundSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} stalled puts placed ({} without a commit), {} fillers acknowledged; \
+            "{} stalled puts placed ({} without a commit, {} of them ahead), {} fillers acknowledged; \
              {} victims ({} placed without a commit, {} acknowledged); \
              stalled PutEnds: {}; reads: {}",
             self.stalled,
             self.stalled_pending,
+            self.stalled_ahead,
             self.fillers_ok,
             self.victims,
             self.victims_pending,
@@ -246,19 +255,48 @@ impl Round<'_> {
     /// size, so each stalled range is a hole between committed objects.
     pub async fn place_stalled(&mut self) -> Vec<Placed> {
         let mut placed = Vec::new();
+        // A placement ahead the last filler's PutEnd got, and its put id.
+        let mut ahead: Option<(u64, Placement)> = None;
         for i in 0..STALLED_PUTS {
             let key = self.key("s", i);
-            if let Some(p) = self.place(key, self.process).await {
+            let stalled = match ahead.take() {
+                Some((put_id, placement)) => Some(Placed {
+                    key,
+                    process: self.process,
+                    value: self.next_value(self.process),
+                    put_id,
+                    placement,
+                    invoke_us: now_us(),
+                }),
+                None => self.place(key, self.process).await,
+            };
+            if let Some(p) = stalled {
                 self.summary.stalled += 1;
                 if p.placement.pending {
                     self.summary.stalled_pending += 1;
                 }
+                if p.placement.ahead {
+                    self.summary.stalled_ahead += 1;
+                }
                 placed.push(p);
             }
+            // Each filler but the last asks for the next stalled put's
+            // placement (which the next put takes if the leader made one).
+            let next_put_id = if i + 1 < STALLED_PUTS {
+                self.w.client.new_put_id()
+            } else {
+                0
+            };
             let filler = self.key("f", i);
-            if self.put_now(filler).await.0 == Outcome::Ok {
+            let (outcome, next) = self.put_now_asking(filler, next_put_id).await;
+            if outcome == Outcome::Ok {
                 self.summary.fillers_ok += 1;
             }
+            ahead = next.map(|p| (next_put_id, p));
+        }
+        if let Some((put_id, _)) = ahead {
+            // Not used: given back (or released by the leader later).
+            let _ = step(self.w.client.put_revoke_ahead(put_id)).await;
         }
         placed
     }
@@ -357,6 +395,13 @@ impl Round<'_> {
     /// Writes a placed put's bytes to every replica, then PutEnd with the
     /// placement; records the put (invoked at its PutStart).
     async fn finish(&mut self, p: Placed) -> Outcome {
+        self.finish_asking(p, 0).await.0
+    }
+
+    /// [`finish`](Self::finish), its PutEnd asking for a placement ahead
+    /// named `next_put_id` (0: not): what the leader placed, if anything.
+    async fn finish_asking(&mut self, p: Placed, next_put_id: u64) -> (Outcome, Option<Placement>) {
+        let mut next = None;
         let bytes = value_bytes(p.value, HOT_VALUE_LEN);
         let mut written = Ok(());
         for r in &p.placement.replicas {
@@ -397,15 +442,30 @@ impl Round<'_> {
                 }
             }
             Ok(()) => {
-                let ended = step(self.w.client.put_end_placed(
-                    &p.key,
-                    crc32c::crc32c(&bytes),
-                    p.put_id,
-                    &p.placement,
-                    HOT_VALUE_LEN as u64,
-                    &config(),
-                ))
-                .await;
+                let ended = tokio::time::timeout(
+                    STEP_TIMEOUT,
+                    self.w.client.put_end_placing_next(
+                        &p.key,
+                        crc32c::crc32c(&bytes),
+                        p.put_id,
+                        &p.placement,
+                        HOT_VALUE_LEN as u64,
+                        &config(),
+                        next_put_id,
+                    ),
+                )
+                .await
+                .map_or_else(
+                    |_| {
+                        Err(MasterRpcError::Unavailable(format!(
+                            "no answer within {STEP_TIMEOUT:?}"
+                        )))
+                    },
+                    |(ended, placed)| {
+                        next = placed;
+                        ended
+                    },
+                );
                 match ended {
                     Ok(()) => Outcome::Ok,
                     // As the client library: another put of the key committed
@@ -426,7 +486,7 @@ impl Round<'_> {
             complete_us: now_us(),
             outcome: outcome.clone(),
         });
-        outcome
+        (outcome, next)
     }
 
     /// A put finished at once (fillers, victims), and whether the leader
@@ -443,6 +503,24 @@ impl Round<'_> {
                     error: "not placed".into(),
                 },
                 false,
+            ),
+        }
+    }
+
+    /// A filler put finished at once, its PutEnd asking for a placement
+    /// ahead named `next_put_id` (0: not); what the leader placed ahead.
+    async fn put_now_asking(
+        &mut self,
+        key: String,
+        next_put_id: u64,
+    ) -> (Outcome, Option<Placement>) {
+        match self.place(key, self.process + 1).await {
+            Some(p) => self.finish_asking(p, next_put_id).await,
+            None => (
+                Outcome::Fail {
+                    error: "not placed".into(),
+                },
+                None,
             ),
         }
     }

@@ -58,6 +58,8 @@ const HOT_KEYS: u64 = 2;
 /// (and so does the range of a stalled writer's put of the same size: see
 /// [`crate::stall`]).
 pub const HOT_VALUE_LEN: usize = 4096;
+/// Share of ordinary puts of `HOT_VALUE_LEN` bytes; the rest vary.
+const REPEATED_SIZE_SHARE: f64 = 0.7;
 /// Well inside the masters' 10 s read lease.
 const SLOW_READ_PAUSE_MS: std::ops::Range<u64> = 50..400;
 
@@ -108,13 +110,16 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     let stats = &client.stats;
     eprintln!(
-        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={}",
+        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={} puts_placed_ahead={} placements_ahead_given_back={} placements_ahead_retried={}",
         cfg.worker,
         read(&stats.tcp_bytes),
         read(&stats.shm_bytes),
         read(&stats.disk_file_bytes),
         read(&stats.disk_file_fallbacks),
-        read(&stats.checksum_failures)
+        read(&stats.checksum_failures),
+        read(&stats.ahead.used),
+        read(&stats.ahead.given_back),
+        read(&stats.ahead.retried)
     );
     client.close().await;
     Ok(())
@@ -180,7 +185,14 @@ async fn one_op(
     let roll: f64 = rng.random();
     let op = if roll < 0.35 {
         let value = ((process as u64) << 40) | *counter;
-        let len = rng.random_range(64..4096);
+        // Mostly one size, as an engine's KV blocks are: a put that repeats
+        // its client's last size and config writes into a placement made
+        // ahead (docs/one-commit-puts.md), and the faults must hit those too.
+        let len = if rng.random_bool(REPEATED_SIZE_SHARE) {
+            HOT_VALUE_LEN
+        } else {
+            rng.random_range(64..4096)
+        };
         put(client, cfg, process, key, value, len).await
     } else if roll < 0.71 {
         get(client, cfg, process, key).await
