@@ -436,7 +436,11 @@ impl Round<'_> {
             // readable. The put never ends; a transfer failure is of
             // unknown outcome for the workload too.
             Err(error) => {
-                let _ = step(self.w.client.put_revoke_named(&p.key, p.put_id)).await;
+                let _ = if p.placement.ahead {
+                    step(self.w.client.put_revoke_ahead(p.put_id)).await
+                } else {
+                    step(self.w.client.put_revoke_named(&p.key, p.put_id)).await
+                };
                 Outcome::Unknown {
                     error: format!("TRANSFER_FAIL: {error}"),
                 }

@@ -944,6 +944,39 @@ async fn a_placement_ahead_commits_under_the_key_its_put_end_names() {
     );
     commit_ahead_at(&client, "seventh", 9, id, &stalled, range).await;
 
+    // A PutEnd sent twice (a retry after a lost answer) gets the same
+    // placement ahead both times, not a second one left unused.
+    let (id, next_id) = (client.new_put_id(), client.new_put_id());
+    let p = client
+        .put_start_placed("retried", 4096, cfg(1), id)
+        .await
+        .unwrap();
+    let header = client.header();
+    let send = || {
+        client.call_leader(|ch| {
+            let req = pb::PutEndRequest {
+                header: Some(header.clone()),
+                key: "retried".into(),
+                checksum: 3,
+                put_id: id,
+                placement: p.replicas.clone(),
+                size: 4096,
+                config: Some(cfg(1)),
+                ahead: false,
+                next_put_id: next_id,
+            };
+            async move { MasterClient::master(ch).put_end(req).await }
+        })
+    };
+    let (first, again) = (send().await.unwrap(), send().await.unwrap());
+    assert!(first.status.unwrap_or_default().is_ok());
+    assert!(again.status.unwrap_or_default().is_ok());
+    assert_eq!(first.next.len(), 1);
+    assert_eq!(
+        first.next, again.next,
+        "a retry got another placement ahead"
+    );
+
     // Bad requests change nothing.
     let header = client.header();
     let bad = client

@@ -788,9 +788,11 @@ impl MasterApi {
 
     /// The placement ahead a PutEnd asks for (`next_put_id`): a one-commit
     /// placement of `size` bytes filed under the writer's put id alone, its
-    /// key named by the PutEnd that uses it. Only the one-commit path: this
-    /// never proposes an entry; when this leader cannot place for one commit
-    /// now, there is none, and the writer's next put starts the usual way.
+    /// key named by the PutEnd that uses it. Only the one-commit path (which
+    /// may commit a Reserve entry, never one for the put); when this leader
+    /// cannot place for one commit now, there is none, and the writer's next
+    /// put starts the usual way. A retried PutEnd gets the placement its
+    /// first attempt got, with the same grants' expiry.
     async fn place_ahead(
         &self,
         header: Option<pb::RequestHeader>,
@@ -809,24 +811,35 @@ impl MasterApi {
         self.check_put_quota(&origin, &items)
             .map_err(|s| s.message)?;
         let config = Self::replicate_config(config).map_err(|s| s.message)?;
+        // Before placing, as at PutStart: the grants must expire no later
+        // than the placer's discard time, which it takes from before its
+        // lease check and any Reserve commit (docs/one-commit-puts.md, rule 5).
+        let terms = GrantTerms::new(Access::Write, self.node.config().put_start_discard_timeout);
         let placed = self
             .node
             .place_one_commit(&origin.client_id, &items, &config)
             .await
             .ok_or("this leader holds no lease or is handing over")?;
-        match placed.into_iter().next() {
+        let (reps, terms) = match placed.into_iter().next() {
             Some((Placed::Replicas(reps), _)) => {
                 self.node
                     .counters()
                     .placements_ahead
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let terms =
-                    GrantTerms::new(Access::Write, self.node.config().put_start_discard_timeout);
-                let state = self.node.state();
-                Ok(reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
+                (reps, terms)
             }
-            other => Err(format!("not placed: {other:?}")),
-        }
+            // A retry: its first grants' expiry, so its deadline does not move.
+            Some((Placed::Again(reps), Some(expiry_ms))) => (
+                reps,
+                GrantTerms {
+                    access: Access::Write,
+                    expiry_ms,
+                },
+            ),
+            other => return Err(format!("not placed: {other:?}")),
+        };
+        let state = self.node.state();
+        Ok(reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
     }
 
     /// A PutRevoke of a placement made ahead and not used (`ahead`): only

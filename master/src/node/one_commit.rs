@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crescent_raft::state::{Op, PutId, Replica, ReplicateConfig, SegmentId};
 use crescent_raft::Response;
 
-use super::placer::{CommitStatus, PlaceRequest, PlaceTimes, Placed, Tracked};
+use super::placer::{CommitStatus, PlaceRequest, PlaceTimes, Placed, Tracked, AHEAD_KEY};
 use super::{now_ms, MasterNode};
 
 /// A PutEnd names a placement whose commit is already in flight.
@@ -73,9 +73,11 @@ impl MasterNode {
                 if same_term {
                     placer.undo_placements(&state, &created);
                 }
+                // A placement ahead that was not made is no put at all.
+                let puts = items.iter().filter(|(k, _, _)| k != AHEAD_KEY).count();
                 self.counters
                     .two_commit_fallbacks
-                    .fetch_add(items.len() as u64, Relaxed);
+                    .fetch_add(puts as u64, Relaxed);
                 return None;
             }
         }

@@ -251,6 +251,25 @@ impl Placer {
             // Only its put id can name an ahead placement again.
             return (Placed::TwoCommit, Tracked::Nothing);
         }
+        if ahead {
+            // A retried PutEnd asks again for the placement ahead its first
+            // attempt got: the same one, not another left unused.
+            let again = self
+                .by_put
+                .get(&(req.client.to_string(), AHEAD_KEY.to_string(), req.put_id))
+                .into_iter()
+                .flatten()
+                .filter_map(|id| self.pending.get(id))
+                .find(|p| t.now_ms < p.discard_at_ms && !p.committing && p.answered);
+            if let Some(p) = again {
+                return (
+                    Placed::Again(p.ranges.iter().map(|(_, r)| r.clone()).collect()),
+                    Tracked::Again {
+                        grant_expiry_ms: p.discard_at_ms,
+                    },
+                );
+            }
+        }
         if let Some(pid) = self.by_key.get(req.key).filter(|_| !ahead) {
             match self.pending.get(pid) {
                 // A retry of the same put gets the same placement, once its
@@ -802,6 +821,19 @@ mod tests {
             panic!("a keyed put must not be refused by ahead placements")
         };
         assert_eq!(p.inflight_of("c"), 3);
+        // Asked again for the same put (a retried PutEnd), once answered:
+        // the same placement, with its first grants' expiry.
+        p.mark_answered(&[1]);
+        assert_eq!(
+            p.place_tracked(&s, &req(AHEAD_KEY, "c", 1), times(5)),
+            (
+                Placed::Again(a1.clone()),
+                Tracked::Again {
+                    grant_expiry_ms: 30_000
+                }
+            )
+        );
+        assert_eq!(p.inflight_of("c"), 3, "no second placement");
         // Another writer, or another put id, cannot commit or revoke it.
         assert!(!p.begin_commit("d", AHEAD_KEY, 1, &a1));
         assert!(!p.begin_commit("c", AHEAD_KEY, 2, &a1));
