@@ -449,12 +449,7 @@ impl MasterApi {
                 for (i, (p, again_expiry)) in placed.into_iter().enumerate() {
                     match p {
                         Placed::Replicas(reps) | Placed::Again(reps) => {
-                            // A placement given again keeps its first grants'
-                            // expiry: its commit deadline must not move.
-                            let terms = again_expiry.map_or(terms, |expiry_ms| GrantTerms {
-                                access: Access::Write,
-                                expiry_ms,
-                            });
+                            let terms = placement_terms(terms, again_expiry);
                             out[i] = Some(Started {
                                 replicas: Ok(reps
                                     .iter()
@@ -820,24 +815,19 @@ impl MasterApi {
             .place_one_commit(&origin.client_id, &items, &config)
             .await
             .ok_or("this leader holds no lease or is handing over")?;
-        let (reps, terms) = match placed.into_iter().next() {
-            Some((Placed::Replicas(reps), _)) => {
-                self.node
-                    .counters()
-                    .placements_ahead
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                (reps, terms)
+        let (reps, again_expiry) = match placed.into_iter().next() {
+            Some((Placed::Replicas(reps) | Placed::Again(reps), again_expiry)) => {
+                (reps, again_expiry)
             }
-            // A retry: its first grants' expiry, so its deadline does not move.
-            Some((Placed::Again(reps), Some(expiry_ms))) => (
-                reps,
-                GrantTerms {
-                    access: Access::Write,
-                    expiry_ms,
-                },
-            ),
             other => return Err(format!("not placed: {other:?}")),
         };
+        if again_expiry.is_none() {
+            self.node
+                .counters()
+                .placements_ahead
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let terms = placement_terms(terms, again_expiry);
         let state = self.node.state();
         Ok(reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
     }
@@ -1102,6 +1092,16 @@ impl Started {
 }
 
 /// One item of a PutEnd (see `PutEndRequest` in master.proto).
+/// The write grants' terms of a one-commit placement: `fresh` for a new
+/// one; a placement given again keeps its first grants' expiry, so its
+/// commit deadline does not move.
+fn placement_terms(fresh: GrantTerms, again_expiry_ms: Option<u64>) -> GrantTerms {
+    again_expiry_ms.map_or(fresh, |expiry_ms| GrantTerms {
+        access: Access::Write,
+        expiry_ms,
+    })
+}
+
 struct EndItem {
     key: String,
     checksum: u32,

@@ -96,14 +96,8 @@ impl AheadPlacements {
         let (usable, unused, repeats) = {
             let mut s = self.slot.lock().expect("lock poisoned");
             // Those too old will not be used; the oldest of this shape is.
-            let (mut keep, mut unused) = (VecDeque::new(), Vec::new());
-            for a in s.ready.drain(..) {
-                if a.made.elapsed() >= MAX_AGE {
-                    unused.push(a);
-                } else {
-                    keep.push_back(a);
-                }
-            }
+            let (mut keep, unused): (VecDeque<Ahead>, VecDeque<Ahead>) =
+                s.ready.drain(..).partition(|a| a.made.elapsed() < MAX_AGE);
             let usable = keep
                 .iter()
                 .position(|a| a.shape == shape)
@@ -162,25 +156,26 @@ impl AheadPlacements {
             stats
                 .given_back
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if let Err(e) = master.put_revoke_ahead(a.put_id).await {
-                tracing::debug!(error = %e, "giving back a placement ahead failed; the leader releases it later");
-            }
+            revoke(master, a.put_id).await;
         }
     }
 }
 
-/// Gives back an unused placement in the background. If that fails, the
+/// Revokes the placement ahead made for put `put_id`. If that fails, the
 /// leader releases it after its `--put-start-release-timeout`.
+pub(super) async fn revoke(master: &MasterClient, put_id: u64) {
+    if let Err(e) = master.put_revoke_ahead(put_id).await {
+        tracing::debug!(error = %e, "giving back a placement ahead failed; the leader releases it later");
+    }
+}
+
+/// Gives back an unused placement in the background ([`revoke`]).
 fn give_back(master: &Arc<MasterClient>, stats: &Arc<AheadStats>, put_id: u64) {
     stats
         .given_back
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let master = master.clone();
-    tokio::spawn(async move {
-        if let Err(e) = master.put_revoke_ahead(put_id).await {
-            tracing::debug!(error = %e, "giving back a placement ahead failed; the leader releases it later");
-        }
-    });
+    tokio::spawn(async move { revoke(&master, put_id).await });
 }
 
 #[cfg(test)]

@@ -151,17 +151,12 @@ impl ClientCore {
         config: &pb::ReplicateConfig,
         next: Option<Next>,
     ) -> std::result::Result<(), MasterRpcError> {
-        let Some(next) = next else {
-            return self
-                .master
-                .put_end_placed(key, checksum, put_id, placement, size, config)
-                .await;
-        };
+        let next_put_id = next.as_ref().map_or(0, |n| n.put_id);
         let (end, placed) = self
             .master
-            .put_end_placing_next(key, checksum, put_id, placement, size, config, next.put_id)
+            .put_end_placing_next(key, checksum, put_id, placement, size, config, next_put_id)
             .await;
-        if let Some(p) = placed {
+        if let (Some(next), Some(p)) = (next, placed) {
             self.ahead.keep(&self.master, &self.stats.ahead, next, p);
         }
         end
@@ -183,9 +178,7 @@ impl ClientCore {
         let placement = &ahead.placement;
         if let Err(e) = self.write_replicas(placement, value).await {
             tracing::debug!(key, error = %e, "a write into a placement ahead failed; putting the usual way");
-            if let Err(re) = self.master.put_revoke_ahead(ahead.put_id).await {
-                tracing::debug!(key, error = %re, "giving back a placement ahead failed; the leader releases it later");
-            }
+            super::ahead::revoke(&self.master, ahead.put_id).await;
             return None;
         }
         let end = self
