@@ -93,6 +93,7 @@ has_status!(
     pb::StatusResponse,
     pb::PutEndResponse,
     pb::BatchStatusResponse,
+    pb::BatchPutEndResponse,
     pb::GetReplicaListResponse,
     pb::BatchGetReplicaListResponse,
     pb::ExistResponse,
@@ -767,18 +768,58 @@ impl MasterClient {
         items: Vec<pb::PutEndItem>,
         config: Option<pb::ReplicateConfig>,
     ) -> Result<Vec<pb::Status>, MasterRpcError> {
+        let (ended, _) = self
+            .batch_put_end_placing_next(items, config, Vec::new())
+            .await;
+        ended
+    }
+
+    /// One BatchPutEnd (a part: see [`in_parts`]) that also asks the leader
+    /// to place the writer's next puts (`next`, at most
+    /// `crescent_proto::MAX_AHEAD_PER_REQUEST`) with `config`: the per-item
+    /// answers, and the placements made ahead, each with the put id it was
+    /// asked for. Those come whatever the commit's outcome.
+    pub async fn batch_put_end_placing_next(
+        &self,
+        items: Vec<pb::PutEndItem>,
+        config: Option<pb::ReplicateConfig>,
+        next: Vec<pb::NextPut>,
+    ) -> (
+        Result<Vec<pb::Status>, MasterRpcError>,
+        Vec<(u64, Placement)>,
+    ) {
         let header = self.header();
+        let asked = next.len();
         let r = self
             .call_leader(|ch| {
                 let req = pb::BatchPutEndRequest {
                     header: Some(header.clone()),
                     items: items.clone(),
                     config: config.clone(),
+                    next: next.clone(),
                 };
                 async move { Self::master(ch).batch_put_end(req).await }
             })
-            .await?;
-        Ok(Self::check(r)?.results)
+            .await;
+        match r {
+            Ok(mut r) => {
+                let placed = std::mem::take(&mut r.next)
+                    .into_iter()
+                    .filter(|p| p.put_id != 0 && !p.replicas.is_empty())
+                    .take(asked)
+                    .map(|p| {
+                        let placement = Placement {
+                            replicas: p.replicas,
+                            pending: true,
+                            ahead: true,
+                        };
+                        (p.put_id, placement)
+                    })
+                    .collect();
+                (Self::check(r).map(|r| r.results), placed)
+            }
+            Err(e) => (Err(e), Vec::new()),
+        }
     }
 
     async fn batch_put_revoke_part(

@@ -524,3 +524,90 @@ async fn concurrent_puts_of_one_key_from_one_client_never_mix() {
     a.unwrap();
     b.unwrap();
 }
+
+/// A batch put that repeats the sizes of the last one asks the leader for
+/// the next batch's placements in its PutEnd (issue 12); the next batch
+/// writes into them and sends only its PutEnd. Bytes, keys that exist,
+/// batches larger than what is ready and placements grown too old all
+/// come out right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_of_one_size_write_into_placements_made_ahead() {
+    let cluster = cluster_with_stores(1, &[]).await;
+    let c = client(&cluster).await;
+    let used = |c: &Client| {
+        c.stats
+            .ahead
+            .used
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let batch = |round: usize, n: usize| -> (Vec<String>, Vec<Vec<u8>>) {
+        let keys = (0..n).map(|i| format!("ahead-{round}-{i}")).collect();
+        let values = (0..n)
+            .map(|i| pattern(4096, (round * 31 + i) as u8))
+            .collect();
+        (keys, values)
+    };
+    async fn put(c: &Client, keys: &[String], values: &[Vec<u8>]) {
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .map(|k| k.as_str())
+            .zip(values.iter().map(|v| v.as_slice()))
+            .collect();
+        for r in c.put_batch(&items, &replicas(1)).await.unwrap() {
+            r.unwrap();
+        }
+    }
+    let mut written: Vec<(String, Vec<u8>)> = Vec::new();
+    // The first batch asks for nothing (no sizes to repeat), the second
+    // asks for eight, the third uses them.
+    for round in 0..3 {
+        let (keys, values) = batch(round, 8);
+        put(&c, &keys, &values).await;
+        written.extend(keys.into_iter().zip(values));
+    }
+    assert_eq!(
+        used(&c),
+        8,
+        "the third batch wrote into placements made ahead"
+    );
+    // A larger batch: eight placements ready, eight more started; one key
+    // exists already (success, its first value kept).
+    let (mut keys, mut values) = batch(3, 16);
+    keys[5] = "ahead-0-0".into();
+    values[5] = pattern(4096, 99);
+    put(&c, &keys, &values).await;
+    assert_eq!(used(&c), 16);
+    for (i, (k, v)) in keys.into_iter().zip(values).enumerate() {
+        if i != 5 {
+            written.push((k, v));
+        }
+    }
+    // Placements older than two seconds are given back, not used.
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let before = c
+        .stats
+        .ahead
+        .given_back
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let (keys, values) = batch(4, 4);
+    put(&c, &keys, &values).await;
+    written.extend(keys.into_iter().zip(values));
+    assert_eq!(used(&c), 16, "a placement too old was used");
+    assert!(
+        c.stats
+            .ahead
+            .given_back
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before
+    );
+    for (k, v) in &written {
+        assert_eq!(&c.get(k).await.unwrap(), v, "{k}");
+    }
+    assert_eq!(
+        c.stats
+            .ahead
+            .retried
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}

@@ -997,3 +997,156 @@ async fn a_placement_ahead_commits_under_the_key_its_put_end_names() {
         ErrorCode::InvalidParams
     );
 }
+
+/// Placements ahead of a batch (issue 12) against real masters: a
+/// BatchPutEnd asks the leader to place the writer's next batch, which
+/// commits under the keys its own BatchPutEnd names, each by its put id; a
+/// retry gets the same placements; too many asked changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_put_end_places_the_next_batch_ahead() {
+    let (_cluster, client) = mounted_cluster(3, &[]).await;
+    one_commit_puts(&client, "warm", 3).await;
+    let end_items =
+        |keys: &[&str], ids: &[u64], placements: &[Vec<pb::ReplicaDescriptor>], ahead| {
+            keys.iter()
+                .zip(ids)
+                .zip(placements)
+                .map(|((k, &put_id), placement)| pb::PutEndItem {
+                    key: k.to_string(),
+                    checksum: 11,
+                    put_id,
+                    placement: placement.clone(),
+                    size: 4096,
+                    ahead,
+                })
+                .collect::<Vec<_>>()
+        };
+    let start = |keys: &'static [&'static str]| {
+        let client = &client;
+        async move {
+            let ids: Vec<u64> = keys.iter().map(|_| client.new_put_id()).collect();
+            let items = keys
+                .iter()
+                .zip(&ids)
+                .map(|(k, &put_id)| pb::PutStartItem {
+                    key: k.to_string(),
+                    size: 4096,
+                    put_id,
+                })
+                .collect();
+            let started = client
+                .batch_put_start_one_commit(items, cfg(1))
+                .await
+                .unwrap();
+            assert!(started.iter().all(|s| s.pending));
+            let placements: Vec<_> = started.into_iter().map(|s| s.replicas).collect();
+            (ids, placements)
+        }
+    };
+    let next_of = |ids: &[u64]| {
+        ids.iter()
+            .map(|&put_id| pb::NextPut { put_id, size: 4096 })
+            .collect::<Vec<_>>()
+    };
+
+    // A batch of three commits and asks for the next three.
+    const FIRST: &[&str] = &["b1", "b2", "b3"];
+    let (ids, placements) = start(FIRST).await;
+    let next_ids: Vec<u64> = (0..3).map(|_| client.new_put_id()).collect();
+    let (ended, placed) = client
+        .batch_put_end_placing_next(
+            end_items(FIRST, &ids, &placements, false),
+            Some(cfg(1)),
+            next_of(&next_ids),
+        )
+        .await;
+    assert!(ended.unwrap().iter().all(|s| s.is_ok()));
+    let placed_ids: Vec<u64> = placed.iter().map(|(id, _)| *id).collect();
+    assert_eq!(placed_ids, next_ids, "each asked put id placed, in order");
+    let mut ranges: Vec<(u64, u64)> = placed
+        .iter()
+        .map(|(_, p)| {
+            assert!(p.pending && p.ahead && p.replicas.len() == 1);
+            assert_eq!(p.replicas[0].length, 4096);
+            (p.replicas[0].segment_id, p.replicas[0].offset)
+        })
+        .collect();
+    ranges.sort_unstable();
+    ranges.dedup();
+    assert_eq!(ranges.len(), 3, "three placements, three ranges");
+
+    // Another put id cannot commit one of them.
+    assert_eq!(
+        refused_end(
+            &client,
+            "x1",
+            6,
+            next_ids[0] + 1000,
+            &placed[0].1,
+            "another put id"
+        )
+        .await,
+        ErrorCode::InvalidWrite
+    );
+    // The next batch commits into them, by their put ids, under its keys.
+    const SECOND: &[&str] = &["c1", "c2", "c3"];
+    let ahead_placements: Vec<_> = placed.iter().map(|(_, p)| p.replicas.clone()).collect();
+    let statuses = client
+        .batch_put_end_placed(
+            end_items(SECOND, &next_ids, &ahead_placements, true),
+            cfg(1),
+        )
+        .await
+        .unwrap();
+    assert!(statuses.iter().all(|s| s.is_ok()), "{statuses:?}");
+    for (key, (_, p)) in SECOND.iter().zip(&placed) {
+        let r = client.get_replica_list(key).await.unwrap();
+        assert_eq!(r.checksum, 11);
+        assert_eq!(
+            (r.replicas[0].segment_id, r.replicas[0].offset),
+            (p.replicas[0].segment_id, p.replicas[0].offset)
+        );
+    }
+
+    // A BatchPutEnd sent twice (a retry after a lost answer) gets the same
+    // placements ahead both times.
+    const THIRD: &[&str] = &["d1", "d2"];
+    let (ids, placements) = start(THIRD).await;
+    let next_ids: Vec<u64> = (0..2).map(|_| client.new_put_id()).collect();
+    let header = client.header();
+    let send = || {
+        let req = pb::BatchPutEndRequest {
+            header: Some(header.clone()),
+            items: end_items(THIRD, &ids, &placements, false),
+            config: Some(cfg(1)),
+            next: next_of(&next_ids),
+        };
+        client.call_leader(move |ch| {
+            let req = req.clone();
+            async move { MasterClient::master(ch).batch_put_end(req).await }
+        })
+    };
+    let (first, again) = (send().await.unwrap(), send().await.unwrap());
+    assert!(first.status.unwrap_or_default().is_ok());
+    assert!(again.status.unwrap_or_default().is_ok());
+    assert_eq!(first.next.len(), 2);
+    assert_eq!(first.next, again.next, "a retry got other placements ahead");
+
+    // Asking for more than MAX_AHEAD_PER_REQUEST is refused, and the batch
+    // is not committed.
+    const FOURTH: &[&str] = &["e1"];
+    let (ids, placements) = start(FOURTH).await;
+    let too_many: Vec<u64> = (0..=crescent_proto::MAX_AHEAD_PER_REQUEST)
+        .map(|_| client.new_put_id())
+        .collect();
+    let (ended, placed) = client
+        .batch_put_end_placing_next(
+            end_items(FOURTH, &ids, &placements, false),
+            Some(cfg(1)),
+            next_of(&too_many),
+        )
+        .await;
+    assert_eq!(ended.unwrap_err().code(), ErrorCode::InvalidParams);
+    assert!(placed.is_empty());
+    assert!(!client.exists("e1").await.unwrap());
+}

@@ -781,28 +781,32 @@ impl MasterApi {
         Ok(results)
     }
 
-    /// The placement ahead a PutEnd asks for (`next_put_id`): a one-commit
-    /// placement of `size` bytes filed under the writer's put id alone, its
-    /// key named by the PutEnd that uses it. Only the one-commit path (which
-    /// may commit a Reserve entry, never one for the put); when this leader
-    /// cannot place for one commit now, there is none, and the writer's next
-    /// put starts the usual way. A retried PutEnd gets the placement its
-    /// first attempt got, with the same grants' expiry.
+    /// The placements ahead a PutEnd asks for (`next_put_id`, or a batch's
+    /// `next`): one-commit placements, each of its size, filed under the
+    /// writer's put id alone, their keys named by the PutEnds that use them.
+    /// Only the one-commit path (which may commit a Reserve entry, never one
+    /// for the puts); when this leader cannot place them all for one commit
+    /// now, there are none, and the writer's next puts start the usual way.
+    /// A retried PutEnd gets the placements its first attempt got, with the
+    /// same grants' expiry. Each answer is (put id, replicas), for those
+    /// placed.
     async fn place_ahead(
         &self,
         header: Option<pb::RequestHeader>,
-        size: u64,
-        put_id: PutId,
+        next: &[(u64, PutId)],
         config: Option<pb::ReplicateConfig>,
-    ) -> Result<Vec<pb::ReplicaDescriptor>, String> {
-        if put_id == 0 || size == 0 {
+    ) -> Result<Vec<(PutId, Vec<pb::ReplicaDescriptor>)>, String> {
+        if next.iter().any(|&(size, put_id)| put_id == 0 || size == 0) {
             return Err("a placement ahead needs a put id and a size".into());
         }
         if self.node.config().put_mode != PutMode::OneCommit || !self.node.is_leader() {
             return Err("not placing for one commit".into());
         }
         let origin = Self::origin(header).map_err(|s| s.message)?;
-        let items = vec![(AHEAD_KEY.to_string(), size, put_id)];
+        let items: Vec<(String, u64, PutId)> = next
+            .iter()
+            .map(|&(size, put_id)| (AHEAD_KEY.to_string(), size, put_id))
+            .collect();
         self.check_put_quota(&origin, &items)
             .map_err(|s| s.message)?;
         let config = Self::replicate_config(config).map_err(|s| s.message)?;
@@ -815,21 +819,29 @@ impl MasterApi {
             .place_one_commit(&origin.client_id, &items, &config)
             .await
             .ok_or("this leader holds no lease or is handing over")?;
-        let (reps, again_expiry) = match placed.into_iter().next() {
-            Some((Placed::Replicas(reps) | Placed::Again(reps), again_expiry)) => {
-                (reps, again_expiry)
-            }
-            other => return Err(format!("not placed: {other:?}")),
-        };
-        if again_expiry.is_none() {
-            self.node
-                .counters()
-                .placements_ahead
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        let terms = placement_terms(terms, again_expiry);
         let state = self.node.state();
-        Ok(reps.iter().map(|x| replica_pb(&state, x, terms)).collect())
+        let mut made = 0u64;
+        let mut out = Vec::with_capacity(next.len());
+        for ((_, put_id), (placed, again_expiry)) in next.iter().zip(placed) {
+            let reps = match placed {
+                Placed::Replicas(reps) | Placed::Again(reps) => reps,
+                other => {
+                    tracing::debug!(put_id, ?other, "a placement ahead was not made");
+                    continue;
+                }
+            };
+            made += u64::from(again_expiry.is_none());
+            let terms = placement_terms(terms, again_expiry);
+            out.push((
+                *put_id,
+                reps.iter().map(|x| replica_pb(&state, x, terms)).collect(),
+            ));
+        }
+        self.node
+            .counters()
+            .placements_ahead
+            .fetch_add(made, std::sync::atomic::Ordering::Relaxed);
+        Ok(out)
     }
 
     /// A PutRevoke of a placement made ahead and not used (`ahead`): only
@@ -1262,8 +1274,9 @@ impl MasterService for MasterApi {
         // The next put's placement is made while this one commits: the
         // commit waits on the log's fsyncs, and the writer saves a round
         // trip (and the leader a request) on its next put.
+        let asked = [(r.size, r.next_put_id)];
         let next = (r.next_put_id != 0)
-            .then(|| self.place_ahead(r.header.clone(), r.size, r.next_put_id, r.config.clone()));
+            .then(|| self.place_ahead(r.header.clone(), &asked, r.config.clone()));
         let items = vec![EndItem {
             key: r.key,
             checksum: r.checksum,
@@ -1280,10 +1293,14 @@ impl MasterService for MasterApi {
             }
             None => (end.await, Ok(Vec::new())),
         };
-        let next = next.unwrap_or_else(|why| {
-            tracing::debug!(%why, "no placement ahead");
-            Vec::new()
-        });
+        let next = next
+            .unwrap_or_else(|why| {
+                tracing::debug!(%why, "no placement ahead");
+                Vec::new()
+            })
+            .pop()
+            .map(|(_, replicas)| replicas)
+            .unwrap_or_default();
         ok(pb::PutEndResponse {
             status: single_status(ended).status,
             next,
@@ -1293,8 +1310,23 @@ impl MasterService for MasterApi {
     async fn batch_put_end(
         &self,
         request: Request<pb::BatchPutEndRequest>,
-    ) -> Rpc<pb::BatchStatusResponse> {
+    ) -> Rpc<pb::BatchPutEndResponse> {
         let r = request.into_inner();
+        if r.next.len() > crescent_proto::MAX_AHEAD_PER_REQUEST {
+            let refused = batch_status(Err(invalid(
+                ErrorCode::InvalidParams,
+                format!(
+                    "asks for {} placements ahead; at most {} per BatchPutEnd",
+                    r.next.len(),
+                    crescent_proto::MAX_AHEAD_PER_REQUEST
+                ),
+            )));
+            return ok(pb::BatchPutEndResponse {
+                status: refused.status,
+                results: refused.results,
+                next: Vec::new(),
+            });
+        }
         let items = r
             .items
             .into_iter()
@@ -1307,9 +1339,28 @@ impl MasterService for MasterApi {
                 ahead: i.ahead,
             })
             .collect();
-        ok(batch_status(
-            self.put_end_items(r.header, items, r.config).await,
-        ))
+        // As for a single PutEnd: the next puts are placed while this batch
+        // commits.
+        let asked: Vec<(u64, PutId)> = r.next.iter().map(|n| (n.size, n.put_id)).collect();
+        let end = self.put_end_items(r.header.clone(), items, r.config.clone());
+        let (ended, next) = if asked.is_empty() {
+            (end.await, Ok(Vec::new()))
+        } else {
+            tokio::join!(end, self.place_ahead(r.header, &asked, r.config))
+        };
+        let next = next.unwrap_or_else(|why| {
+            tracing::debug!(%why, "no placements ahead");
+            Vec::new()
+        });
+        let status = batch_status(ended);
+        ok(pb::BatchPutEndResponse {
+            status: status.status,
+            results: status.results,
+            next: next
+                .into_iter()
+                .map(|(put_id, replicas)| pb::PlacedAhead { put_id, replicas })
+                .collect(),
+        })
     }
 
     async fn put_revoke(&self, request: Request<pb::PutRevokeRequest>) -> Rpc<pb::StatusResponse> {

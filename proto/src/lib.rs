@@ -30,6 +30,10 @@ pub const MAX_BATCH_ITEMS: usize = 16 * 1024;
 /// follower receives well within a replication deadline.
 pub const MAX_BATCH_KEY_BYTES: usize = 1024 * 1024;
 
+/// Most next puts one BatchPutEnd may ask to be placed ahead
+/// (`BatchPutEndRequest.next`): what one client may hold ready at once.
+pub const MAX_AHEAD_PER_REQUEST: usize = 256;
+
 /// Cuts a batch into requests a master accepts: at most [`MAX_BATCH_ITEMS`]
 /// items and [`MAX_BATCH_KEY_BYTES`] of keys each, in order. A single key
 /// over the byte limit goes alone (the master then refuses that key).

@@ -24,8 +24,14 @@ use crate::master::{MasterClient, Placement};
 const MAX_AGE: Duration = Duration::from_secs(2);
 
 /// Most placements ahead ready at once: one per put of a client running
-/// in parallel, up to this; more are given back.
-const MAX_READY: usize = 4;
+/// in parallel, or per item of its batches, up to this; more are given
+/// back, oldest first.
+const MAX_READY: usize = crescent_proto::MAX_AHEAD_PER_REQUEST;
+/// Most bytes of placements ahead ready at once: space this client holds
+/// in the pool for puts it has not made yet (at most [`MAX_AGE`]).
+const MAX_READY_BYTES: u64 = 256 << 20;
+/// Most shapes remembered from the last put or batch.
+const MAX_LAST_SHAPES: usize = 16;
 
 /// What a put needs of a placement: its size and config.
 #[derive(Clone, PartialEq, Debug)]
@@ -41,6 +47,13 @@ pub(super) struct Next {
     pub put_id: u64,
 }
 
+impl Next {
+    /// The size of the put it is for.
+    pub fn size(&self) -> u64 {
+        self.shape.size
+    }
+}
+
 /// A placement made ahead, for this client's put `put_id`.
 pub(super) struct Ahead {
     pub put_id: u64,
@@ -53,9 +66,10 @@ pub(super) struct Ahead {
 struct Slot {
     /// Oldest first; at most [`MAX_READY`].
     ready: VecDeque<Ahead>,
-    /// The shape of the last put: a placement is asked for only when a put
-    /// repeats it, so puts of changing sizes cost no unused placements.
-    last: Option<Shape>,
+    /// The shapes of the last put or batch: a placement is asked for only
+    /// for a put that repeats one, so puts of changing sizes cost no unused
+    /// placements.
+    last: Vec<Shape>,
 }
 
 /// The placements ahead of one client.
@@ -69,6 +83,8 @@ pub(super) struct AheadPlacements {
 pub struct AheadStats {
     /// Puts that wrote into a placement made ahead (one master round trip).
     pub used: std::sync::atomic::AtomicU64,
+    /// Of `used`, items of batch puts.
+    pub used_in_batches: std::sync::atomic::AtomicU64,
     /// Placements made ahead and given back unused (another size came, or
     /// they grew too old).
     pub given_back: std::sync::atomic::AtomicU64,
@@ -89,36 +105,80 @@ impl AheadPlacements {
         size: u64,
         config: &pb::ReplicateConfig,
     ) -> (Option<Ahead>, Option<Next>) {
-        let shape = Shape {
-            size,
-            config: config.clone(),
-        };
-        let (usable, unused, repeats) = {
+        let (mut usable, mut next) = self.take_batch(master, stats, &[size], config);
+        (usable.pop().flatten(), next.pop())
+    }
+
+    /// For a batch of puts of `sizes` with `config`: per item, the placement
+    /// made ahead for it (one of its size, oldest first), if one is ready
+    /// and young enough; and the placements the batch's PutEnd should ask
+    /// for: one per item whose shape the last put or batch had too, as many
+    /// as the limits on ready placements leave room for. Gives back those
+    /// too old.
+    pub(super) fn take_batch(
+        &self,
+        master: &Arc<MasterClient>,
+        stats: &Arc<AheadStats>,
+        sizes: &[u64],
+        config: &pb::ReplicateConfig,
+    ) -> (Vec<Option<Ahead>>, Vec<Next>) {
+        let shapes: Vec<Shape> = sizes
+            .iter()
+            .map(|&size| Shape {
+                size,
+                config: config.clone(),
+            })
+            .collect();
+        let (usable, unused, asks) = {
             let mut s = self.slot.lock().expect("lock poisoned");
-            // Those too old will not be used; the oldest of this shape is.
+            // Those too old will not be used; the oldest of each shape are.
             let (mut keep, unused): (VecDeque<Ahead>, VecDeque<Ahead>) =
                 s.ready.drain(..).partition(|a| a.made.elapsed() < MAX_AGE);
-            let usable = keep
+            let usable: Vec<Option<Ahead>> = shapes
                 .iter()
-                .position(|a| a.shape == shape)
-                .and_then(|i| keep.remove(i));
+                .map(|shape| {
+                    keep.iter()
+                        .position(|a| &a.shape == shape)
+                        .and_then(|i| keep.remove(i))
+                })
+                .collect();
             s.ready = keep;
-            let repeats = s.last.as_ref() == Some(&shape);
-            s.last = Some(shape.clone());
-            (usable, unused, repeats)
+            // Room left for placements asked now, counting those ready.
+            let mut room = MAX_READY.saturating_sub(s.ready.len());
+            let mut room_bytes = MAX_READY_BYTES.saturating_sub(ready_bytes(&s.ready));
+            let mut asks = Vec::new();
+            for shape in &shapes {
+                if room == 0 || shape.size > room_bytes || !s.last.contains(shape) {
+                    continue;
+                }
+                room -= 1;
+                room_bytes -= shape.size;
+                asks.push(shape.clone());
+            }
+            let mut last: Vec<Shape> = Vec::new();
+            for shape in shapes {
+                if last.len() < MAX_LAST_SHAPES && !last.contains(&shape) {
+                    last.push(shape);
+                }
+            }
+            s.last = last;
+            (usable, unused, asks)
         };
         for a in unused {
             give_back(master, stats, a.put_id);
         }
-        let next = repeats.then(|| Next {
-            shape,
-            put_id: master.new_put_id(),
-        });
+        let next = asks
+            .into_iter()
+            .map(|shape| Next {
+                shape,
+                put_id: master.new_put_id(),
+            })
+            .collect();
         (usable, next)
     }
 
     /// Keeps `placement`, made ahead as `next` asked, for a next put. The
-    /// oldest ready one is given back when [`MAX_READY`] are.
+    /// oldest ready ones are given back when more than the limits are.
     pub(super) fn keep(
         &self,
         master: &Arc<MasterClient>,
@@ -126,19 +186,37 @@ impl AheadPlacements {
         next: Next,
         placement: Placement,
     ) {
+        self.keep_batch(master, stats, vec![(next, placement)]);
+    }
+
+    /// [`keep`](Self::keep) of a batch's placements ahead.
+    pub(super) fn keep_batch(
+        &self,
+        master: &Arc<MasterClient>,
+        stats: &Arc<AheadStats>,
+        placed: Vec<(Next, Placement)>,
+    ) {
         let dropped = {
             let mut s = self.slot.lock().expect("lock poisoned");
-            s.ready.push_back(Ahead {
-                put_id: next.put_id,
-                placement,
-                shape: next.shape,
-                made: Instant::now(),
-            });
-            (s.ready.len() > MAX_READY)
-                .then(|| s.ready.pop_front())
-                .flatten()
+            let made = Instant::now();
+            for (next, placement) in placed {
+                s.ready.push_back(Ahead {
+                    put_id: next.put_id,
+                    placement,
+                    shape: next.shape,
+                    made,
+                });
+            }
+            let mut dropped = Vec::new();
+            while s.ready.len() > MAX_READY || ready_bytes(&s.ready) > MAX_READY_BYTES {
+                match s.ready.pop_front() {
+                    Some(old) => dropped.push(old),
+                    None => break,
+                }
+            }
+            dropped
         };
-        if let Some(old) = dropped {
+        for old in dropped {
             give_back(master, stats, old.put_id);
         }
     }
@@ -161,6 +239,11 @@ impl AheadPlacements {
     }
 }
 
+/// Bytes of the placements in `ready`.
+fn ready_bytes(ready: &VecDeque<Ahead>) -> u64 {
+    ready.iter().map(|a| a.shape.size).sum()
+}
+
 /// Revokes the placement ahead made for put `put_id`. If that fails, the
 /// leader releases it after its `--put-start-release-timeout`.
 pub(super) async fn revoke(master: &MasterClient, put_id: u64) {
@@ -170,7 +253,7 @@ pub(super) async fn revoke(master: &MasterClient, put_id: u64) {
 }
 
 /// Gives back an unused placement in the background ([`revoke`]).
-fn give_back(master: &Arc<MasterClient>, stats: &Arc<AheadStats>, put_id: u64) {
+pub(super) fn give_back(master: &Arc<MasterClient>, stats: &Arc<AheadStats>, put_id: u64) {
     stats
         .given_back
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -248,5 +331,47 @@ mod tests {
         );
         let (used, _) = ahead.take(&master, &stats, 4096, &config(1));
         assert_eq!(used.expect("ready").placement.replicas[0].offset, 11);
+    }
+
+    /// A batch takes one ready placement per item of its shape and asks for
+    /// one per item whose shape the last put or batch had, within the
+    /// limits on what is ready (count and bytes).
+    #[tokio::test]
+    async fn a_batch_takes_and_asks_one_placement_per_item_of_a_repeated_shape() {
+        let master = Arc::new(MasterClient::new("127.0.0.1:1").unwrap());
+        let stats = Arc::new(AheadStats::default());
+        let ahead = AheadPlacements::default();
+        let (none, asks) = ahead.take_batch(&master, &stats, &[4096, 4096, 8192], &config(1));
+        assert!(
+            none.iter().all(Option::is_none) && asks.is_empty(),
+            "nothing to repeat"
+        );
+        // 4096 and 8192 repeat, 100 does not.
+        let (none, asks) = ahead.take_batch(&master, &stats, &[4096, 100, 8192, 4096], &config(1));
+        assert!(none.iter().all(Option::is_none));
+        let sizes: Vec<u64> = asks.iter().map(Next::size).collect();
+        assert_eq!(sizes, vec![4096, 8192, 4096]);
+        let made = asks
+            .into_iter()
+            .zip(1..)
+            .map(|(n, o)| (n, placed(o)))
+            .collect();
+        ahead.keep_batch(&master, &stats, made);
+        // Items of a ready shape take one each, oldest first; the rest none.
+        let (used, _) = ahead.take_batch(&master, &stats, &[4096, 4096, 4096, 8192], &config(1));
+        let offsets: Vec<Option<u64>> = used
+            .iter()
+            .map(|a| a.as_ref().map(|a| a.placement.replicas[0].offset))
+            .collect();
+        assert_eq!(offsets, vec![Some(1), Some(3), None, Some(2)]);
+        // Asks stop at the bytes limit, counting what is ready.
+        let big = MAX_READY_BYTES / 4 + 1;
+        let _ = ahead.take_batch(&master, &stats, &[big], &config(1));
+        let (_, asks) = ahead.take_batch(&master, &stats, &[big; 6], &config(1));
+        assert_eq!(asks.len(), 3, "three fit in the bytes limit");
+        let made = asks.into_iter().map(|n| (n, placed(9))).collect();
+        ahead.keep_batch(&master, &stats, made);
+        let (_, asks) = ahead.take_batch(&master, &stats, &[big; 6], &config(1));
+        assert_eq!(asks.len(), 3, "three taken, three more fit");
     }
 }

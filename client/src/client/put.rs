@@ -253,8 +253,47 @@ impl ClientCore {
         items: &[(&str, &[u8])],
         cfg: &ReplicateConfig,
     ) -> Result<Vec<Result<()>>> {
+        let (mut results, again) = self
+            .put_batch_once(items, cfg, self.config.place_ahead)
+            .await?;
+        if !again.is_empty() {
+            // Items whose placement made ahead did not take them: the usual
+            // way, as a single put does.
+            self.stats
+                .ahead
+                .retried
+                .fetch_add(again.len() as u64, Relaxed);
+            let retry: Vec<(&str, &[u8])> = again.iter().map(|&i| items[i]).collect();
+            match self.put_batch_once(&retry, cfg, false).await {
+                Ok((retried, _)) => {
+                    for (i, r) in again.into_iter().zip(retried) {
+                        results[i] = r;
+                    }
+                }
+                // The rest of the batch is settled: only these failed.
+                Err(e) => {
+                    for i in again {
+                        results[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// One pass of a batch put: placements made ahead for the items that
+    /// have one (with `use_ahead`), one PutStart for the others, the bytes,
+    /// one PutEnd (asking for the next batch's placements). The per-item
+    /// results, and the items whose placement ahead did not take them (to
+    /// put again the usual way; their results here are placeholders).
+    async fn put_batch_once(
+        &self,
+        items: &[(&str, &[u8])],
+        cfg: &ReplicateConfig,
+        use_ahead: bool,
+    ) -> Result<(Vec<Result<()>>, Vec<usize>)> {
         if items.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let mut results: Vec<Option<Result<()>>> = vec![None; items.len()];
         for (i, (_, v)) in items.iter().enumerate() {
@@ -262,49 +301,84 @@ impl ClientCore {
                 results[i] = Some(Err(Error::InvalidArgument("value is empty".into())));
             }
         }
-        let put_ids: Vec<u64> = items.iter().map(|_| self.master.new_put_id()).collect();
+        let mut put_ids: Vec<u64> = items.iter().map(|_| self.master.new_put_id()).collect();
         let idx: Vec<usize> = (0..items.len()).filter(|i| results[*i].is_none()).collect();
         if idx.is_empty() {
-            return Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect());
+            let results = results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
+            return Ok((results, Vec::new()));
         }
         let config = self.replicate(cfg);
-        let starts = match self
-            .master
-            .batch_put_start_one_commit(
-                idx.iter()
-                    .map(|&i| pb::PutStartItem {
-                        key: items[i].0.to_string(),
-                        size: items[i].1.len() as u64,
-                        put_id: put_ids[i],
-                    })
-                    .collect(),
-                config.clone(),
-            )
-            .await
-        {
-            Ok(starts) => starts,
-            Err(e) => {
-                // A batch over 1 MiB of keys goes in parts; a part refused
-                // after earlier ones started (a quota, a failover) would leave
-                // those puts unfinished, holding the keys and this client's
-                // unfinished-put quota until the master reclaims them. The
-                // master revokes only the puts named here.
-                let named = idx
-                    .iter()
-                    .map(|&i| (items[i].0.to_string(), put_ids[i]))
-                    .collect();
-                if let Err(re) = self.master.batch_put_revoke(named).await {
-                    tracing::debug!(error = %re, "revoke after a failed batch PutStart failed; the master will reclaim");
-                }
-                return Err(Error::from_master(e, ""));
-            }
+        let (aheads, next) = if use_ahead {
+            let sizes: Vec<u64> = idx.iter().map(|&i| items[i].1.len() as u64).collect();
+            self.ahead
+                .take_batch(&self.master, &self.stats.ahead, &sizes, &config)
+        } else {
+            ((0..idx.len()).map(|_| None).collect(), Vec::new())
         };
-        if starts.len() != idx.len() {
-            return Err(Error::Master {
-                code: ErrorCode::InternalError,
-                message: "master answered a different number of items".into(),
-            });
+        // Which items write into a placement made ahead (their put id is
+        // that placement's), and which start now.
+        let mut placed_ahead = vec![false; items.len()];
+        let mut starts: Vec<Option<pb::PutStartResult>> = vec![None; idx.len()];
+        for (pos, ahead) in aheads.into_iter().enumerate() {
+            if let Some(a) = ahead {
+                let i = idx[pos];
+                placed_ahead[i] = true;
+                put_ids[i] = a.put_id;
+                starts[pos] = Some(pb::PutStartResult {
+                    status: None,
+                    replicas: a.placement.replicas,
+                    pending: true,
+                });
+            }
         }
+        let to_start: Vec<usize> = (0..idx.len()).filter(|&p| starts[p].is_none()).collect();
+        if !to_start.is_empty() {
+            match self
+                .master
+                .batch_put_start_one_commit(
+                    to_start
+                        .iter()
+                        .map(|&p| pb::PutStartItem {
+                            key: items[idx[p]].0.to_string(),
+                            size: items[idx[p]].1.len() as u64,
+                            put_id: put_ids[idx[p]],
+                        })
+                        .collect(),
+                    config.clone(),
+                )
+                .await
+            {
+                Ok(started) if started.len() == to_start.len() => {
+                    for (&p, s) in to_start.iter().zip(started) {
+                        starts[p] = Some(s);
+                    }
+                }
+                Ok(_) => {
+                    self.give_back_batch(&idx, &placed_ahead, &put_ids);
+                    return Err(Error::Master {
+                        code: ErrorCode::InternalError,
+                        message: "master answered a different number of items".into(),
+                    });
+                }
+                Err(e) => {
+                    // A batch over 1 MiB of keys goes in parts; a part refused
+                    // after earlier ones started (a quota, a failover) would
+                    // leave those puts unfinished, holding the keys and this
+                    // client's unfinished-put quota until the master reclaims
+                    // them. The master revokes only the puts named here.
+                    let named = to_start
+                        .iter()
+                        .map(|&p| (items[idx[p]].0.to_string(), put_ids[idx[p]]))
+                        .collect();
+                    if let Err(re) = self.master.batch_put_revoke(named).await {
+                        tracing::debug!(error = %re, "revoke after a failed batch PutStart failed; the master will reclaim");
+                    }
+                    self.give_back_batch(&idx, &placed_ahead, &put_ids);
+                    return Err(Error::from_master(e, ""));
+                }
+            }
+        }
+        let starts: Vec<pb::PutStartResult> = starts.into_iter().flatten().collect();
         // Group writes per route so each store gets one pipelined exchange.
         // Grouped by store address and segment: a restarted store serves a new
         // segment at the same address, and each exchange carries one segment tag.
@@ -370,9 +444,17 @@ impl ClientCore {
         }
         let mut to_end = Vec::new();
         let mut to_revoke = Vec::new();
+        let mut again = Vec::new();
         for pos in started {
             let i = idx[pos];
             match &results[i] {
+                // A failed write into a placement made ahead: given back,
+                // and the item put again the usual way.
+                Some(Err(e)) if placed_ahead[i] => {
+                    tracing::debug!(key = items[i].0, error = %e, "a write into a placement ahead failed; putting the usual way");
+                    super::ahead::give_back(&self.master, &self.stats.ahead, put_ids[i]);
+                    again.push(i);
+                }
                 Some(Err(_)) => to_revoke.push((items[i].0.to_string(), put_ids[i])),
                 _ => to_end.push((i, &starts[pos])),
             }
@@ -382,46 +464,110 @@ impl ClientCore {
                 tracing::warn!(error = %e, "revoke after failed writes also failed; the master will reclaim them");
             }
         }
-        if !to_end.is_empty() {
-            let ends = to_end
-                .iter()
-                .map(|&(i, start)| pb::PutEndItem {
-                    key: items[i].0.to_string(),
-                    checksum: crc32c::crc32c(items[i].1),
-                    put_id: put_ids[i],
-                    placement: if start.pending {
-                        start.replicas.clone()
-                    } else {
-                        Vec::new()
-                    },
-                    size: items[i].1.len() as u64,
-                    ahead: false,
-                })
-                .collect();
-            match self.master.batch_put_end_placed(ends, config).await {
-                Ok(statuses) => {
-                    for (&(i, start), st) in to_end.iter().zip(&statuses) {
-                        results[i] = Some(match Error::from_status(st, items[i].0) {
-                            // As for a single put: a one-commit put of the
-                            // key placed by an earlier leader committed first.
-                            Some(Error::Master {
-                                code: ErrorCode::ObjectAlreadyExists,
-                                ..
-                            }) if start.pending => Ok(()),
-                            Some(e) => Err(e),
-                            None => Ok(()),
-                        });
+        let ends: Vec<pb::PutEndItem> = to_end
+            .iter()
+            .map(|&(i, start)| pb::PutEndItem {
+                key: items[i].0.to_string(),
+                checksum: crc32c::crc32c(items[i].1),
+                put_id: put_ids[i],
+                placement: if start.pending {
+                    start.replicas.clone()
+                } else {
+                    Vec::new()
+                },
+                size: items[i].1.len() as u64,
+                ahead: placed_ahead[i],
+            })
+            .collect();
+        let ended = if ends.is_empty() {
+            // Nothing to end: what was asked for ahead is not asked for.
+            Ok(Vec::new())
+        } else {
+            self.end_batch(ends, config, next).await
+        };
+        match ended {
+            Ok(statuses) => {
+                for (&(i, start), st) in to_end.iter().zip(&statuses) {
+                    match Error::from_status(st, items[i].0) {
+                        None => results[i] = Some(Ok(())),
+                        // The key exists (put before, or by a writer that
+                        // committed first; as for a single put: a one-commit
+                        // put of the key placed by an earlier leader): success.
+                        Some(Error::Master {
+                            code: ErrorCode::ObjectAlreadyExists,
+                            ..
+                        }) if start.pending => results[i] = Some(Ok(())),
+                        // A placement made ahead that the commit refused (too
+                        // old, say): nothing of it became readable.
+                        Some(e) if placed_ahead[i] => {
+                            tracing::debug!(key = items[i].0, error = %e, "a placement ahead was not committed; putting the usual way");
+                            again.push(i);
+                        }
+                        Some(e) => results[i] = Some(Err(e)),
                     }
                 }
-                Err(e) => {
-                    let e = Error::from_master(e, "");
-                    for &(i, _) in &to_end {
-                        results[i] = Some(Err(e.clone()));
-                    }
+                let used = to_end
+                    .iter()
+                    .filter(|&&(i, _)| placed_ahead[i] && !again.contains(&i))
+                    .count();
+                self.stats.ahead.used.fetch_add(used as u64, Relaxed);
+                self.stats
+                    .ahead
+                    .used_in_batches
+                    .fetch_add(used as u64, Relaxed);
+            }
+            Err(e) => {
+                let e = Error::from_master(e, "");
+                for &(i, _) in &to_end {
+                    results[i] = Some(Err(e.clone()));
                 }
             }
         }
-        Ok(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+        let results = results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
+        Ok((results, again))
+    }
+
+    /// The batch's PutEnd, asking the leader for the placements of `next`
+    /// and keeping those it made. A batch whose PutEnd goes in several
+    /// requests (over 1 MiB of keys) asks for none.
+    async fn end_batch(
+        &self,
+        ends: Vec<pb::PutEndItem>,
+        config: pb::ReplicateConfig,
+        next: Vec<Next>,
+    ) -> std::result::Result<Vec<pb::Status>, MasterRpcError> {
+        let one_request =
+            crescent_proto::split_batch(ends.iter().collect(), |i| i.key.len()).len() == 1;
+        if next.is_empty() || !one_request {
+            return self.master.batch_put_end_placed(ends, config).await;
+        }
+        let asked: Vec<pb::NextPut> = next
+            .iter()
+            .map(|n| pb::NextPut {
+                put_id: n.put_id,
+                size: n.size(),
+            })
+            .collect();
+        let (ended, placed) = self
+            .master
+            .batch_put_end_placing_next(ends, Some(config), asked)
+            .await;
+        let mut placed: HashMap<u64, Placement> = placed.into_iter().collect();
+        let kept: Vec<(Next, Placement)> = next
+            .into_iter()
+            .filter_map(|n| placed.remove(&n.put_id).map(|p| (n, p)))
+            .collect();
+        if !kept.is_empty() {
+            self.ahead.keep_batch(&self.master, &self.stats.ahead, kept);
+        }
+        ended
+    }
+
+    /// Gives back the placements made ahead that a failed batch took.
+    fn give_back_batch(&self, idx: &[usize], placed_ahead: &[bool], put_ids: &[u64]) {
+        for &i in idx.iter().filter(|&&i| placed_ahead[i]) {
+            super::ahead::give_back(&self.master, &self.stats.ahead, put_ids[i]);
+        }
     }
 
     /// Same as [`put_batch`](Self::put_batch), from caller buffers.
