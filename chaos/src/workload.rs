@@ -62,6 +62,10 @@ pub const HOT_VALUE_LEN: usize = 4096;
 const REPEATED_SIZE_SHARE: f64 = 0.7;
 /// Well inside the masters' 10 s read lease.
 const SLOW_READ_PAUSE_MS: std::ops::Range<u64> = 50..400;
+/// Share of ordinary puts made as a batch of private keys (2 to
+/// `MAX_BATCH_PUT`, `HOT_VALUE_LEN` bytes each).
+const BATCH_PUT_SHARE: f64 = 0.3;
+const MAX_BATCH_PUT: usize = 4;
 
 pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     let client_cfg = ClientConfig {
@@ -92,7 +96,7 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
                 } else {
                     one_op(&client, &transport, &cfg, process, &mut rng, &mut counter).await
                 };
-                if let Some(op) = op {
+                for op in op {
                     if let Err(e) = recorder.lock().await.record(&op) {
                         tracing::error!(error = %e, "cannot record history");
                         return;
@@ -110,7 +114,7 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     let stats = &client.stats;
     eprintln!(
-        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={} puts_placed_ahead={} placements_ahead_given_back={} placements_ahead_retried={}",
+        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={} puts_placed_ahead={} (in batches {}) placements_ahead_given_back={} placements_ahead_retried={}",
         cfg.worker,
         read(&stats.tcp_bytes),
         read(&stats.shm_bytes),
@@ -118,6 +122,7 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
         read(&stats.disk_file_fallbacks),
         read(&stats.checksum_failures),
         read(&stats.ahead.used),
+        read(&stats.ahead.used_in_batches),
         read(&stats.ahead.given_back),
         read(&stats.ahead.retried)
     );
@@ -147,7 +152,8 @@ async fn connect_with_retry(cfg: ClientConfig, within: Duration) -> anyhow::Resu
     }
 }
 
-/// Picks and runs one operation; None when there was nothing to record.
+/// Picks and runs one operation (a batch put records one per key); none
+/// when there was nothing to record.
 async fn one_op(
     client: &Client,
     transport: &TcpTransport,
@@ -155,14 +161,14 @@ async fn one_op(
     process: u32,
     rng: &mut StdRng,
     counter: &mut u64,
-) -> Option<Op> {
+) -> Vec<Op> {
     *counter += 1;
     let generation = *counter / OPS_PER_GENERATION;
     // The first operations of a generation remove the previous one's keys.
     let step = *counter % OPS_PER_GENERATION;
     if generation > 0 && step < PRIVATE_KEYS {
         let key = format!("p{process}-g{}-k{step}", generation - 1);
-        return Some(
+        return vec![
             timed(
                 cfg,
                 process,
@@ -171,7 +177,7 @@ async fn one_op(
                 async { remove_outcome(client.remove(&key, true).await) },
             )
             .await,
-        );
+        ];
     }
     let key = if rng.random_bool(0.25) {
         let epoch = now_us() / SHARED_EPOCH_US;
@@ -183,6 +189,22 @@ async fn one_op(
         )
     };
     let roll: f64 = rng.random();
+    if roll < 0.35 && rng.random_bool(BATCH_PUT_SHARE) {
+        // An engine's batch of KV blocks: one size, a few private keys.
+        // Batches that repeat the last one's sizes write into placements
+        // made ahead by its PutEnd, and the faults must hit those too.
+        let mut keys = vec![key];
+        for _ in 1..rng.random_range(2..=MAX_BATCH_PUT) {
+            let k = format!(
+                "p{process}-g{generation}-k{}",
+                rng.random_range(0..PRIVATE_KEYS)
+            );
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        return put_batch(client, cfg, process, keys, *counter).await;
+    }
     let op = if roll < 0.35 {
         let value = ((process as u64) << 40) | *counter;
         // Mostly one size, as an engine's KV blocks are: a put that repeats
@@ -211,7 +233,69 @@ async fn one_op(
     } else {
         remove(client, cfg, process, key, rng.random_bool(0.5)).await
     };
-    Some(op)
+    vec![op]
+}
+
+/// A batch put of `keys`, `HOT_VALUE_LEN` bytes each: one operation per key,
+/// all with the batch's start and end, each with its own outcome. Item `j`'s
+/// value is `counter`'s with `j` in bits 32-39 (the process stays in bits
+/// 40 and up), so every value is still unique.
+async fn put_batch(
+    client: &Client,
+    cfg: &WorkerConfig,
+    process: u32,
+    keys: Vec<String>,
+    counter: u64,
+) -> Vec<Op> {
+    let values: Vec<u64> = (0..keys.len() as u64)
+        .map(|j| ((process as u64) << 40) | (j << 32) | (counter & 0xffff_ffff))
+        .collect();
+    let bytes: Vec<Vec<u8>> = values
+        .iter()
+        .map(|&v| value_bytes(v, HOT_VALUE_LEN))
+        .collect();
+    let rc = ReplicateConfig {
+        replica_num: cfg.replicas,
+        ..Default::default()
+    };
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&bytes)
+        .map(|(k, b)| (k.as_str(), b.as_slice()))
+        .collect();
+    let invoke_us = now_us();
+    let outcomes: Vec<Outcome> =
+        match tokio::time::timeout(cfg.op_timeout, client.put_batch(&items, &rc)).await {
+            Ok(Ok(results)) if results.len() == keys.len() => {
+                results.into_iter().map(put_outcome).collect()
+            }
+            Ok(Ok(_)) => (0..keys.len())
+                .map(|_| Outcome::Unknown {
+                    error: "a batch put answered a different number of items".into(),
+                })
+                .collect(),
+            Ok(Err(e)) => (0..keys.len())
+                .map(|_| put_outcome(Err(e.clone())))
+                .collect(),
+            Err(_) => (0..keys.len())
+                .map(|_| Outcome::Unknown {
+                    error: format!("no answer within {:?}", cfg.op_timeout),
+                })
+                .collect(),
+        };
+    let complete_us = now_us();
+    keys.into_iter()
+        .zip(values)
+        .zip(outcomes)
+        .map(|((key, value), outcome)| Op {
+            process,
+            key,
+            kind: OpKind::Put { value },
+            invoke_us,
+            complete_us,
+            outcome,
+        })
+        .collect()
 }
 
 async fn put(
@@ -255,12 +339,12 @@ async fn hot_op(
     process: u32,
     rng: &mut StdRng,
     counter: &mut u64,
-) -> Option<Op> {
+) -> Vec<Op> {
     *counter += 1;
     let epoch = now_us() / SHARED_EPOCH_US;
     let key = format!("hot-e{epoch}-k{}", rng.random_range(0..HOT_KEYS));
     let roll: f64 = rng.random();
-    Some(if roll < 0.35 {
+    vec![if roll < 0.35 {
         let value = ((process as u64) << 40) | *counter;
         put(client, cfg, process, key, value, HOT_VALUE_LEN).await
     } else if roll < 0.55 {
@@ -269,7 +353,7 @@ async fn hot_op(
         get(client, cfg, process, key).await
     } else {
         remove(client, cfg, process, key, rng.random_bool(0.5)).await
-    })
+    }]
 }
 
 /// Looks `key` up, pauses within its read lease, then reads every replica
