@@ -646,7 +646,7 @@ async fn run_one(
             errors,
             ceiling: None,
             pass: None,
-            placed_ahead: (op == "put" && batch == 1).then(|| ahead_used() - ahead_before),
+            placed_ahead: (op == "put").then(|| ahead_used() - ahead_before),
         });
     }
     if batch == 1 && run_at.transport == "tcp" {
@@ -876,8 +876,9 @@ fn print(
     {
         if let Some(n) = r.placed_ahead {
             println!(
-                "  {} puts over TCP, one client, batch 1: {n} of {} placed ahead (one master round trip each)",
+                "  {} puts over TCP, one client, batch {}: {n} of {} placed ahead (no PutStart for them)",
                 format_size(r.size),
+                r.batch,
                 r.ops
             );
         }
