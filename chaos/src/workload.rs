@@ -190,7 +190,9 @@ async fn one_op(
     };
     let roll: f64 = rng.random();
     if roll < 0.35 && rng.random_bool(BATCH_PUT_SHARE) {
-        // An engine's batch of KV blocks: one size, a few private keys.
+        // An engine's batch of KV blocks: one size, a few keys (the first
+        // may be a shared one, the rest are private; two or more unless a
+        // key came up twice).
         // Batches that repeat the last one's sizes write into placements
         // made ahead by its PutEnd, and the faults must hit those too.
         let mut keys = vec![key];

@@ -816,7 +816,22 @@ impl MasterClient {
                         (p.put_id, placement)
                     })
                     .collect();
-                (Self::check(r).map(|r| r.results), placed)
+                let ended = Self::check(r).and_then(|r| {
+                    if r.results.len() == items.len() {
+                        Ok(r.results)
+                    } else {
+                        // An item without its answer must not pass for done.
+                        Err(MasterRpcError::Status {
+                            code: ErrorCode::InternalError,
+                            message: format!(
+                                "BatchPutEnd answered {} results for {} items",
+                                r.results.len(),
+                                items.len()
+                            ),
+                        })
+                    }
+                });
+                (ended, placed)
             }
             Err(e) => (Err(e), Vec::new()),
         }

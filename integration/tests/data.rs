@@ -610,4 +610,72 @@ async fn batches_of_one_size_write_into_placements_made_ahead() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
+    // An idle client gives back what it holds once too old, with no put.
+    let (keys, values) = batch(5, 4);
+    put(&c, &keys, &values).await;
+    let given_back = c
+        .stats
+        .ahead
+        .given_back
+        .load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert!(
+        c.stats
+            .ahead
+            .given_back
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= given_back + 4,
+        "an idle client kept its placements ahead"
+    );
+}
+
+/// Placements ahead that no longer take their items (their grants and
+/// commit deadline ran out: masters with a 1 s `--put-start-discard-timeout`)
+/// send those items the usual way, in the same batch call; every item
+/// ends with its own bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_placements_ahead_expired_puts_them_the_usual_way() {
+    let mut cluster =
+        LocalCluster::start(1, &["--put-start-discard-timeout".into(), "1s".into()]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    cluster.start_store("256mb", &[]).unwrap();
+    cluster
+        .wait_for_segments(1, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let c = client(&cluster).await;
+    let stat = |s: &std::sync::atomic::AtomicU64| s.load(std::sync::atomic::Ordering::Relaxed);
+    let mut written: Vec<(String, Vec<u8>)> = Vec::new();
+    for round in 0..3 {
+        let keys: Vec<String> = (0..6).map(|i| format!("expired-{round}-{i}")).collect();
+        let values: Vec<Vec<u8>> = (0..6)
+            .map(|i| pattern(4096, (round * 7 + i) as u8))
+            .collect();
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .map(|k| k.as_str())
+            .zip(values.iter().map(|v| v.as_slice()))
+            .collect();
+        if round == 2 {
+            // Six placements ahead are ready; their grants expire after 1 s,
+            // the client keeps them 2 s.
+            tokio::time::sleep(Duration::from_millis(1_300)).await;
+        }
+        for r in c.put_batch(&items, &replicas(1)).await.unwrap() {
+            r.unwrap();
+        }
+        written.extend(keys.into_iter().zip(values));
+    }
+    assert_eq!(
+        stat(&c.stats.ahead.retried),
+        6,
+        "every expired placement retried"
+    );
+    assert_eq!(stat(&c.stats.ahead.used), 0);
+    for (k, v) in &written {
+        assert_eq!(&c.get(k).await.unwrap(), v, "{k}");
+    }
 }

@@ -1132,21 +1132,24 @@ async fn a_batch_put_end_places_the_next_batch_ahead() {
     assert_eq!(first.next.len(), 2);
     assert_eq!(first.next, again.next, "a retry got other placements ahead");
 
-    // Asking for more than MAX_AHEAD_PER_REQUEST is refused, and the batch
-    // is not committed.
+    // Asking for more than MAX_AHEAD_PER_REQUEST, a put id twice, or one
+    // of the batch's own is refused, and the batch is not committed.
     const FOURTH: &[&str] = &["e1"];
     let (ids, placements) = start(FOURTH).await;
     let too_many: Vec<u64> = (0..=crescent_proto::MAX_AHEAD_PER_REQUEST)
         .map(|_| client.new_put_id())
         .collect();
-    let (ended, placed) = client
-        .batch_put_end_placing_next(
-            end_items(FOURTH, &ids, &placements, false),
-            Some(cfg(1)),
-            next_of(&too_many),
-        )
-        .await;
-    assert_eq!(ended.unwrap_err().code(), ErrorCode::InvalidParams);
-    assert!(placed.is_empty());
+    let twice = vec![too_many[0], too_many[0]];
+    for next in [too_many, twice, vec![ids[0]]] {
+        let (ended, placed) = client
+            .batch_put_end_placing_next(
+                end_items(FOURTH, &ids, &placements, false),
+                Some(cfg(1)),
+                next_of(&next),
+            )
+            .await;
+        assert_eq!(ended.unwrap_err().code(), ErrorCode::InvalidParams);
+        assert!(placed.is_empty());
+    }
     assert!(!client.exists("e1").await.unwrap());
 }

@@ -1179,6 +1179,25 @@ fn verified_placement(
     Ok((replicas, deadline))
 }
 
+/// Why a BatchPutEnd's `next` is refused: too many, or a put id twice (or
+/// one of the batch's own), which would leave one placement unnamed.
+fn bad_next(next: &[pb::NextPut], items: &[pb::PutEndItem]) -> Option<String> {
+    if next.len() > crescent_proto::MAX_AHEAD_PER_REQUEST {
+        return Some(format!(
+            "asks for {} placements ahead; at most {} per BatchPutEnd",
+            next.len(),
+            crescent_proto::MAX_AHEAD_PER_REQUEST
+        ));
+    }
+    let mut ids: std::collections::HashSet<u64> = items.iter().map(|i| i.put_id).collect();
+    next.iter().find(|n| !ids.insert(n.put_id)).map(|n| {
+        format!(
+            "put id {} is asked for twice, or is a put of this batch",
+            n.put_id
+        )
+    })
+}
+
 fn batch_status(r: Result<Vec<Result<(), MetaError>>, pb::Status>) -> pb::BatchStatusResponse {
     match r {
         Ok(v) => pb::BatchStatusResponse {
@@ -1312,15 +1331,8 @@ impl MasterService for MasterApi {
         request: Request<pb::BatchPutEndRequest>,
     ) -> Rpc<pb::BatchPutEndResponse> {
         let r = request.into_inner();
-        if r.next.len() > crescent_proto::MAX_AHEAD_PER_REQUEST {
-            let refused = batch_status(Err(invalid(
-                ErrorCode::InvalidParams,
-                format!(
-                    "asks for {} placements ahead; at most {} per BatchPutEnd",
-                    r.next.len(),
-                    crescent_proto::MAX_AHEAD_PER_REQUEST
-                ),
-            )));
+        if let Some(why) = bad_next(&r.next, &r.items) {
+            let refused = batch_status(Err(invalid(ErrorCode::InvalidParams, why)));
             return ok(pb::BatchPutEndResponse {
                 status: refused.status,
                 results: refused.results,

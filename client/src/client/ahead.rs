@@ -11,6 +11,8 @@
 //! running in parallel); the puts that ask for and use them are in `put`.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,6 +47,9 @@ struct Shape {
 pub(super) struct Next {
     shape: Shape,
     pub put_id: u64,
+    /// Counted in its pool's asks in flight until dropped (kept, refused,
+    /// or never sent).
+    in_flight: Arc<InFlight>,
 }
 
 impl Next {
@@ -52,6 +57,22 @@ impl Next {
     pub fn size(&self) -> u64 {
         self.shape.size
     }
+}
+
+impl Drop for Next {
+    fn drop(&mut self) {
+        self.in_flight.count.fetch_sub(1, Relaxed);
+        self.in_flight.bytes.fetch_sub(self.shape.size, Relaxed);
+    }
+}
+
+/// Placements asked for and not answered yet: counted with those ready
+/// against the limits, so puts running in parallel do not all ask for the
+/// limit and give the surplus back.
+#[derive(Default)]
+struct InFlight {
+    count: AtomicUsize,
+    bytes: AtomicU64,
 }
 
 /// A placement made ahead, for this client's put `put_id`.
@@ -76,6 +97,7 @@ struct Slot {
 #[derive(Default)]
 pub(super) struct AheadPlacements {
     slot: Mutex<Slot>,
+    in_flight: Arc<InFlight>,
 }
 
 /// What the placements ahead did, for `ClientStats`.
@@ -143,9 +165,14 @@ impl AheadPlacements {
                 })
                 .collect();
             s.ready = keep;
-            // Room left for placements asked now, counting those ready.
-            let mut room = MAX_READY.saturating_sub(s.ready.len());
-            let mut room_bytes = MAX_READY_BYTES.saturating_sub(ready_bytes(&s.ready));
+            // Room left for placements asked now, counting those ready and
+            // those asked for and not answered yet.
+            let mut room = MAX_READY
+                .saturating_sub(s.ready.len())
+                .saturating_sub(self.in_flight.count.load(Relaxed));
+            let mut room_bytes = MAX_READY_BYTES
+                .saturating_sub(ready_bytes(&s.ready))
+                .saturating_sub(self.in_flight.bytes.load(Relaxed));
             let mut asks = Vec::new();
             for shape in &shapes {
                 if room == 0 || shape.size > room_bytes || !s.last.contains(shape) {
@@ -169,9 +196,14 @@ impl AheadPlacements {
         }
         let next = asks
             .into_iter()
-            .map(|shape| Next {
-                shape,
-                put_id: master.new_put_id(),
+            .map(|shape| {
+                self.in_flight.count.fetch_add(1, Relaxed);
+                self.in_flight.bytes.fetch_add(shape.size, Relaxed);
+                Next {
+                    shape,
+                    put_id: master.new_put_id(),
+                    in_flight: self.in_flight.clone(),
+                }
             })
             .collect();
         (usable, next)
@@ -196,6 +228,7 @@ impl AheadPlacements {
         stats: &Arc<AheadStats>,
         placed: Vec<(Next, Placement)>,
     ) {
+        let mut answered = Vec::with_capacity(placed.len());
         let dropped = {
             let mut s = self.slot.lock().expect("lock poisoned");
             let made = Instant::now();
@@ -203,9 +236,10 @@ impl AheadPlacements {
                 s.ready.push_back(Ahead {
                     put_id: next.put_id,
                     placement,
-                    shape: next.shape,
+                    shape: next.shape.clone(),
                     made,
                 });
+                answered.push(next);
             }
             let mut dropped = Vec::new();
             while s.ready.len() > MAX_READY || ready_bytes(&s.ready) > MAX_READY_BYTES {
@@ -216,8 +250,26 @@ impl AheadPlacements {
             }
             dropped
         };
+        // Answered: no longer in flight (counted as ready instead).
+        drop(answered);
         for old in dropped {
             give_back(master, stats, old.put_id);
+        }
+    }
+
+    /// Gives back the ready placements grown too old to be used: a client
+    /// that stops putting does not hold them until the leader's release
+    /// timeout (called about once a second by the client's monitor).
+    pub(super) fn give_back_old(&self, master: &Arc<MasterClient>, stats: &Arc<AheadStats>) {
+        let old: Vec<Ahead> = {
+            let mut s = self.slot.lock().expect("lock poisoned");
+            let (keep, old): (VecDeque<Ahead>, VecDeque<Ahead>) =
+                s.ready.drain(..).partition(|a| a.made.elapsed() < MAX_AGE);
+            s.ready = keep;
+            old.into()
+        };
+        for a in old {
+            give_back(master, stats, a.put_id);
         }
     }
 
@@ -230,12 +282,12 @@ impl AheadPlacements {
             .ready
             .drain(..)
             .collect();
-        for a in ready {
-            stats
-                .given_back
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            revoke(master, a.put_id).await;
-        }
+        stats
+            .given_back
+            .fetch_add(ready.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        // At once: up to MAX_READY revokes, each bounded by the master
+        // client's deadline, must not make `close` take minutes.
+        futures::future::join_all(ready.iter().map(|a| revoke(master, a.put_id))).await;
     }
 }
 
@@ -309,28 +361,36 @@ mod tests {
         assert!(none.is_none() && ask.is_none());
         let (used, ask) = ahead.take(&master, &stats, 4096, &config(2));
         assert!(used.is_none() && ask.is_some());
+        drop(ask); // never sent: no longer in flight
         let (used, _) = ahead.take(&master, &stats, 4096, &config(1));
         let used = used.expect("kept for its shape");
         assert_eq!(used.put_id, first_id);
         assert_eq!(used.placement.replicas[0].offset, 1);
-        // Puts in parallel: each asked before any placement came back.
-        let asked: Vec<Next> = (0..=MAX_READY)
+        // Puts in parallel: each asked before any placement came back, up
+        // to MAX_READY asks in flight; the next asks for none.
+        let asked: Vec<Next> = (0..MAX_READY)
             .map(|_| {
                 let (none, ask) = ahead.take(&master, &stats, 4096, &config(1));
                 assert!(none.is_none());
                 ask.expect("asks")
             })
             .collect();
-        // Oldest first; one more than MAX_READY pushes the first out.
+        let (none, ask) = ahead.take(&master, &stats, 4096, &config(1));
+        assert!(none.is_none() && ask.is_none(), "MAX_READY asks in flight");
+        // Oldest first; none given back.
         for (next, offset) in asked.into_iter().zip(10..) {
             ahead.keep(&master, &stats, next, placed(offset));
         }
         assert_eq!(
             stats.given_back.load(std::sync::atomic::Ordering::Relaxed),
-            1
+            0
         );
-        let (used, _) = ahead.take(&master, &stats, 4096, &config(1));
-        assert_eq!(used.expect("ready").placement.replicas[0].offset, 11);
+        let (used, ask) = ahead.take(&master, &stats, 4096, &config(1));
+        assert_eq!(used.expect("ready").placement.replicas[0].offset, 10);
+        assert!(ask.is_some(), "room again for one");
+        drop(ask);
+        // An ask answered with nothing (dropped) frees its room too.
+        assert_eq!(ahead.in_flight.count.load(Relaxed), 0);
     }
 
     /// A batch takes one ready placement per item of its shape and asks for

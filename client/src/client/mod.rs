@@ -349,11 +349,13 @@ const DISK_IN_USE_EVERY: Duration = Duration::from_millis(200);
 
 /// Watches master reachability: enters local-only mode after `degrade_after`
 /// without a master, leaves it as soon as a leader answers (within one probe),
-/// then publishes or drops what was stored locally meanwhile.
+/// then publishes or drops what was stored locally meanwhile. Also gives
+/// back placements made ahead that grew too old while no put came.
 async fn monitor_loop(core: std::sync::Weak<ClientCore>) {
     loop {
         tokio::time::sleep(PROBE_INTERVAL).await;
         let Some(core) = core.upgrade() else { return };
+        core.ahead.give_back_old(&core.master, &core.stats.ahead);
         if core.config.degrade_after.is_zero() {
             continue;
         }

@@ -516,10 +516,23 @@ impl ClientCore {
                     .used_in_batches
                     .fetch_add(used as u64, Relaxed);
             }
-            Err(e) => {
+            // No master answered: the usual way would not fare better.
+            Err(e @ MasterRpcError::Unavailable(_)) => {
                 let e = Error::from_master(e, "");
                 for &(i, _) in &to_end {
                     results[i] = Some(Err(e.clone()));
+                }
+            }
+            // As a single put into a placement ahead: its items go again
+            // the usual way (a commit that did land answers "exists").
+            Err(e) => {
+                let e = Error::from_master(e, "");
+                for &(i, _) in &to_end {
+                    if placed_ahead[i] {
+                        again.push(i);
+                    } else {
+                        results[i] = Some(Err(e.clone()));
+                    }
                 }
             }
         }
