@@ -844,6 +844,33 @@ impl MasterApi {
         Ok(out)
     }
 
+    /// The core of PutEnd and BatchPutEnd: commits `items` and, while that
+    /// commit waits on the log's fsyncs, places the writer's next puts
+    /// `asked` (size, put id) ahead, which saves the writer a PutStart. The
+    /// placements made (put id, replicas) come whatever the commit's outcome.
+    async fn put_end_placing_ahead(
+        &self,
+        header: Option<pb::RequestHeader>,
+        items: Vec<EndItem>,
+        config: Option<pb::ReplicateConfig>,
+        asked: &[(u64, PutId)],
+    ) -> (
+        Result<Vec<Result<(), MetaError>>, pb::Status>,
+        Vec<(PutId, Vec<pb::ReplicaDescriptor>)>,
+    ) {
+        let end = self.put_end_items(header.clone(), items, config.clone());
+        let (ended, next) = if asked.is_empty() {
+            (end.await, Ok(Vec::new()))
+        } else {
+            tokio::join!(end, self.place_ahead(header, asked, config))
+        };
+        let next = next.unwrap_or_else(|why| {
+            tracing::debug!(%why, "no placement ahead");
+            Vec::new()
+        });
+        (ended, next)
+    }
+
     /// A PutRevoke of a placement made ahead and not used (`ahead`): only
     /// this leader's memory holds it. Nothing to revoke (another leader's
     /// placement, or one already settled) is OK: an unused placement of an
@@ -1198,6 +1225,23 @@ fn bad_next(next: &[pb::NextPut], items: &[pb::PutEndItem]) -> Option<String> {
     })
 }
 
+/// A BatchPutEnd's answer: its items' (as [`batch_status`]) and the
+/// placements made ahead.
+fn batch_put_end_response(
+    ended: Result<Vec<Result<(), MetaError>>, pb::Status>,
+    next: Vec<(PutId, Vec<pb::ReplicaDescriptor>)>,
+) -> pb::BatchPutEndResponse {
+    let status = batch_status(ended);
+    pb::BatchPutEndResponse {
+        status: status.status,
+        results: status.results,
+        next: next
+            .into_iter()
+            .map(|(put_id, replicas)| pb::PlacedAhead { put_id, replicas })
+            .collect(),
+    }
+}
+
 fn batch_status(r: Result<Vec<Result<(), MetaError>>, pb::Status>) -> pb::BatchStatusResponse {
     match r {
         Ok(v) => pb::BatchStatusResponse {
@@ -1290,12 +1334,11 @@ impl MasterService for MasterApi {
 
     async fn put_end(&self, request: Request<pb::PutEndRequest>) -> Rpc<pb::PutEndResponse> {
         let r = request.into_inner();
-        // The next put's placement is made while this one commits: the
-        // commit waits on the log's fsyncs, and the writer saves a round
-        // trip (and the leader a request) on its next put.
-        let asked = [(r.size, r.next_put_id)];
-        let next = (r.next_put_id != 0)
-            .then(|| self.place_ahead(r.header.clone(), &asked, r.config.clone()));
+        let asked: &[(u64, PutId)] = if r.next_put_id != 0 {
+            &[(r.size, r.next_put_id)]
+        } else {
+            &[]
+        };
         let items = vec![EndItem {
             key: r.key,
             checksum: r.checksum,
@@ -1304,25 +1347,12 @@ impl MasterService for MasterApi {
             size: r.size,
             ahead: r.ahead,
         }];
-        let end = self.put_end_items(r.header, items, r.config);
-        let (ended, next) = match next {
-            Some(next) => {
-                let (ended, next) = tokio::join!(end, next);
-                (ended, next)
-            }
-            None => (end.await, Ok(Vec::new())),
-        };
-        let next = next
-            .unwrap_or_else(|why| {
-                tracing::debug!(%why, "no placement ahead");
-                Vec::new()
-            })
-            .pop()
-            .map(|(_, replicas)| replicas)
-            .unwrap_or_default();
+        let (ended, mut next) = self
+            .put_end_placing_ahead(r.header, items, r.config, asked)
+            .await;
         ok(pb::PutEndResponse {
             status: single_status(ended).status,
-            next,
+            next: next.pop().map(|(_, replicas)| replicas).unwrap_or_default(),
         })
     }
 
@@ -1332,12 +1362,8 @@ impl MasterService for MasterApi {
     ) -> Rpc<pb::BatchPutEndResponse> {
         let r = request.into_inner();
         if let Some(why) = bad_next(&r.next, &r.items) {
-            let refused = batch_status(Err(invalid(ErrorCode::InvalidParams, why)));
-            return ok(pb::BatchPutEndResponse {
-                status: refused.status,
-                results: refused.results,
-                next: Vec::new(),
-            });
+            let refused = Err(invalid(ErrorCode::InvalidParams, why));
+            return ok(batch_put_end_response(refused, Vec::new()));
         }
         let items = r
             .items
@@ -1351,28 +1377,11 @@ impl MasterService for MasterApi {
                 ahead: i.ahead,
             })
             .collect();
-        // As for a single PutEnd: the next puts are placed while this batch
-        // commits.
         let asked: Vec<(u64, PutId)> = r.next.iter().map(|n| (n.size, n.put_id)).collect();
-        let end = self.put_end_items(r.header.clone(), items, r.config.clone());
-        let (ended, next) = if asked.is_empty() {
-            (end.await, Ok(Vec::new()))
-        } else {
-            tokio::join!(end, self.place_ahead(r.header, &asked, r.config))
-        };
-        let next = next.unwrap_or_else(|why| {
-            tracing::debug!(%why, "no placements ahead");
-            Vec::new()
-        });
-        let status = batch_status(ended);
-        ok(pb::BatchPutEndResponse {
-            status: status.status,
-            results: status.results,
-            next: next
-                .into_iter()
-                .map(|(put_id, replicas)| pb::PlacedAhead { put_id, replicas })
-                .collect(),
-        })
+        let (ended, next) = self
+            .put_end_placing_ahead(r.header, items, r.config, &asked)
+            .await;
+        ok(batch_put_end_response(ended, next))
     }
 
     async fn put_revoke(&self, request: Request<pb::PutRevokeRequest>) -> Rpc<pb::StatusResponse> {

@@ -93,6 +93,18 @@ struct Slot {
     last: Vec<Shape>,
 }
 
+impl Slot {
+    /// Takes the ready placements grown too old ([`MAX_AGE`]) to be used.
+    fn take_old(&mut self) -> Vec<Ahead> {
+        let (keep, old): (VecDeque<Ahead>, VecDeque<Ahead>) = self
+            .ready
+            .drain(..)
+            .partition(|a| a.made.elapsed() < MAX_AGE);
+        self.ready = keep;
+        old.into()
+    }
+}
+
 /// The placements ahead of one client.
 #[derive(Default)]
 pub(super) struct AheadPlacements {
@@ -154,17 +166,16 @@ impl AheadPlacements {
         let (usable, unused, asks) = {
             let mut s = self.slot.lock().expect("lock poisoned");
             // Those too old will not be used; the oldest of each shape are.
-            let (mut keep, unused): (VecDeque<Ahead>, VecDeque<Ahead>) =
-                s.ready.drain(..).partition(|a| a.made.elapsed() < MAX_AGE);
+            let unused = s.take_old();
             let usable: Vec<Option<Ahead>> = shapes
                 .iter()
                 .map(|shape| {
-                    keep.iter()
+                    s.ready
+                        .iter()
                         .position(|a| &a.shape == shape)
-                        .and_then(|i| keep.remove(i))
+                        .and_then(|i| s.ready.remove(i))
                 })
                 .collect();
-            s.ready = keep;
             // Room left for placements asked now, counting those ready and
             // those asked for and not answered yet.
             let mut room = MAX_READY
@@ -261,13 +272,7 @@ impl AheadPlacements {
     /// that stops putting does not hold them until the leader's release
     /// timeout (called about once a second by the client's monitor).
     pub(super) fn give_back_old(&self, master: &Arc<MasterClient>, stats: &Arc<AheadStats>) {
-        let old: Vec<Ahead> = {
-            let mut s = self.slot.lock().expect("lock poisoned");
-            let (keep, old): (VecDeque<Ahead>, VecDeque<Ahead>) =
-                s.ready.drain(..).partition(|a| a.made.elapsed() < MAX_AGE);
-            s.ready = keep;
-            old.into()
-        };
+        let old = self.slot.lock().expect("lock poisoned").take_old();
         for a in old {
             give_back(master, stats, a.put_id);
         }

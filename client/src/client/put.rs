@@ -487,7 +487,11 @@ impl ClientCore {
         };
         match ended {
             Ok(statuses) => {
+                let mut used = 0u64;
                 for (&(i, start), st) in to_end.iter().zip(&statuses) {
+                    // Committed (or the key exists): an item placed ahead
+                    // used its placement.
+                    used += u64::from(placed_ahead[i]);
                     match Error::from_status(st, items[i].0) {
                         None => results[i] = Some(Ok(())),
                         // The key exists (put before, or by a writer that
@@ -501,20 +505,14 @@ impl ClientCore {
                         // old, say): nothing of it became readable.
                         Some(e) if placed_ahead[i] => {
                             tracing::debug!(key = items[i].0, error = %e, "a placement ahead was not committed; putting the usual way");
+                            used -= 1;
                             again.push(i);
                         }
                         Some(e) => results[i] = Some(Err(e)),
                     }
                 }
-                let used = to_end
-                    .iter()
-                    .filter(|&&(i, _)| placed_ahead[i] && !again.contains(&i))
-                    .count();
-                self.stats.ahead.used.fetch_add(used as u64, Relaxed);
-                self.stats
-                    .ahead
-                    .used_in_batches
-                    .fetch_add(used as u64, Relaxed);
+                self.stats.ahead.used.fetch_add(used, Relaxed);
+                self.stats.ahead.used_in_batches.fetch_add(used, Relaxed);
             }
             // No master answered: the usual way would not fare better.
             Err(e @ MasterRpcError::Unavailable(_)) => {
