@@ -46,6 +46,9 @@ pub struct AgentConfig {
     /// Serve a disk segment in this directory instead of memory: a file of
     /// `segment_size` bytes that keeps its objects across a restart.
     pub disk_path: Option<PathBuf>,
+    /// A disk segment file formatted for another size is formatted anew at
+    /// `segment_size` (its objects are lost) instead of refused.
+    pub disk_reformat: bool,
     /// Allocate the memory segment's pages before mounting it
     /// ([`Segment::prefault`]): no first-touch page faults on the put path,
     /// and a segment the host cannot hold fails here, not mid-put.
@@ -66,6 +69,7 @@ impl Default for AgentConfig {
             limits: Default::default(),
             tls: None,
             disk_path: None,
+            disk_reformat: false,
             prefault: false,
         }
     }
@@ -153,7 +157,12 @@ impl StoreAgent {
             cfg.name.clone()
         };
         let (segment, name, kind, disk_id) = if let Some(dir) = &cfg.disk_path {
-            let (segment, opened) = Segment::disk(dir, &name, size)?;
+            let other = if cfg.disk_reformat {
+                crescent_store::OtherCapacity::Reformat
+            } else {
+                crescent_store::OtherCapacity::Refuse
+            };
+            let (segment, opened) = Segment::disk(dir, &name, size, other)?;
             let identity = segment.disk_identity().cloned().ok_or_else(|| {
                 AgentError::Segment(crescent_store::segment::SegmentError::NotInMemory {
                     path: dir.clone(),

@@ -83,6 +83,12 @@ pub struct ClientConfig {
     /// Size of the disk segment, pre-allocated (`CRESCENT_DISK_SIZE`, JSON
     /// `disk_size`).
     pub disk_size: u64,
+    /// Format the disk segment anew at `disk_size` when its file was
+    /// formatted for another size, discarding its objects
+    /// (`CRESCENT_DISK_REFORMAT`, JSON `disk_reformat`; off by default: such
+    /// a file is left as it is and `connect` fails, naming the size that
+    /// would serve its objects again).
+    pub disk_reformat: bool,
     /// Read a key again straight from the store while the read lease its
     /// last lookup granted lasts, with no master call
     /// (`CRESCENT_DESCRIPTOR_CACHE`, JSON `descriptor_cache`; off by
@@ -126,6 +132,7 @@ impl Default for ClientConfig {
             data_tls: false,
             disk_path: None,
             disk_size: DEFAULT_DISK_SIZE,
+            disk_reformat: false,
             descriptor_cache: false,
             place_ahead: true,
         }
@@ -174,6 +181,7 @@ struct JsonConfig {
     /// Crescent's names for the disk tier (`disk_path` needs no switch).
     disk_path: Option<String>,
     disk_size: Option<SizeValue>,
+    disk_reformat: Option<bool>,
     descriptor_cache: Option<bool>,
     place_ahead: Option<bool>,
     #[serde(flatten)]
@@ -301,6 +309,9 @@ impl ClientConfig {
         if let Some(v) = get("CRESCENT_DISK_PATH").filter(|v| !v.is_empty()) {
             c.disk_path = Some(v.into());
         }
+        if let Some(v) = get("CRESCENT_DISK_REFORMAT") {
+            c.disk_reformat = boolish("CRESCENT_DISK_REFORMAT", &v)?;
+        }
         if let Some(v) = get("CRESCENT_DESCRIPTOR_CACHE") {
             c.descriptor_cache = boolish("CRESCENT_DESCRIPTOR_CACHE", &v)?;
         }
@@ -379,6 +390,9 @@ impl ClientConfig {
         }
         if let Some(v) = j.disk_size {
             self.disk_size = v.bytes("disk_size")?;
+        }
+        if let Some(v) = j.disk_reformat {
+            self.disk_reformat = v;
         }
         if let Some(v) = j.descriptor_cache {
             self.descriptor_cache = v;
@@ -544,6 +558,16 @@ mod tests {
             Some(std::path::Path::new("/ssd/a"))
         );
         assert_eq!(on.disk_size, 2 << 30);
+        assert!(
+            !on.disk_reformat,
+            "a file of another size is refused unless asked"
+        );
+        let reformat =
+            ClientConfig::from_lookup(lookup(&[("CRESCENT_DISK_REFORMAT", "yes")])).unwrap();
+        assert!(reformat.disk_reformat);
+        assert!(
+            ClientConfig::from_lookup(lookup(&[("CRESCENT_DISK_REFORMAT", "perhaps")])).is_err()
+        );
         let crescent_wins = ClientConfig::from_lookup(lookup(&[
             ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "/ssd/a"),
             ("MOONCAKE_ENABLE_SSD_OFFLOAD", "1"),
@@ -573,6 +597,15 @@ mod tests {
         let j = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
         assert_eq!(j.disk_path.as_deref(), Some(std::path::Path::new("/ssd/j")));
         assert_eq!(j.disk_size, 1 << 30);
+        assert!(!j.disk_reformat);
+        std::fs::write(&path, r#"{"disk_path": "/ssd/j", "disk_reformat": true}"#).unwrap();
+        let jr = ClientConfig::from_lookup(lookup(&[("MOONCAKE_CONFIG_PATH", &p)])).unwrap();
+        assert!(jr.disk_reformat);
+        std::fs::write(
+            &path,
+            r#"{"enable_ssd_offload": true, "ssd_offload_path": "/ssd/j", "disk_size": "1gb"}"#,
+        )
+        .unwrap();
         let env = ClientConfig::from_lookup(lookup(&[
             ("MOONCAKE_CONFIG_PATH", &p),
             ("CRESCENT_DISK_PATH", "/ssd/e"),

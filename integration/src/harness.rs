@@ -149,6 +149,12 @@ impl ManagedChild {
         self
     }
 
+    /// Changes the command line of the next start (a restart with other
+    /// flags).
+    pub fn edit_args(&mut self, edit: impl FnOnce(&mut Vec<String>)) {
+        edit(&mut self.args);
+    }
+
     /// Starts the process unless it is running; a killed or exited one starts
     /// again with the same command line and log.
     pub fn start(&mut self) -> anyhow::Result<()> {
@@ -508,6 +514,16 @@ impl StoreProcess {
     /// Starts a killed store again on the same address (with a new, empty segment).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.process.start()
+    }
+
+    /// Sets `flag` to `value` for the next starts (replacing its value if
+    /// the command line has it, else added): a restart with other flags.
+    pub fn set_flag(&mut self, flag: &str, value: &str) {
+        self.process
+            .edit_args(|args| match args.iter().position(|a| a == flag) {
+                Some(i) if i + 1 < args.len() => args[i + 1] = value.to_string(),
+                _ => args.extend([flag.to_string(), value.to_string()]),
+            });
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -264,6 +264,106 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
     assert!(health.contains("\"disk\":{"), "{health}");
 }
 
+/// Waits until store 0's log says it did not open its disk segment, and
+/// returns that line.
+async fn wait_for_disk_refusal(cluster: &LocalCluster, from: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(&cluster.stores[0].log_path).unwrap_or_default();
+        if let Some(line) = log[from.min(log.len())..]
+            .lines()
+            .find(|l| l.contains("no disk tier"))
+        {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store never said it left its disk segment alone"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_restarted_with_another_disk_size_keeps_its_disk_objects_unless_told_to_reformat() {
+    let disk = tempfile::tempdir().unwrap();
+    let (mut cluster, c) = disk_cluster(disk.path()).await;
+    let keys: Vec<String> = (0..24).map(|i| format!("block-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        put_retrying(&c, k, &value(i)).await.unwrap();
+    }
+    let demoted = on_disk(&cluster, &keys).await;
+    assert!(!demoted.is_empty(), "nothing reached the disk");
+    let file = disk.path().join(crescent_store::disk::DISK_FILE);
+    let header = |f: &std::path::Path| {
+        let raw = std::fs::read(f).unwrap();
+        (
+            raw.len(),
+            raw[..crescent_store::disk::HEADER_LEN as usize].to_vec(),
+        )
+    };
+    let before = header(&file);
+
+    // A mistyped size: the file is left alone and the store serves memory.
+    cluster.stores[0].kill();
+    let log_from = std::fs::metadata(&cluster.stores[0].log_path)
+        .map(|m| m.len() as usize)
+        .unwrap_or(0);
+    cluster.stores[0].set_flag("--disk-size", "128mb");
+    cluster.stores[0].restart().unwrap();
+    let said = wait_for_disk_refusal(&cluster, log_from).await;
+    for part in ["--disk-size 256mb", "--disk-reformat", "128mb"] {
+        assert!(said.contains(part), "{part:?} not in: {said}");
+    }
+    put_retrying(&c, "memory-only", &value(98)).await.unwrap();
+    assert_eq!(c.get("memory-only").await.unwrap(), value(98));
+    let (_, health) = http_request(&cluster.stores[0].http, "GET", "/health", &[])
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&health).unwrap();
+    assert!(v["disk"].is_null(), "a disk tier was opened: {health}");
+    let why = v["disk_error"].as_str().unwrap_or_default();
+    assert!(why.contains("--disk-size 256mb"), "{health}");
+    let (_, metrics) = http_request(&cluster.stores[0].http, "GET", "/metrics", &[])
+        .await
+        .unwrap();
+    assert!(metrics.contains("store_disk_open_failed 1"), "{metrics}");
+    assert!(header(&file) == before, "the refused file changed");
+
+    // Its own size again: every disk object reads back, with no re-put.
+    cluster.stores[0].kill();
+    cluster.stores[0].set_flag("--disk-size", "256mb");
+    cluster.stores[0].restart().unwrap();
+    wait_for_disk_mount(&cluster).await;
+    assert_eq!(on_disk(&cluster, &demoted).await, demoted);
+    for k in &demoted {
+        let i: usize = k.trim_start_matches("block-").parse().unwrap();
+        assert_eq!(c.get(k).await.unwrap(), value(i), "{k} after the restart");
+    }
+
+    // Told to reformat: the new size, a new disk id, the old objects gone
+    // (never read back from the new formatting).
+    cluster.stores[0].kill();
+    cluster.stores[0].set_flag("--disk-size", "128mb");
+    cluster.stores[0].set_flag("--disk-reformat", "true");
+    cluster.stores[0].restart().unwrap();
+    wait_for_disk_mount(&cluster).await;
+    let (len, new_header) = header(&file);
+    assert_eq!(len as u64, crescent_store::disk::HEADER_LEN + (128 << 20));
+    let old_id = crescent_store::disk::decode_header(&before.1)
+        .unwrap()
+        .disk_id;
+    let new = crescent_store::disk::decode_header(&new_header).unwrap();
+    assert_ne!(new.disk_id, old_id, "formatted anew under the same disk id");
+    for k in &demoted {
+        let got = c.get(k).await;
+        assert!(
+            got.is_err(),
+            "{k}: read back after its disk was formatted anew"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn puts_memory_cannot_hold_go_to_disk_and_none_fails() {
     let disk = tempfile::tempdir().unwrap();
@@ -612,6 +712,15 @@ async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_rest
     engine.close().await;
     assert!(engine.local_disk().is_none(), "closed");
     let old_engine = engine;
+    // Started with another disk size, it fails and leaves the file alone.
+    let err = Client::connect(ClientConfig {
+        disk_size: 32 << 20,
+        ..engine_config.clone()
+    })
+    .await
+    .err()
+    .expect("a disk file of another size was opened");
+    assert!(err.to_string().contains("disk_reformat"), "{err}");
     let engine = Client::connect(engine_config).await.unwrap();
     let d = engine.local_disk().expect("the disk segment again");
     assert_eq!(d.name, disk_name, "the file keeps the segment's name");

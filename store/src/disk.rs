@@ -63,6 +63,21 @@ pub struct DiskIdentity {
     pub capacity: u64,
 }
 
+/// What opening a disk segment does with a valid file formatted for a
+/// capacity other than the one asked for. Refusing is the default: the
+/// usual cause is a mistyped `--disk-size`, and formatting anew would
+/// silently empty the tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OtherCapacity {
+    /// [`SegmentError::DiskCapacityDiffers`]: the file, its bytes and its
+    /// disk id are left as they are, and the segment is not opened.
+    #[default]
+    Refuse,
+    /// Format the file anew at the asked capacity (`--disk-reformat`): the
+    /// objects it held are gone.
+    Reformat,
+}
+
 /// What opening a disk segment found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DiskOpened {
@@ -71,8 +86,9 @@ pub enum DiskOpened {
     /// A valid file of the requested capacity: its bytes, name and disk id
     /// are kept.
     Reused,
-    /// A file that could not be reused (the reason in `why`): formatted
-    /// anew, with a new disk id; its previous bytes are gone.
+    /// A file that could not be reused (the reason in `why`: damaged, or
+    /// another capacity with [`OtherCapacity::Reformat`]): formatted anew,
+    /// with a new disk id; its previous bytes are gone.
     Reformatted { why: String },
 }
 
@@ -198,6 +214,7 @@ pub(crate) fn open(
     dir: &Path,
     name_if_new: &str,
     capacity: u64,
+    other_capacity: OtherCapacity,
 ) -> Result<(DiskFile, DiskOpened), SegmentError> {
     // The whole file's length must fit an off_t for posix_fallocate.
     if capacity == 0
@@ -250,7 +267,7 @@ pub(crate) fn open(
         DiskOpened::Created
     } else {
         match check_existing(&file, file_len, capacity).map_err(io_err("read the header of"))? {
-            Ok(identity) => {
+            Existing::Reusable(identity) => {
                 let disk = DiskFile {
                     file,
                     path,
@@ -258,7 +275,22 @@ pub(crate) fn open(
                 };
                 return Ok((disk, DiskOpened::Reused));
             }
-            Err(why) => DiskOpened::Reformatted { why },
+            Existing::OtherCapacity(found) if other_capacity == OtherCapacity::Refuse => {
+                return Err(SegmentError::DiskCapacityDiffers {
+                    path,
+                    found: found.capacity,
+                    found_flag: size_flag(found.capacity),
+                    asked: capacity,
+                    asked_flag: size_flag(capacity),
+                });
+            }
+            Existing::OtherCapacity(found) => DiskOpened::Reformatted {
+                why: format!(
+                    "its capacity is {} bytes, {capacity} were asked for (--disk-reformat)",
+                    found.capacity
+                ),
+            },
+            Existing::Damaged(why) => DiskOpened::Reformatted { why },
         }
     };
     let identity = DiskIdentity {
@@ -275,27 +307,43 @@ pub(crate) fn open(
     Ok((disk, opened))
 }
 
-/// The identity in a non-empty file's header if the file can be reused as a
-/// segment of `capacity` bytes; otherwise why not. I/O errors are errors.
-fn check_existing(
-    file: &File,
-    file_len: u64,
-    capacity: u64,
-) -> io::Result<Result<DiskIdentity, String>> {
+/// What a non-empty segment file holds, judged against the asked capacity.
+enum Existing {
+    /// A valid segment of the asked capacity.
+    Reusable(DiskIdentity),
+    /// A valid segment (header and length agree) of another capacity.
+    OtherCapacity(DiskIdentity),
+    /// Not a valid segment: why not.
+    Damaged(String),
+}
+
+/// What a non-empty file holds, for a segment of `capacity` bytes. I/O
+/// errors are errors.
+fn check_existing(file: &File, file_len: u64, capacity: u64) -> io::Result<Existing> {
     let identity = match read_identity(file, file_len)? {
         Ok(identity) => identity,
-        Err(why) => return Ok(Err(why)),
+        Err(why) => return Ok(Existing::Damaged(why)),
     };
-    if identity.capacity != capacity {
-        return Ok(Err(format!(
-            "its capacity is {} bytes, {capacity} were asked for",
-            identity.capacity
-        )));
-    }
+    // The length first: a file resized while no store held it is damaged
+    // whatever was asked, and formatting it anew loses nothing more.
     if let Some(why) = length_mismatch(&identity, file_len) {
-        return Ok(Err(why));
+        return Ok(Existing::Damaged(why));
     }
-    Ok(Ok(identity))
+    if identity.capacity != capacity {
+        return Ok(Existing::OtherCapacity(identity));
+    }
+    Ok(Existing::Reusable(identity))
+}
+
+/// `bytes` as a `--disk-size` value that means exactly it (capacities are
+/// multiples of 4 KiB): `16gb`, `1536mb`, `64kb`.
+fn size_flag(bytes: u64) -> String {
+    for (unit, shift) in [("tb", 40), ("gb", 30), ("mb", 20), ("kb", 10)] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// The identity in the header of `file` (`file_len` bytes long), or why it
@@ -531,7 +579,7 @@ mod tests {
     const CAP: u64 = 16 * DISK_BLOCK;
 
     fn open_disk(dir: &Path, name: &str, capacity: u64) -> (Arc<Segment>, DiskOpened) {
-        Segment::disk(dir, name, capacity).unwrap()
+        Segment::disk(dir, name, capacity, OtherCapacity::Refuse).unwrap()
     }
 
     fn identity(s: &Segment) -> DiskIdentity {
@@ -596,28 +644,34 @@ mod tests {
         let (s, _) = open_disk(dir.path(), "a", CAP);
         let mut ids = vec![identity(&s).disk_id];
         drop(s);
+        let reformatted_as =
+            |other: OtherCapacity, capacity: u64, expect: &str, ids: &mut Vec<String>| {
+                let (s, opened) = Segment::disk(dir.path(), "b", capacity, other).unwrap();
+                match opened {
+                    DiskOpened::Reformatted { why } => assert!(why.contains(expect), "{why}"),
+                    other => panic!("expected a reformat ({expect}), got {other:?}"),
+                }
+                let id = identity(&s);
+                assert_eq!((id.name.as_str(), id.capacity), ("b", capacity));
+                assert!(!ids.contains(&id.disk_id), "disk id reused");
+                ids.push(id.disk_id);
+                assert_eq!(
+                    std::fs::metadata(&file).unwrap().len(),
+                    HEADER_LEN + capacity
+                );
+                s
+            };
+        // A damaged file is formatted anew even when other capacities are
+        // refused: its objects are lost already.
         let reformatted = |capacity: u64, expect: &str, ids: &mut Vec<String>| {
-            let (s, opened) = open_disk(dir.path(), "b", capacity);
-            match opened {
-                DiskOpened::Reformatted { why } => assert!(why.contains(expect), "{why}"),
-                other => panic!("expected a reformat ({expect}), got {other:?}"),
-            }
-            let id = identity(&s);
-            assert_eq!((id.name.as_str(), id.capacity), ("b", capacity));
-            assert!(!ids.contains(&id.disk_id), "disk id reused");
-            ids.push(id.disk_id);
-            assert_eq!(
-                std::fs::metadata(&file).unwrap().len(),
-                HEADER_LEN + capacity
-            );
-            s
+            reformatted_as(OtherCapacity::Refuse, capacity, expect, ids)
         };
 
-        // Another capacity: the old bytes are gone.
+        // Another capacity, asked to reformat: the old bytes are gone.
         let (s, _) = open_disk(dir.path(), "a", CAP);
         s.write_at(0, b"old").unwrap();
         drop(s);
-        let s = reformatted(2 * CAP, "capacity", &mut ids);
+        let s = reformatted_as(OtherCapacity::Reformat, 2 * CAP, "capacity", &mut ids);
         let mut got = [9u8; 3];
         s.read_at(0, &mut got).unwrap();
         assert_eq!(got, [0; 3], "a previous format's bytes survived");
@@ -651,14 +705,73 @@ mod tests {
     }
 
     #[test]
+    fn a_valid_segment_of_another_capacity_is_refused_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(DISK_FILE);
+        let (s, _) = open_disk(dir.path(), "a", CAP);
+        s.write_at(0, b"kept").unwrap();
+        let before = identity(&s);
+        drop(s);
+        let raw = std::fs::read(&file).unwrap();
+        for asked in [2 * CAP, CAP - DISK_BLOCK, 1 << 30] {
+            let err = Segment::disk(dir.path(), "b", asked, OtherCapacity::Refuse)
+                .err()
+                .unwrap();
+            match &err {
+                SegmentError::DiskCapacityDiffers {
+                    found,
+                    asked: a,
+                    found_flag,
+                    ..
+                } => {
+                    assert_eq!((*found, *a), (CAP, asked));
+                    assert_eq!(found_flag, "64kb");
+                }
+                other => panic!("{asked}: expected DiskCapacityDiffers, got {other}"),
+            }
+            let msg = err.to_string();
+            for part in ["--disk-size 64kb", "--disk-reformat", DISK_FILE] {
+                assert!(msg.contains(part), "{part:?} not in: {msg}");
+            }
+            assert!(
+                std::fs::read(&file).unwrap() == raw,
+                "{asked}: the file changed"
+            );
+        }
+        // Asked again with its own capacity, it serves what it held.
+        let (s, opened) = open_disk(dir.path(), "b", CAP);
+        assert_eq!(opened, DiskOpened::Reused);
+        assert_eq!(identity(&s), before);
+        let mut got = [0u8; 4];
+        s.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"kept");
+    }
+
+    #[test]
+    fn size_flags_name_the_exact_capacity() {
+        assert_eq!(size_flag(16 << 30), "16gb");
+        assert_eq!(size_flag(1536 << 20), "1536mb");
+        assert_eq!(size_flag(64 << 10), "64kb");
+        assert_eq!(size_flag(3 << 40), "3tb");
+        assert_eq!(size_flag((1 << 30) + 4096), "1048580kb");
+        for b in [16u64 << 30, 1536 << 20, 64 << 10, (1 << 30) + 4096] {
+            assert_eq!(crescent_proto::units::parse_size(&size_flag(b)).unwrap(), b);
+        }
+    }
+
+    #[test]
     fn a_second_open_of_a_live_disk_segment_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let (s, _) = open_disk(dir.path(), "a", CAP);
-        let err = Segment::disk(dir.path(), "a", CAP).err().unwrap();
+        let err = Segment::disk(dir.path(), "a", CAP, OtherCapacity::Refuse)
+            .err()
+            .unwrap();
         assert!(matches!(err, SegmentError::DiskInUse { .. }), "{err}");
         assert!(err.to_string().contains(DISK_FILE), "{err}");
         // Even with another capacity: nothing is reformatted under it.
-        let err = Segment::disk(dir.path(), "a", 2 * CAP).err().unwrap();
+        let err = Segment::disk(dir.path(), "a", 2 * CAP, OtherCapacity::Reformat)
+            .err()
+            .unwrap();
         assert!(matches!(err, SegmentError::DiskInUse { .. }), "{err}");
         let id = identity(&s);
         drop(s);
@@ -673,18 +786,26 @@ mod tests {
         let plain = dir.path().join("a-file");
         std::fs::write(&plain, b"x").unwrap();
         let under_a_file = plain.join("disk");
-        let err = Segment::disk(&under_a_file, "a", CAP).err().unwrap();
+        let err = Segment::disk(&under_a_file, "a", CAP, OtherCapacity::Refuse)
+            .err()
+            .unwrap();
         assert!(matches!(err, SegmentError::DiskIo { .. }), "{err}");
         assert!(err.to_string().contains("a-file"), "{err}");
         for bad in [0, DISK_BLOCK + 1, u64::MAX - DISK_BLOCK + 1] {
-            let err = Segment::disk(dir.path(), "a", bad).err().unwrap();
+            let err = Segment::disk(dir.path(), "a", bad, OtherCapacity::Refuse)
+                .err()
+                .unwrap();
             assert!(matches!(err, SegmentError::BadSize { .. }), "{bad}: {err}");
         }
         let long = "n".repeat(MAX_NAME_LEN + 1);
-        let err = Segment::disk(dir.path(), &long, CAP).err().unwrap();
+        let err = Segment::disk(dir.path(), &long, CAP, OtherCapacity::Refuse)
+            .err()
+            .unwrap();
         assert!(matches!(err, SegmentError::DiskName { .. }), "{err}");
         // More than the filesystem holds: refused before anything is written.
-        let err = Segment::disk(dir.path(), "a", 1 << 60).err().unwrap();
+        let err = Segment::disk(dir.path(), "a", 1 << 60, OtherCapacity::Refuse)
+            .err()
+            .unwrap();
         assert!(matches!(err, SegmentError::DiskFull { .. }), "{err}");
         let len = std::fs::metadata(dir.path().join(DISK_FILE)).unwrap().len();
         assert_eq!(len, 0, "a failed format keeps no space");
@@ -778,12 +899,13 @@ mod tests {
         s.write_at(0, b"old bytes").unwrap();
         let path = dir.path().join(DISK_FILE);
         let r = DiskFileReader::open(&path, "store-a-disk", &identity(&s).disk_id).unwrap();
-        // The store restarts asking for another size: the file it holds
-        // open is formatted anew in place, and the new store writes at the
-        // same offset. The range is still inside the file, so only the
-        // header tells the reader its bytes are another formatting's.
+        // The store restarts asking for another size and a reformat: the
+        // file it holds open is formatted anew in place, and the new store
+        // writes at the same offset. The range is still inside the file, so
+        // only the header tells the reader its bytes are another formatting's.
         drop(s);
-        let (s, opened) = open_disk(dir.path(), "store-a-disk", 2 * cap);
+        let (s, opened) =
+            Segment::disk(dir.path(), "store-a-disk", 2 * cap, OtherCapacity::Reformat).unwrap();
         assert!(
             matches!(opened, DiskOpened::Reformatted { .. }),
             "{opened:?}"

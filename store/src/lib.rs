@@ -18,7 +18,7 @@ pub mod segment;
 pub mod server;
 pub mod transport;
 
-pub use disk::{DiskFileReader, DiskIdentity, DiskOpened};
+pub use disk::{DiskFileReader, DiskIdentity, DiskOpened, OtherCapacity};
 pub use segment::{Segment, ShmMapping};
 pub use server::TransferStats;
 pub use transport::{TcpTransport, TransferError};

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use memmap2::{MmapMut, MmapOptions};
 
-use crate::disk::{DiskFile, DiskIdentity, DiskOpened, HEADER_LEN};
+use crate::disk::{DiskFile, DiskIdentity, DiskOpened, OtherCapacity, HEADER_LEN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
@@ -62,6 +62,19 @@ pub enum SegmentError {
         path: PathBuf,
         needed: u64,
         source: std::io::Error,
+    },
+    #[error(
+        "disk segment {path} was formatted for {found} bytes ({found_flag}), but {asked} \
+         ({asked_flag}) were asked for: it is left as it is, with its objects, and not opened. \
+         Ask for --disk-size {found_flag} to serve its objects again, or add --disk-reformat \
+         (client config disk_reformat) to discard them and format {asked_flag}"
+    )]
+    DiskCapacityDiffers {
+        path: PathBuf,
+        found: u64,
+        found_flag: String,
+        asked: u64,
+        asked_flag: String,
     },
     #[error("a disk segment's name is at most {max} bytes, got {len}")]
     DiskName { len: usize, max: usize },
@@ -191,15 +204,17 @@ impl Segment {
     /// `capacity` data bytes, a positive multiple of 4096: reused if a valid
     /// one of that capacity is there (keeping its bytes, name and disk id),
     /// else created or reformatted under `name_if_new` with a new disk id
-    /// (what happened is the [`DiskOpened`]). Locked for the segment's
+    /// (what happened is the [`DiskOpened`]). A valid file of another
+    /// capacity is refused or reformatted as `other_capacity` says. Locked for the segment's
     /// lifetime: a second open of `dir` meanwhile is
     /// [`SegmentError::DiskInUse`]. Blocking (may fsync and allocate).
     pub fn disk(
         dir: &Path,
         name_if_new: &str,
         capacity: u64,
+        other_capacity: OtherCapacity,
     ) -> Result<(Arc<Self>, DiskOpened), SegmentError> {
-        let (disk, opened) = crate::disk::open(dir, name_if_new, capacity)?;
+        let (disk, opened) = crate::disk::open(dir, name_if_new, capacity, other_capacity)?;
         let segment = Arc::new(Self {
             backing: Backing::Disk(disk),
             len: capacity,

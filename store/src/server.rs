@@ -901,7 +901,8 @@ mod tests {
     async fn a_disk_segment_is_served_under_grants_and_counted() {
         let dir = tempfile::tempdir().unwrap();
         let size = 8 << 20;
-        let (segment, _) = Segment::disk(dir.path(), "disk", size).unwrap();
+        let (segment, _) =
+            Segment::disk(dir.path(), "disk", size, crate::OtherCapacity::Refuse).unwrap();
         segment.set_mounted(SEGMENT_ID, &KEY);
         let (addr, stats) = serve_segment(
             segment.clone(),
@@ -962,7 +963,8 @@ mod tests {
     #[tokio::test]
     async fn a_disk_write_stops_at_its_grant_expiry() {
         let dir = tempfile::tempdir().unwrap();
-        let (segment, _) = Segment::disk(dir.path(), "disk", 8 << 20).unwrap();
+        let (segment, _) =
+            Segment::disk(dir.path(), "disk", 8 << 20, crate::OtherCapacity::Refuse).unwrap();
         segment.set_mounted(SEGMENT_ID, &KEY);
         let (addr, stats) = serve_segment(
             segment.clone(),

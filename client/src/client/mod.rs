@@ -253,6 +253,7 @@ impl Client {
                     // Same-host readers (this process too) pread the file.
                     shm: config.shm,
                     disk_path: Some(dir.clone()),
+                    disk_reformat: config.disk_reformat,
                     ..Default::default()
                 };
                 let attempts =

@@ -58,7 +58,9 @@ class MooncakeDistributedStore:
     # directory beside global_segment_size of memory: objects the masters
     # demote go there and survive this process's restart on the same
     # directory. Its size is CRESCENT_DISK_SIZE (default 16gb); one process
-    # per directory. A directory that cannot be used fails setup.
+    # per directory. A directory that cannot be used fails setup, and so
+    # does a segment file formatted for another size (its objects are kept;
+    # CRESCENT_DISK_REFORMAT=1 formats it anew at the new size instead).
     # CRESCENT_DESCRIPTOR_CACHE=1 reads a key looked up before with no
     # master call while its read lease lasts (not linearizable against a
     # forced remove; see the README's Guarantees).

@@ -5,13 +5,19 @@ use std::sync::Arc;
 
 use crescent_client::agent::StoreAgent;
 
-/// The routes of the store's `--http` port.
-pub fn router(agent: Arc<StoreAgent>, disk: Option<Arc<StoreAgent>>) -> axum::Router {
+/// The routes of the store's `--http` port. `disk_error`: why the disk
+/// segment `--disk-path` asked for is not served (None: served, or none
+/// asked for).
+pub fn router(
+    agent: Arc<StoreAgent>,
+    disk: Option<Arc<StoreAgent>>,
+    disk_error: Option<String>,
+) -> axum::Router {
     use axum::routing::get;
     use crescent_proto::metrics::{label, sample};
-    type Agents = (Arc<StoreAgent>, Option<Arc<StoreAgent>>);
+    type Agents = (Arc<StoreAgent>, Option<Arc<StoreAgent>>, Option<String>);
     async fn metrics(
-        axum::extract::State((a, disk)): axum::extract::State<Agents>,
+        axum::extract::State((a, disk, disk_error)): axum::extract::State<Agents>,
     ) -> impl axum::response::IntoResponse {
         let s = &a.stats;
         let mut out = String::new();
@@ -86,10 +92,17 @@ pub fn router(agent: Arc<StoreAgent>, disk: Option<Arc<StoreAgent>>) -> axum::Ro
             "Time to serve one transfer request.",
         );
         disk_metrics(&mut out, disk.as_deref());
+        sample(
+            &mut out,
+            "store_disk_open_failed",
+            "gauge",
+            "1 when --disk-path was given but its disk segment could not be opened (see /health's disk_error).",
+            u8::from(disk_error.is_some()),
+        );
         ([("content-type", "text/plain; version=0.0.4")], out)
     }
     async fn health(
-        axum::extract::State((a, disk)): axum::extract::State<Agents>,
+        axum::extract::State((a, disk, disk_error)): axum::extract::State<Agents>,
     ) -> impl axum::response::IntoResponse {
         let mounted = a.segment_id().is_some();
         let disk = disk.map(|d| {
@@ -98,7 +111,8 @@ pub fn router(agent: Arc<StoreAgent>, disk: Option<Arc<StoreAgent>>) -> axum::Ro
         });
         let body = axum::Json(
             serde_json::json!({"status": "serving", "segment": a.name, "endpoint": a.endpoint,
-            "segment_id": a.segment_id(), "mounted": mounted, "disk": disk}),
+            "segment_id": a.segment_id(), "mounted": mounted, "disk": disk,
+            "disk_error": disk_error}),
         );
         // Serving bytes does not need a master: healthy even while unmounted.
         (axum::http::StatusCode::OK, body)
@@ -106,7 +120,7 @@ pub fn router(agent: Arc<StoreAgent>, disk: Option<Arc<StoreAgent>>) -> axum::Ro
     axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))
-        .with_state((agent, disk))
+        .with_state((agent, disk, disk_error))
 }
 
 /// The disk tier's figures (all zero without a disk segment, so dashboards

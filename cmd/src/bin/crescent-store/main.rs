@@ -104,6 +104,14 @@ struct Args {
     /// Size of the disk segment (pre-allocated), e.g. 200gb.
     #[arg(long, env = "CRESCENT_DISK_SIZE", default_value = "16gb", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
     disk_size: u64,
+    /// Format the disk segment anew at --disk-size when its file was
+    /// formatted for another size, discarding the objects it held. Without
+    /// it such a file is left as it is and the store serves memory only,
+    /// saying which --disk-size would serve its objects again: a mistyped
+    /// size never empties the tier. (A damaged file, e.g. truncated while
+    /// the store was down, is formatted anew either way.)
+    #[arg(long, env = "CRESCENT_DISK_REFORMAT", num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, default_value_t = false, value_parser = clap::builder::BoolishValueParser::new())]
+    disk_reformat: bool,
     /// Transfer listen address of the disk segment [default: --listen's
     /// address, any free port].
     #[arg(long, env = "CRESCENT_DISK_LISTEN")]
@@ -208,6 +216,7 @@ fn main() -> anyhow::Result<()> {
             tls: crescent_auth::tls::for_data_port(args.data_tls, tls.as_ref())?
                 .and(serving_tls.clone()),
             disk_path: None,
+            disk_reformat: false,
             prefault: args.prefault,
         };
         // Mooncake's offload path counts only with its switch on, as there.
@@ -232,6 +241,7 @@ fn main() -> anyhow::Result<()> {
                 .disk_listen
                 .unwrap_or_else(|| SocketAddr::new(args.listen.ip(), 0)),
             disk_path: Some(dir),
+            disk_reformat: args.disk_reformat,
             ..cfg.clone()
         });
         let agent = StoreAgent::start(master.clone(), cfg).await?;
@@ -242,6 +252,7 @@ fn main() -> anyhow::Result<()> {
         );
         // A disk segment that cannot be opened is said, and the store serves
         // its memory anyway.
+        let mut disk_error = None;
         let disk_agent = match disk_cfg {
             Some(mut disk_cfg) => {
                 disk_cfg.name = format!("{}-disk", agent.name);
@@ -257,6 +268,7 @@ fn main() -> anyhow::Result<()> {
                     }
                     Err(e) => {
                         tracing::error!(path = %dir.display(), error = %e, "no disk tier: cannot open the disk segment; serving memory only");
+                        disk_error = Some(format!("{}: {e}", dir.display()));
                         None
                     }
                 }
@@ -267,7 +279,7 @@ fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(&args.http)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen for HTTP on {}: {e}", args.http))?;
-            let router = http::router(agent.clone(), disk_agent.clone());
+            let router = http::router(agent.clone(), disk_agent.clone(), disk_error);
             let listener = CappedListener::new(
                 listener,
                 conn_limit::MAX_HTTP_CONNECTIONS,
