@@ -103,6 +103,23 @@ pub enum AgentError {
     },
 }
 
+impl AgentError {
+    /// The size a disk segment file was formatted for, when that is why it
+    /// was not opened ([`SegmentError::DiskCapacityDiffers`]), as a size
+    /// value (`16gb`): for the caller to name its own setting in a hint.
+    ///
+    /// [`SegmentError::DiskCapacityDiffers`]: crescent_store::segment::SegmentError::DiskCapacityDiffers
+    pub fn disk_formatted_for(&self) -> Option<&str> {
+        match self {
+            AgentError::Segment(crescent_store::segment::SegmentError::DiskCapacityDiffers {
+                found_flag,
+                ..
+            }) => Some(found_flag),
+            _ => None,
+        }
+    }
+}
+
 impl StoreAgent {
     /// [`start`](Self::start) of a disk segment, waiting while another
     /// process still holds its file (an overlapping restart, its old

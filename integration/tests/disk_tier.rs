@@ -287,7 +287,11 @@ async fn wait_for_disk_refusal(cluster: &LocalCluster, from: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_restarted_with_another_disk_size_keeps_its_disk_objects_unless_told_to_reformat() {
     let disk = tempfile::tempdir().unwrap();
-    let (mut cluster, c) = disk_cluster(disk.path()).await;
+    // A short client TTL: the reformatted file's new segment mounts once
+    // the old one (same name, other disk id) has expired.
+    let mut flags = master_flags();
+    flags.extend(["--client-ttl".to_string(), "3s".to_string()]);
+    let (mut cluster, c) = disk_cluster_with(disk.path(), &flags).await;
     let keys: Vec<String> = (0..24).map(|i| format!("block-{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
         put_retrying(&c, k, &value(i)).await.unwrap();
@@ -322,6 +326,7 @@ async fn a_store_restarted_with_another_disk_size_keeps_its_disk_objects_unless_
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert!(v["disk"].is_null(), "a disk tier was opened: {health}");
+    assert_eq!(v["status"], "degraded", "{health}");
     let why = v["disk_error"].as_str().unwrap_or_default();
     assert!(why.contains("--disk-size 256mb"), "{health}");
     let (_, metrics) = http_request(&cluster.stores[0].http, "GET", "/metrics", &[])
@@ -720,7 +725,9 @@ async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_rest
     .await
     .err()
     .expect("a disk file of another size was opened");
-    assert!(err.to_string().contains("disk_reformat"), "{err}");
+    for part in ["disk_size to 64mb", "disk_reformat", "--disk-segment-grace"] {
+        assert!(err.to_string().contains(part), "{part:?} not in: {err}");
+    }
     let engine = Client::connect(engine_config).await.unwrap();
     let d = engine.local_disk().expect("the disk segment again");
     assert_eq!(d.name, disk_name, "the file keeps the segment's name");

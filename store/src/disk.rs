@@ -324,8 +324,10 @@ fn check_existing(file: &File, file_len: u64, capacity: u64) -> io::Result<Exist
         Ok(identity) => identity,
         Err(why) => return Ok(Existing::Damaged(why)),
     };
-    // The length first: a file resized while no store held it is damaged
-    // whatever was asked, and formatting it anew loses nothing more.
+    // The length first: a file resized while no store held it is not what
+    // any store wrote, and is formatted anew whatever size was asked (a
+    // truncated one has lost objects; an extended one still holds them, but
+    // reusing it is not built).
     if let Some(why) = length_mismatch(&identity, file_len) {
         return Ok(Existing::Damaged(why));
     }
@@ -685,6 +687,12 @@ mod tests {
             .unwrap();
         f.set_len(HEADER_LEN + CAP).unwrap();
         drop(reformatted(2 * CAP, "truncated", &mut ids));
+        // Resized, and asked for another capacity than its header's: damaged
+        // (formatted anew), not refused for its capacity.
+        f.set_len(HEADER_LEN + CAP).unwrap();
+        drop(reformatted(CAP, "truncated", &mut ids));
+        f.set_len(HEADER_LEN + 2 * CAP).unwrap();
+        drop(reformatted(2 * CAP, "extended", &mut ids));
         f.set_len(HEADER_LEN + 3 * CAP).unwrap();
         drop(reformatted(2 * CAP, "extended", &mut ids));
         f.set_len(100).unwrap();
@@ -730,7 +738,7 @@ mod tests {
                 other => panic!("{asked}: expected DiskCapacityDiffers, got {other}"),
             }
             let msg = err.to_string();
-            for part in ["--disk-size 64kb", "--disk-reformat", DISK_FILE] {
+            for part in ["(64kb)", "--disk-segment-grace", DISK_FILE] {
                 assert!(msg.contains(part), "{part:?} not in: {msg}");
             }
             assert!(

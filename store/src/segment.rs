@@ -66,8 +66,9 @@ pub enum SegmentError {
     #[error(
         "disk segment {path} was formatted for {found} bytes ({found_flag}), but {asked} \
          ({asked_flag}) were asked for: it is left as it is, with its objects, and not opened. \
-         Ask for --disk-size {found_flag} to serve its objects again, or add --disk-reformat \
-         (client config disk_reformat) to discard them and format {asked_flag}"
+         Opened with its own size ({found_flag}) within the masters' --disk-segment-grace \
+         (default 1h) of its last store stopping, it serves them again; formatted anew at \
+         {asked_flag}, it discards them"
     )]
     DiskCapacityDiffers {
         path: PathBuf,

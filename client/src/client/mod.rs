@@ -275,8 +275,15 @@ impl Client {
                         if let Some(memory) = &local {
                             memory.shutdown().await;
                         }
+                        let hint = e.disk_formatted_for().map_or_else(String::new, |size| {
+                            format!(
+                                " (set CRESCENT_DISK_SIZE / disk_size to {size} to serve its \
+                                 objects, or CRESCENT_DISK_REFORMAT=1 / disk_reformat once to \
+                                 discard them)"
+                            )
+                        });
                         return Err(Error::Config(format!(
-                            "disk segment in {}: {e}",
+                            "disk segment in {}: {e}{hint}",
                             dir.display()
                         )));
                     }

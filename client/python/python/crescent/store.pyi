@@ -59,8 +59,9 @@ class MooncakeDistributedStore:
     # demote go there and survive this process's restart on the same
     # directory. Its size is CRESCENT_DISK_SIZE (default 16gb); one process
     # per directory. A directory that cannot be used fails setup, and so
-    # does a segment file formatted for another size (its objects are kept;
-    # CRESCENT_DISK_REFORMAT=1 formats it anew at the new size instead).
+    # does a segment file formatted for another size (left as it is, with
+    # its objects; CRESCENT_DISK_REFORMAT=1, set once, formats it anew at the
+    # new size and discards them).
     # CRESCENT_DESCRIPTOR_CACHE=1 reads a key looked up before with no
     # master call while its read lease lasts (not linearizable against a
     # forced remove; see the README's Guarantees).

@@ -109,8 +109,15 @@ pub fn router(
             serde_json::json!({"segment": d.name, "endpoint": d.endpoint,
             "segment_id": d.segment_id(), "mounted": d.segment_id().is_some()})
         });
+        // Still 200: the memory segment serves. "degraded" says the disk
+        // tier asked for is not there (why: disk_error).
+        let status = if disk_error.is_some() {
+            "degraded"
+        } else {
+            "serving"
+        };
         let body = axum::Json(
-            serde_json::json!({"status": "serving", "segment": a.name, "endpoint": a.endpoint,
+            serde_json::json!({"status": status, "segment": a.name, "endpoint": a.endpoint,
             "segment_id": a.segment_id(), "mounted": mounted, "disk": disk,
             "disk_error": disk_error}),
         );

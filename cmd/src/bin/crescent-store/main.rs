@@ -267,8 +267,15 @@ fn main() -> anyhow::Result<()> {
                         Some(d)
                     }
                     Err(e) => {
-                        tracing::error!(path = %dir.display(), error = %e, "no disk tier: cannot open the disk segment; serving memory only");
-                        disk_error = Some(format!("{}: {e}", dir.display()));
+                        let why = match e.disk_formatted_for() {
+                            Some(size) => format!(
+                                "{e} (start with --disk-size {size} to serve its objects, \
+                                 or once with --disk-reformat to discard them)"
+                            ),
+                            None => e.to_string(),
+                        };
+                        tracing::error!(path = %dir.display(), error = %why, "no disk tier: cannot open the disk segment; serving memory only");
+                        disk_error = Some(why);
                         None
                     }
                 }
