@@ -109,12 +109,12 @@ impl AgentError {
     /// value (`16gb`): for the caller to name its own setting in a hint.
     ///
     /// [`SegmentError::DiskCapacityDiffers`]: crescent_store::segment::SegmentError::DiskCapacityDiffers
-    pub fn disk_formatted_for(&self) -> Option<&str> {
+    pub fn disk_formatted_for(&self) -> Option<String> {
         match self {
             AgentError::Segment(crescent_store::segment::SegmentError::DiskCapacityDiffers {
-                found_flag,
+                found,
                 ..
-            }) => Some(found_flag),
+            }) => Some(crescent_proto::units::size_value(*found)),
             _ => None,
         }
     }

@@ -51,6 +51,18 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
     humantime::parse_duration(s).map_err(|_| UnitError::Duration(input.to_string()))
 }
 
+/// `bytes` as a size value that [`parse_size`] reads back exactly, in the
+/// largest unit that divides it: `16gb`, `1536mb`, `64kb`, `1000`. For
+/// messages that tell a user which value to pass.
+pub fn size_value(bytes: u64) -> String {
+    for (unit, shift) in [("tb", 40), ("gb", 30), ("mb", 20), ("kb", 10)] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// Formats bytes with a binary unit, for tables and logs.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -70,6 +82,19 @@ pub fn format_size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_values_read_back_exactly() {
+        assert_eq!(size_value(16 << 30), "16gb");
+        assert_eq!(size_value(1536 << 20), "1536mb");
+        assert_eq!(size_value(64 << 10), "64kb");
+        assert_eq!(size_value(3 << 40), "3tb");
+        assert_eq!(size_value((1 << 30) + 4096), "1048580kb");
+        assert_eq!(size_value(1000), "1000");
+        for b in [16u64 << 30, 1536 << 20, 64 << 10, (1 << 30) + 4096, 1000, 0] {
+            assert_eq!(parse_size(&size_value(b)), Ok(b));
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -279,9 +279,7 @@ pub(crate) fn open(
                 return Err(SegmentError::DiskCapacityDiffers {
                     path,
                     found: found.capacity,
-                    found_flag: size_flag(found.capacity),
                     asked: capacity,
-                    asked_flag: size_flag(capacity),
                 });
             }
             Existing::OtherCapacity(found) => DiskOpened::Reformatted {
@@ -335,17 +333,6 @@ fn check_existing(file: &File, file_len: u64, capacity: u64) -> io::Result<Exist
         return Ok(Existing::OtherCapacity(identity));
     }
     Ok(Existing::Reusable(identity))
-}
-
-/// `bytes` as a `--disk-size` value that means exactly it (capacities are
-/// multiples of 4 KiB): `16gb`, `1536mb`, `64kb`.
-fn size_flag(bytes: u64) -> String {
-    for (unit, shift) in [("tb", 40), ("gb", 30), ("mb", 20), ("kb", 10)] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
 }
 
 /// The identity in the header of `file` (`file_len` bytes long), or why it
@@ -727,18 +714,13 @@ mod tests {
                 .unwrap();
             match &err {
                 SegmentError::DiskCapacityDiffers {
-                    found,
-                    asked: a,
-                    found_flag,
-                    ..
-                } => {
-                    assert_eq!((*found, *a), (CAP, asked));
-                    assert_eq!(found_flag, "64kb");
-                }
+                    found, asked: a, ..
+                } => assert_eq!((*found, *a), (CAP, asked)),
                 other => panic!("{asked}: expected DiskCapacityDiffers, got {other}"),
             }
             let msg = err.to_string();
-            for part in ["(64kb)", "--disk-segment-grace", DISK_FILE] {
+            let asked_value = format!("({})", crescent_proto::units::size_value(asked));
+            for part in ["(64kb)", &asked_value, "--disk-segment-grace", DISK_FILE] {
                 assert!(msg.contains(part), "{part:?} not in: {msg}");
             }
             assert!(
@@ -753,18 +735,6 @@ mod tests {
         let mut got = [0u8; 4];
         s.read_at(0, &mut got).unwrap();
         assert_eq!(&got, b"kept");
-    }
-
-    #[test]
-    fn size_flags_name_the_exact_capacity() {
-        assert_eq!(size_flag(16 << 30), "16gb");
-        assert_eq!(size_flag(1536 << 20), "1536mb");
-        assert_eq!(size_flag(64 << 10), "64kb");
-        assert_eq!(size_flag(3 << 40), "3tb");
-        assert_eq!(size_flag((1 << 30) + 4096), "1048580kb");
-        for b in [16u64 << 30, 1536 << 20, 64 << 10, (1 << 30) + 4096] {
-            assert_eq!(crescent_proto::units::parse_size(&size_flag(b)).unwrap(), b);
-        }
     }
 
     #[test]

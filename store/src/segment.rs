@@ -25,6 +25,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crescent_proto::units::size_value;
 use memmap2::{MmapMut, MmapOptions};
 
 use crate::disk::{DiskFile, DiskIdentity, DiskOpened, OtherCapacity, HEADER_LEN};
@@ -64,18 +65,17 @@ pub enum SegmentError {
         source: std::io::Error,
     },
     #[error(
-        "disk segment {path} was formatted for {found} bytes ({found_flag}), but {asked} \
-         ({asked_flag}) were asked for: it is left as it is, with its objects, and not opened. \
-         Opened with its own size ({found_flag}) within the masters' --disk-segment-grace \
-         (default 1h) of its last store stopping, it serves them again; formatted anew at \
-         {asked_flag}, it discards them"
+        "disk segment {path} was formatted for {found} bytes ({}), but {asked} ({}) were \
+         asked for: it is left as it is, with its objects, and not opened. Opened with its own \
+         size ({0}) within the masters' --disk-segment-grace (default 1h) of its last store \
+         stopping, it serves them again; formatted anew at {1}, it discards them",
+        size_value(*.found),
+        size_value(*.asked)
     )]
     DiskCapacityDiffers {
         path: PathBuf,
         found: u64,
-        found_flag: String,
         asked: u64,
-        asked_flag: String,
     },
     #[error("a disk segment's name is at most {max} bytes, got {len}")]
     DiskName { len: usize, max: usize },
