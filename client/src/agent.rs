@@ -49,6 +49,10 @@ pub struct AgentConfig {
     /// A disk segment file formatted for another size is formatted anew at
     /// `segment_size` (its objects are lost) instead of refused.
     pub disk_reformat: bool,
+    /// The segments this process serves, shared by its agents, so a master
+    /// can have one copy bytes into another (COPY: a demotion or promotion
+    /// that stays on this host). Give every agent of a process the same.
+    pub local_segments: crescent_store::server::LocalSegments,
     /// Allocate the memory segment's pages before mounting it
     /// ([`Segment::prefault`]): no first-touch page faults on the put path,
     /// and a segment the host cannot hold fails here, not mid-put.
@@ -71,6 +75,7 @@ impl Default for AgentConfig {
             disk_path: None,
             disk_reformat: false,
             prefault: false,
+            local_segments: Default::default(),
         }
     }
 }
@@ -247,6 +252,7 @@ impl StoreAgent {
             stats.clone(),
             cfg.limits.clone(),
             cfg.tls.clone(),
+            cfg.local_segments.clone(),
         ));
         let spec = pb::SegmentSpec {
             name: name.clone(),

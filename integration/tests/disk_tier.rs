@@ -150,6 +150,16 @@ async fn leader_metric(c: &LocalCluster, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A counter of store 0's `/metrics`.
+async fn store_metric(c: &LocalCluster, name: &str) -> u64 {
+    let (_, body) = http_request(&c.stores[0].http, "GET", "/metrics", &[])
+        .await
+        .expect("metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Three demoting masters and one store with an 8 MiB memory segment and a
 /// disk segment in `disk` (both mounted), and a client.
 async fn disk_cluster(disk: &std::path::Path) -> (LocalCluster, Client) {
@@ -205,11 +215,40 @@ async fn wait_for_disk_mount(cluster: &LocalCluster) {
 async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
     let disk = tempfile::tempdir().unwrap();
     let (mut cluster, c) = disk_cluster(disk.path()).await;
+    demote_and_restart(&mut cluster, &c).await;
+    // The store copied every demoted object from its memory to its own disk
+    // (the bytes never went through the leader). The leader's counter of
+    // such copies may count one whose end did not commit.
+    let demotions = leader_metric(&cluster, "master_demotions_total").await;
+    let on_store = leader_metric(&cluster, "master_tier_copies_on_store_total").await;
+    assert!(
+        on_store >= demotions,
+        "{on_store} copies on the store, {demotions} demotions"
+    );
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_told_to_copy_through_the_leader_demote_the_same_way() {
+    let disk = tempfile::tempdir().unwrap();
+    let mut flags = master_flags();
+    flags.push("--tier-copy-on-store=false".into());
+    let (mut cluster, c) = disk_cluster_with(disk.path(), &flags).await;
+    demote_and_restart(&mut cluster, &c).await;
+    assert_eq!(
+        leader_metric(&cluster, "master_tier_copies_on_store_total").await,
+        0
+    );
+    assert_eq!(store_metric(&cluster, "store_tier_copies_total").await, 0);
+}
+
+/// Puts 16 MiB through the 8 MiB memory segment, checks that demotions ran
+/// and every object reads back, then SIGKILLs and restarts the store and
+/// checks that its disk objects read back with no re-put.
+async fn demote_and_restart(cluster: &mut LocalCluster, c: &Client) {
     // 16 MiB through an 8 MiB memory segment: none is refused for long.
     let keys: Vec<String> = (0..32).map(|i| format!("block-{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
-        put_retrying(&c, k, &value(i)).await.unwrap();
+        put_retrying(c, k, &value(i)).await.unwrap();
     }
     // Whatever is in memory or on disk reads back right; every object is
     // somewhere (the disk has room, so nothing was dropped).
@@ -220,7 +259,7 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
             "{k}"
         );
     }
-    let demoted = on_disk(&cluster, &keys).await;
+    let demoted = on_disk(cluster, &keys).await;
     assert!(
         demoted.len() >= 12,
         "at least 12 MiB of 16 must be on disk, found {}",
@@ -233,11 +272,15 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
     let mut demotions = 0;
     while demotions == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        demotions = leader_metric(&cluster, "master_demotions_total").await;
+        demotions = leader_metric(cluster, "master_demotions_total").await;
     }
-    let puts_to_disk = leader_metric(&cluster, "master_puts_to_disk_total").await;
+    let puts_to_disk = leader_metric(cluster, "master_puts_to_disk_total").await;
     assert!(demotions > 0, "no demotion ran");
     assert!(demotions + puts_to_disk >= demoted.len() as u64);
+    // The store counts each COPY before it answers, the leader after: read
+    // in this order, the store's count is never the smaller.
+    let on_store = leader_metric(cluster, "master_tier_copies_on_store_total").await;
+    assert!(store_metric(cluster, "store_tier_copies_total").await >= on_store);
 
     // SIGKILL the store and start it again on the same directory: its
     // memory objects are gone, its disk objects come back with no re-put.
@@ -245,9 +288,9 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
     cluster.stores[0].restart().unwrap();
     // The new process mounts its disk segment (the masters took it back
     // rather than waiting for the old one to expire and starting afresh).
-    wait_for_disk_mount(&cluster).await;
+    wait_for_disk_mount(cluster).await;
     assert_eq!(
-        on_disk(&cluster, &demoted).await,
+        on_disk(cluster, &demoted).await,
         demoted,
         "every disk object is listed again"
     );
@@ -256,7 +299,7 @@ async fn objects_past_the_watermark_move_to_disk_and_survive_a_store_restart() {
         assert_eq!(c.get(k).await.unwrap(), value(i), "{k} after the restart");
     }
     // The restarted store serves puts again (its new memory segment).
-    put_retrying(&c, "after", &value(99)).await.unwrap();
+    put_retrying(c, "after", &value(99)).await.unwrap();
     assert_eq!(c.get("after").await.unwrap(), value(99));
     let (_, health) = http_request(&cluster.stores[0].http, "GET", "/health", &[])
         .await
@@ -502,6 +545,14 @@ async fn an_object_read_twice_from_disk_is_promoted_and_keeps_its_disk_replica()
         assert_eq!(c.get(k).await.unwrap(), value(i), "{k} from memory");
     }
     assert!(leader_metric(&cluster, "master_promotions_total").await >= promoted.len() as u64);
+    // Promotions too are copied by the store, from its disk to its memory.
+    let moved = leader_metric(&cluster, "master_promotions_total").await
+        + leader_metric(&cluster, "master_demotions_total").await;
+    let on_store = leader_metric(&cluster, "master_tier_copies_on_store_total").await;
+    assert!(
+        on_store >= moved,
+        "{on_store} copies on the store, {moved} moved"
+    );
     // A key read once stays only on disk.
     let unread = disk_only.last().unwrap();
     assert_eq!(

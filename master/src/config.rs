@@ -196,6 +196,13 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_DEMOTION_TIMEOUT", default_value = "60s", value_parser = duration)]
     pub demotion_timeout: Duration,
 
+    /// Demotions and promotions between a store's own memory and disk are
+    /// copied by that store (one COPY request; the bytes stay on its host).
+    /// `--tier-copy-on-store=false` has the leader read and write every
+    /// byte itself, as before stores could copy: for comparing the two.
+    #[arg(long, env = "CRESCENT_TIER_COPY_ON_STORE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub tier_copy_on_store: bool,
+
     /// Promotion: an object only on disk that is looked up this many times
     /// within --promotion-window is copied back to memory (its disk replica
     /// stays). 0 turns promotion off.

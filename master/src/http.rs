@@ -265,6 +265,11 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             &mm.demotion_failures,
         ),
         (
+            "master_tier_copies_on_store_total",
+            "Demotions and promotions a store copied between its own memory and disk (the rest went through this leader).",
+            &mm.tier_copies_on_store,
+        ),
+        (
             "master_promotions_total",
             "Objects this node as leader copied from disk back to memory (they stay on disk too).",
             &mm.promotions,

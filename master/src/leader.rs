@@ -82,25 +82,26 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
     }
 }
 
-/// The connection pool the leader copies objects between tiers with: TLS to
-/// the data ports when asked.
-fn data_transport(node: &MasterNode) -> Arc<TcpTransport> {
+/// What the leader copies objects between tiers with: its connection pool
+/// to the data ports, TLS when asked.
+fn copier(node: &MasterNode) -> Arc<tier_move::Copier> {
     let tls = if node.config().data_tls {
         node.config().tls().ok().flatten()
     } else {
         None
     };
-    Arc::new(match TcpTransport::with_tls(tls.as_ref()) {
+    let transport = match TcpTransport::with_tls(tls.as_ref()) {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "cannot set up TLS to the data ports; copies between tiers will fail");
             TcpTransport::new()
         }
-    })
+    };
+    Arc::new(tier_move::Copier::new(Arc::new(transport)))
 }
 
 async fn eviction_loop(node: Arc<MasterNode>) {
-    let transport = data_transport(&node);
+    let copier = copier(&node);
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -138,7 +139,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         if !to_disk.is_empty() {
             node.undoom(&to_disk);
             let chosen = to_disk.len();
-            let round = tier_move::demote(&node, &transport, to_disk).await;
+            let round = tier_move::demote(&node, &copier, to_disk).await;
             demoted = round.moved;
             tracing::info!(
                 demoted,
@@ -245,7 +246,7 @@ async fn promotion_loop(node: Arc<MasterNode>) {
     if node.config().promotion_reads == 0 {
         return;
     }
-    let transport = data_transport(&node);
+    let copier = copier(&node);
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -255,7 +256,7 @@ async fn promotion_loop(node: Arc<MasterNode>) {
             continue;
         }
         let chosen = keys.len();
-        let round = tier_move::promote(&node, &transport, keys).await;
+        let round = tier_move::promote(&node, &copier, keys).await;
         tracing::info!(
             promoted = round.moved,
             chosen,

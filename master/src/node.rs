@@ -84,6 +84,9 @@ pub struct MasterMetrics {
     pub memory_copies_dropped: AtomicU64,
     /// Promoted objects whose disk copy the disk watermark released.
     pub disk_copies_dropped: AtomicU64,
+    /// Demotions and promotions a store copied between its own segments
+    /// (COPY), of those above; the rest went through the leader.
+    pub tier_copies_on_store: AtomicU64,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }

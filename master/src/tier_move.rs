@@ -6,11 +6,19 @@
 //! memory later copies nothing: its memory replicas are simply released.
 //!
 //! A round: `TierMoveStart` allocates each object's range in the target
-//! tier (one entry for the batch); the leader copies the bytes itself,
-//! reading a replica of the other tier and writing the range over the
-//! stores' TCP data port under grants it signs; it checks the crc32c the
-//! object was put with; then `TierMoveEnd` adds the new replica (and, for a
-//! demotion, releases the memory ones) in one entry.
+//! tier (one entry for the batch); the bytes are copied under grants the
+//! leader signs (a read grant for the source, a write grant for the
+//! target), and their crc32c is checked against the one the object was put
+//! with; then `TierMoveEnd` adds the new replica (and, for a demotion,
+//! releases the memory ones) in one entry.
+//!
+//! Who copies: when source and target are segments of the same store
+//! process (a store's memory and its own disk, the usual case), the leader
+//! sends that store one COPY and the bytes never leave its host; the store
+//! answers the crc32c of what it copied. Otherwise, or when the store
+//! predates COPY (its PING answers no [`FEATURE_COPY`]) or refuses it, the
+//! leader copies itself: it reads the source replica and writes the target
+//! range over the stores' TCP data ports.
 //!
 //! Why the copy cannot overwrite anything: the target range stays
 //! allocated until `TierMoveEnd` or, if this leader dies or stalls, until
@@ -21,18 +29,23 @@
 //! `TierMoveEnd`, and a released one's space stays unallocated for a lease
 //! TTL after.
 //!
-//! The leader moves the bytes because that needs no new store protocol; a
-//! store copying between its own memory and disk would save the round
-//! trip through the master (not done yet).
+//! A store's COPY is judged like the leader's own copy: refused (nothing
+//! written: the leader then copies itself), answered (every byte written;
+//! a wrong crc32c leaves the range to its release time all the same, which
+//! costs nothing but is simplest to argue), or anything else (unknown: the
+//! range waits for the release time). A COPY is never resent on a fresh
+//! connection: a store whose deadline cut a copy short may still be running
+//! it, until its write grant expires.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crescent_auth::capability::{Access, Capability, SegmentKey};
 use crescent_raft::state::{MetaState, Op, SegmentId, Tier, TierMove, TierMoveId};
 use crescent_raft::Response;
-use crescent_store::protocol::Grant;
+use crescent_store::protocol::{CopyTarget, Grant, FEATURE_COPY};
 use crescent_store::{TcpTransport, TransferError};
 use futures::StreamExt;
 
@@ -40,6 +53,60 @@ use crate::node::{now_ms, MasterMetrics, MasterNode};
 
 /// Copies in flight at once.
 const PARALLEL_COPIES: usize = 4;
+
+/// Source segments remembered, whether their store serves COPY; more are
+/// forgotten all at once (a PING each to ask again costs little).
+const MAX_REMEMBERED_SEGMENTS: usize = 4096;
+
+/// What copies between tiers: the leader's connection pool to the stores'
+/// data ports, and what it learnt of which stores copy themselves.
+pub struct Copier {
+    transport: Arc<TcpTransport>,
+    /// Per source segment (an id names one store incarnation): whether its
+    /// store answered a PING with [`FEATURE_COPY`].
+    serves_copy: Mutex<HashMap<SegmentId, bool>>,
+}
+
+impl Copier {
+    pub fn new(transport: Arc<TcpTransport>) -> Self {
+        Self {
+            transport,
+            serves_copy: Mutex::default(),
+        }
+    }
+
+    /// Whether the store serving `segment` at `endpoint` serves COPY,
+    /// asked by a PING the first time. A PING that fails is not
+    /// remembered: the leader copies itself this time.
+    async fn serves_copy(&self, segment: SegmentId, endpoint: &str) -> bool {
+        if let Some(known) = self.remembered(segment) {
+            return known;
+        }
+        match self.transport.features(endpoint).await {
+            Ok(features) => {
+                let serves = features & FEATURE_COPY != 0;
+                let mut known = self.serves_copy.lock().expect("lock poisoned");
+                if known.len() >= MAX_REMEMBERED_SEGMENTS {
+                    known.clear();
+                }
+                known.insert(segment, serves);
+                serves
+            }
+            Err(e) => {
+                tracing::debug!(segment, endpoint, error = %e, "PING for the store's features failed");
+                false
+            }
+        }
+    }
+
+    fn remembered(&self, segment: SegmentId) -> Option<bool> {
+        self.serves_copy
+            .lock()
+            .expect("lock poisoned")
+            .get(&segment)
+            .copied()
+    }
+}
 
 /// How one copy ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,22 +211,14 @@ pub struct Moved {
 
 /// Moves `keys` to disk (at most [`MAX_MOVES_PER_ROUND`] of them),
 /// releasing their memory replicas.
-pub async fn demote(
-    node: &Arc<MasterNode>,
-    transport: &Arc<TcpTransport>,
-    keys: Vec<String>,
-) -> Moved {
-    move_to(node, transport, Tier::Disk, keys).await
+pub async fn demote(node: &Arc<MasterNode>, copier: &Arc<Copier>, keys: Vec<String>) -> Moved {
+    move_to(node, copier, Tier::Disk, keys).await
 }
 
 /// Copies `keys` (only on disk) back to memory (at most
 /// [`MAX_MOVES_PER_ROUND`] of them); their disk replicas stay.
-pub async fn promote(
-    node: &Arc<MasterNode>,
-    transport: &Arc<TcpTransport>,
-    keys: Vec<String>,
-) -> Moved {
-    move_to(node, transport, Tier::Memory, keys).await
+pub async fn promote(node: &Arc<MasterNode>, copier: &Arc<Copier>, keys: Vec<String>) -> Moved {
+    move_to(node, copier, Tier::Memory, keys).await
 }
 
 /// The counters of copies to `to`: objects, bytes, failures.
@@ -172,7 +231,7 @@ fn counters(m: &MasterMetrics, to: Tier) -> (&AtomicU64, &AtomicU64, &AtomicU64)
 
 async fn move_to(
     node: &Arc<MasterNode>,
-    transport: &Arc<TcpTransport>,
+    copier: &Arc<Copier>,
     to: Tier,
     keys: Vec<String>,
 ) -> Moved {
@@ -230,7 +289,7 @@ async fn move_to(
     let now = now_ms();
     let copies = futures::stream::iter(moves.into_iter().map(|d| {
         let node = node.clone();
-        let transport = transport.clone();
+        let copier = copier.clone();
         let expiry = grant_expiry(now, &d, timeout);
         async move {
             // Nothing is started once the grant has expired (the store
@@ -239,7 +298,7 @@ async fn move_to(
             let outcome = if left.is_zero() {
                 CopyOutcome::NotWritten
             } else {
-                tokio::time::timeout(left, copy(&node, &transport, &d, expiry))
+                tokio::time::timeout(left, copy(&node, &copier, &d, expiry))
                     .await
                     .unwrap_or(CopyOutcome::Unknown)
             };
@@ -325,21 +384,23 @@ async fn move_to(
     out
 }
 
-/// Copies `d`'s source replica to its target range a piece at a time under
-/// grants expiring at `expiry`, checking the whole object's crc32c.
-async fn copy(
-    node: &MasterNode,
-    transport: &TcpTransport,
-    d: &TierMove,
-    expiry: u64,
-) -> CopyOutcome {
-    let (source, target) = {
+/// Copies `d`'s source replica to its target range under grants expiring
+/// at `expiry`, checking the whole object's crc32c: by one COPY to the
+/// store when it holds both segments and serves COPY, else through this
+/// leader.
+async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> CopyOutcome {
+    let (source, target, same_store) = {
         let state = node.state();
         let seg = |id: SegmentId| {
             let s = state.segments.get(&id)?;
             Some((s.spec.endpoint.clone(), SegmentKey::from_slice(&s.key.0)?))
         };
-        (seg(d.source.segment_id), seg(d.target.segment_id))
+        let owner = |id: SegmentId| state.segments.get(&id).map(|s| s.owner.clone());
+        (
+            seg(d.source.segment_id),
+            seg(d.target.segment_id),
+            owner(d.source.segment_id) == owner(d.target.segment_id),
+        )
     };
     let (Some((src_endpoint, src_key)), Some((dst_endpoint, dst_key))) = (source, target) else {
         return CopyOutcome::NotWritten;
@@ -360,6 +421,49 @@ async fn copy(
         Access::Write,
         expiry,
     );
+    if same_store
+        && node.config().tier_copy_on_store
+        && copier.serves_copy(d.source.segment_id, &src_endpoint).await
+    {
+        let target = CopyTarget {
+            offset: d.target.offset,
+            grant: write_grant,
+        };
+        let copied = copier
+            .transport
+            .copy(&src_endpoint, read_grant, d.source.offset, d.size, target)
+            .await;
+        match copied {
+            Ok(crc) if crc == d.checksum => {
+                node.counters()
+                    .tier_copies_on_store
+                    .fetch_add(1, Ordering::Relaxed);
+                return CopyOutcome::Done;
+            }
+            Ok(_) => {
+                tracing::warn!(
+                    key = d.key,
+                    "a store copied bytes between its tiers that do not match the object's checksum; not copied"
+                );
+                // Answered, so every write is done; but see the module
+                // comment: the range waits for its release time.
+                return CopyOutcome::Unknown;
+            }
+            // Refused before a byte was written, or never sent: copy here.
+            Err(
+                e @ (TransferError::Refused { .. }
+                | TransferError::Connect { .. }
+                | TransferError::Tls { .. }),
+            ) => {
+                tracing::debug!(key = d.key, error = %e, "store did not copy between its tiers; the leader copies");
+            }
+            Err(e) => {
+                tracing::debug!(key = d.key, error = %e, "copy on the store failed");
+                return CopyOutcome::Unknown;
+            }
+        }
+    }
+    let transport = &copier.transport;
     let piece_len = usize::try_from(d.size).map_or(COPY_PIECE, |s| s.min(COPY_PIECE));
     let mut buf = vec![0u8; piece_len];
     let mut crc = 0u32;

@@ -41,6 +41,7 @@ fn main() {
             Arc::new(Default::default()),
             Default::default(),
             serving,
+            Default::default(),
         ));
         let t =
             Arc::new(crescent_store::TcpTransport::with_tls(client.as_ref()).expect("TLS set-up"));

@@ -5,10 +5,19 @@
 //!   magic u32 | op u8 | 0 u8 x3 | request_id u64 | offset u64 | len u64
 //!   | grant: segment_id u64 | offset u64 | len u64 | expiry_ms u64 | mac [u8; 16]
 //!   [+ len bytes for WRITE]
+//!   [+ 56 bytes for COPY: target offset u64 | target grant (48 bytes, as above)]
 //! response (32 bytes):
-//!   magic u32 | status u8 | 0 u8 x3 | request_id u64 | len u64 | 0 u64
+//!   magic u32 | status u8 | 0 u8 x3 | request_id u64 | len u64 | value u64
 //!   [+ len bytes for READ]
 //! ```
+//! COPY (issue 15) asks a store to copy `[offset, offset+len)` of the
+//! segment it is sent to into another segment *the same process* serves
+//! (a demotion from memory to disk, a promotion back), under a read grant
+//! for the source and a write grant for the target: the bytes never leave
+//! the store's host. Its answer's `value` is the crc32c of the bytes
+//! copied, which the master checks against the object's. A PING's answer
+//! carries in `value` the features the store serves ([`FEATURE_COPY`]); a
+//! store from before COPY answers 0, and a master copies through itself.
 //! Every READ and WRITE carries the [`Grant`] it is made under: a capability
 //! the master signed with the segment's key (see `crescent_auth::capability`)
 //! for a range, an operation and a time. The store serves only what a grant it
@@ -33,13 +42,21 @@ pub enum Op {
     Read = 1,
     Write = 2,
     Ping = 3,
+    Copy = 4,
 }
+
+/// A PING answer's `value` bit: the store serves COPY.
+pub const FEATURE_COPY: u64 = 1;
+
+/// Bytes after a COPY request's header: where the bytes go.
+pub const COPY_TARGET_LEN: usize = 56;
 
 impl Op {
     /// The capability access this operation needs (None for PING).
     pub fn access(self) -> Option<Access> {
         match self {
-            Op::Read => Some(Access::Read),
+            // A COPY's header carries the grant to read its source.
+            Op::Read | Op::Copy => Some(Access::Read),
             Op::Write => Some(Access::Write),
             Op::Ping => None,
         }
@@ -105,6 +122,53 @@ pub struct Request {
     pub grant: Grant,
 }
 
+/// Where a COPY writes: `[offset, offset+len)` of the segment its grant
+/// names (the request's `len`), under that write grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyTarget {
+    pub offset: u64,
+    pub grant: Grant,
+}
+
+impl CopyTarget {
+    pub fn encode(&self) -> [u8; COPY_TARGET_LEN] {
+        let mut b = [0u8; COPY_TARGET_LEN];
+        b[0..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[8..56].copy_from_slice(&encode_grant(&self.grant));
+        b
+    }
+
+    pub fn decode(b: &[u8; COPY_TARGET_LEN]) -> Self {
+        Self {
+            offset: u64_at(b, 0),
+            grant: decode_grant(&b[8..56]),
+        }
+    }
+}
+
+fn encode_grant(g: &Grant) -> [u8; 48] {
+    let mut b = [0u8; 48];
+    b[0..8].copy_from_slice(&g.segment_id.to_le_bytes());
+    b[8..16].copy_from_slice(&g.offset.to_le_bytes());
+    b[16..24].copy_from_slice(&g.len.to_le_bytes());
+    b[24..32].copy_from_slice(&g.expiry_ms.to_le_bytes());
+    b[32..48].copy_from_slice(&g.mac);
+    b
+}
+
+/// The grant in the 48 bytes of `b` (the caller passes exactly those).
+fn decode_grant(b: &[u8]) -> Grant {
+    let mut mac = [0u8; MAC_LEN];
+    mac.copy_from_slice(&b[32..48]);
+    Grant {
+        segment_id: u64_at(b, 0),
+        offset: u64_at(b, 8),
+        len: u64_at(b, 16),
+        expiry_ms: u64_at(b, 24),
+        mac,
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
     Ok = 0,
@@ -122,6 +186,8 @@ pub struct Response {
     pub status: Status,
     pub request_id: u64,
     pub len: u64,
+    /// A PING's features ([`FEATURE_COPY`]), a COPY's crc32c; else 0.
+    pub value: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -168,11 +234,7 @@ impl Request {
         b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.offset.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
-        b[32..40].copy_from_slice(&self.grant.segment_id.to_le_bytes());
-        b[40..48].copy_from_slice(&self.grant.offset.to_le_bytes());
-        b[48..56].copy_from_slice(&self.grant.len.to_le_bytes());
-        b[56..64].copy_from_slice(&self.grant.expiry_ms.to_le_bytes());
-        b[64..80].copy_from_slice(&self.grant.mac);
+        b[32..80].copy_from_slice(&encode_grant(&self.grant));
         b
     }
 
@@ -182,23 +244,16 @@ impl Request {
             1 => Op::Read,
             2 => Op::Write,
             3 => Op::Ping,
+            4 => Op::Copy,
             other => return Err(ProtocolError::UnknownOp(other)),
         };
         let len = len_at(b, 24)?;
-        let mut mac = [0u8; MAC_LEN];
-        mac.copy_from_slice(&b[64..80]);
         Ok(Self {
             op,
             request_id: u64_at(b, 8),
             offset: u64_at(b, 16),
             len,
-            grant: Grant {
-                segment_id: u64_at(b, 32),
-                offset: u64_at(b, 40),
-                len: u64_at(b, 48),
-                expiry_ms: u64_at(b, 56),
-                mac,
-            },
+            grant: decode_grant(&b[32..80]),
         })
     }
 
@@ -217,6 +272,7 @@ impl Response {
         b[4] = self.status as u8;
         b[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.value.to_le_bytes());
         b
     }
 
@@ -235,6 +291,7 @@ impl Response {
             status,
             request_id: u64_at(b, 8),
             len,
+            value: u64_at(b, 24),
         })
     }
 }
@@ -256,13 +313,22 @@ mod tests {
 
     proptest! {
         #[test]
-        fn request_roundtrip(id in any::<u64>(), off in any::<u64>(), len in 0..=MAX_TRANSFER, op in 1u8..=3,
+        fn request_roundtrip(id in any::<u64>(), off in any::<u64>(), len in 0..=MAX_TRANSFER, op in 1u8..=4,
                              seg in any::<u64>(), goff in any::<u64>(), glen in any::<u64>(), exp in any::<u64>(),
                              mac in prop::array::uniform16(any::<u8>())) {
-            let op = match op { 1 => Op::Read, 2 => Op::Write, _ => Op::Ping };
+            let op = match op { 1 => Op::Read, 2 => Op::Write, 3 => Op::Ping, _ => Op::Copy };
             let grant = Grant { segment_id: seg, offset: goff, len: glen, expiry_ms: exp, mac };
             let r = Request { op, request_id: id, offset: off, len, grant };
             prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
+            let target = CopyTarget { offset: off ^ goff, grant };
+            prop_assert_eq!(CopyTarget::decode(&target.encode()), target);
+        }
+
+        #[test]
+        fn response_roundtrip(id in any::<u64>(), len in 0..=MAX_TRANSFER, value in any::<u64>(), status in 0u8..=4) {
+            let status = match status { 0 => Status::Ok, 1 => Status::OutOfRange, 2 => Status::BadRequest, 3 => Status::WrongSegment, _ => Status::Forbidden };
+            let r = Response { status, request_id: id, len, value };
+            prop_assert_eq!(Response::decode(&r.encode()), Ok(r));
         }
 
         #[test]

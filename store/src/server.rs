@@ -32,6 +32,13 @@
 //! can stall for milliseconds; the runtime's few threads must keep serving
 //! the other connections meanwhile). A disk error closes the connection
 //! (the client sees a failed transfer) and is logged; nothing panics.
+//!
+//! COPY (see [`crate::protocol`]) moves bytes from the segment a connection
+//! serves to another segment of the same process, found in the
+//! [`LocalSegments`] the servers of one process share: a master's demotion
+//! from memory to disk, or promotion back, without the bytes crossing the
+//! network. Both grants are checked before a byte is written; a failure
+//! after that closes the connection, like a failed disk write.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,7 +47,10 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::protocol::{Op, ProtocolError, Request, Response, Status, REQUEST_LEN};
+use crate::protocol::{
+    CopyTarget, Op, ProtocolError, Request, Response, Status, COPY_TARGET_LEN, FEATURE_COPY,
+    REQUEST_LEN,
+};
 use crate::segment::{Segment, SegmentError};
 use crescent_auth::capability::Refusal;
 use crescent_auth::tls::ServingTls;
@@ -88,6 +98,37 @@ pub struct TransferStats {
     pub disk_read_latency: crescent_proto::metrics::Histogram,
     /// Time of one pwrite to a disk segment.
     pub disk_write_latency: crescent_proto::metrics::Histogram,
+    /// COPYs served: copies from this segment into another of this process.
+    pub copies: AtomicU64,
+    /// Bytes those copies moved.
+    pub copy_bytes: AtomicU64,
+}
+
+/// The segments one process serves (with their counters), so a COPY sent
+/// to one of them can find its target. Holds them weakly: a segment no
+/// longer served is released (and a disk segment's file lock with it) as if
+/// it were not listed.
+#[derive(Clone, Default, Debug)]
+pub struct LocalSegments(Arc<std::sync::Mutex<Vec<ServedSegment>>>);
+
+type ServedSegment = (std::sync::Weak<Segment>, std::sync::Weak<TransferStats>);
+
+impl LocalSegments {
+    /// Lists `segment`, counted in `stats` (and forgets the ones released
+    /// since).
+    pub fn add(&self, segment: &Arc<Segment>, stats: &Arc<TransferStats>) {
+        let mut all = self.0.lock().expect("lock poisoned");
+        all.retain(|(s, _)| s.strong_count() > 0);
+        all.push((Arc::downgrade(segment), Arc::downgrade(stats)));
+    }
+
+    /// The listed segment mounted as `segment_id`, with its counters.
+    pub fn find(&self, segment_id: u64) -> Option<(Arc<Segment>, Arc<TransferStats>)> {
+        let all = self.0.lock().expect("lock poisoned");
+        all.iter()
+            .filter_map(|(s, t)| Some((s.upgrade()?, t.upgrade()?)))
+            .find(|(s, _)| s.mounted().is_some_and(|m| m.id == segment_id))
+    }
 }
 
 /// Bounds on each transfer connection.
@@ -136,13 +177,22 @@ pub async fn serve(
     stats: Arc<TransferStats>,
     limits: ServeLimits,
 ) {
-    serve_tls(segment, listener, stats, limits, None).await
+    serve_tls(
+        segment,
+        listener,
+        stats,
+        limits,
+        None,
+        LocalSegments::default(),
+    )
+    .await
 }
 
 /// Accepts connections forever (until the task is dropped): with `tls`,
 /// mutual TLS only, each connection with the acceptor `tls` holds when it
 /// is accepted (so a [`ServingTls::reload`] reaches every later
-/// connection); without, clear text.
+/// connection); without, clear text. `local` lists the segments of this
+/// process a COPY may write to; `segment` is added to it.
 ///
 /// Dropping the task closes every connection it accepted too. Each holds
 /// the segment, so a segment that stops being served is released at once:
@@ -154,7 +204,9 @@ pub async fn serve_tls(
     stats: Arc<TransferStats>,
     limits: ServeLimits,
     tls: Option<Arc<ServingTls>>,
+    local: LocalSegments,
 ) {
+    local.add(&segment, &stats);
     let limits = Arc::new(limits);
     let mut connections = tokio::task::JoinSet::<()>::new();
     loop {
@@ -175,6 +227,7 @@ pub async fn serve_tls(
                 let segment = segment.clone();
                 let stats = stats.clone();
                 let limits = limits.clone();
+                let local = local.clone();
                 let acceptor = tls.as_ref().map(|tls| tls.data_acceptor());
                 // Counted from here, handshake included: a connection
                 // stuck in its handshake holds a slot like any other.
@@ -183,10 +236,10 @@ pub async fn serve_tls(
                     let served = match acceptor {
                         None => {
                             let (r, w) = stream.into_split();
-                            handle(segment, r, w, &stats, &limits, true).await
+                            handle(segment, &local, r, w, &stats, &limits, true).await
                         }
                         Some(acceptor) => {
-                            handle_tls(segment, stream, acceptor, &stats, &limits).await
+                            handle_tls(segment, &local, stream, acceptor, &stats, &limits).await
                         }
                     };
                     if let Err(e) = served {
@@ -211,6 +264,7 @@ pub async fn serve_tls(
 /// handshake bounded by `limits.handshake_timeout`.
 async fn handle_tls(
     segment: Arc<Segment>,
+    local: &LocalSegments,
     stream: TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
     stats: &TransferStats,
@@ -236,7 +290,7 @@ async fn handle_tls(
         }
         Ok(Ok(tls)) => {
             let (r, w) = tokio::io::split(tls);
-            handle(segment, r, w, stats, limits, false).await
+            handle(segment, local, r, w, stats, limits, false).await
         }
     }
 }
@@ -289,6 +343,7 @@ where
         status,
         request_id: req.request_id,
         len: 0,
+        value: 0,
     };
     w.write_all(&resp.encode()).await?;
     w.flush().await?;
@@ -312,6 +367,7 @@ async fn drain<R: tokio::io::AsyncRead + Unpin>(r: &mut R, max: u64) {
 /// Serves the requests of one connection, clear text or decrypted TLS.
 async fn handle<R, W>(
     segment: Arc<Segment>,
+    local: &LocalSegments,
     r: R,
     w: W,
     stats: &TransferStats,
@@ -355,7 +411,7 @@ where
             Err(e) => return Err(e.into()),
         };
         let deadline = limits.request_deadline(req.len);
-        let serve = serve_one(&segment, &req, &mut r, &mut w, stats, limits);
+        let serve = serve_one(&segment, local, &req, &mut r, &mut w, stats, limits);
         tokio::time::timeout(deadline, serve)
             .await
             .map_err(|_| ConnError::TooSlow {
@@ -394,9 +450,58 @@ where
     let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }
 
+/// Why `grant` does not allow `access` to `[offset, offset+len)` of the
+/// segment mounted as `m` now, if it does not.
+fn grant_refusal(
+    m: &crate::segment::Mounted,
+    grant: &crate::protocol::Grant,
+    access: crescent_auth::capability::Access,
+    offset: u64,
+    len: u64,
+    limits: &ServeLimits,
+) -> Option<Refusal> {
+    let skew_ms = limits.grant_clock_skew.as_millis() as u64;
+    m.signer
+        .check(
+            &grant.capability(access),
+            &grant.mac,
+            m.id,
+            access,
+            offset,
+            len,
+            unix_ms(),
+            skew_ms,
+        )
+        .err()
+}
+
+/// Answers `req` Forbidden for `refusal` (counted) and returns the error
+/// that closes the connection (the one a failed answer gives, if it failed).
+async fn forbid<R, W>(
+    r: &mut R,
+    w: &mut W,
+    req: &Request,
+    stats: &TransferStats,
+    refusal: Refusal,
+) -> ConnError
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    stats.forbidden.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = refuse(r, w, req, Status::Forbidden).await {
+        return e.into();
+    }
+    ConnError::Forbidden {
+        request_id: req.request_id,
+        refusal,
+    }
+}
+
 /// Serves one decoded request: checks it, moves its bytes, writes the answer.
 async fn serve_one<R, W>(
     segment: &Arc<Segment>,
+    local: &LocalSegments,
     req: &Request,
     r: &mut R,
     w: &mut W,
@@ -410,6 +515,14 @@ where
     {
         let started = std::time::Instant::now();
         stats.requests.fetch_add(1, Ordering::Relaxed);
+        // Read before any check, so a refusal leaves no unread bytes.
+        let copy_target = if req.op == Op::Copy {
+            let mut b = [0u8; COPY_TARGET_LEN];
+            r.read_exact(&mut b).await?;
+            Some(CopyTarget::decode(&b))
+        } else {
+            None
+        };
         if let Some(access) = req.op.access() {
             let mounted = segment.mounted();
             let refusal = match &mounted {
@@ -424,28 +537,11 @@ where
                         serving: Some(m.id),
                     });
                 }
-                Some(m) => m
-                    .signer
-                    .check(
-                        &req.grant.capability(access),
-                        &req.grant.mac,
-                        m.id,
-                        access,
-                        req.offset,
-                        req.len,
-                        unix_ms(),
-                        limits.grant_clock_skew.as_millis() as u64,
-                    )
-                    .err(),
+                Some(m) => grant_refusal(m, &req.grant, access, req.offset, req.len, limits),
                 None => Some(Refusal::NoKey),
             };
             if let Some(refusal) = refusal {
-                stats.forbidden.fetch_add(1, Ordering::Relaxed);
-                refuse(r, w, req, Status::Forbidden).await?;
-                return Err(ConnError::Forbidden {
-                    request_id: req.request_id,
-                    refusal,
-                });
+                return Err(forbid(r, w, req, stats, refusal).await);
             }
         }
         if !req.fits(segment.len()) {
@@ -457,6 +553,12 @@ where
             });
         }
         match req.op {
+            Op::Copy => {
+                let Some(target) = copy_target else {
+                    return Err(std::io::Error::other("COPY without its target").into());
+                };
+                copy_local(segment, local, req, &target, r, w, stats, limits).await?
+            }
             Op::Read if segment.is_disk() => disk_read(segment, req, w, stats).await?,
             Op::Write if segment.is_disk() => {
                 let until = req
@@ -470,6 +572,7 @@ where
                     status: Status::Ok,
                     request_id: req.request_id,
                     len: req.len,
+                    value: 0,
                 };
                 w.write_all(&resp.encode()).await?;
                 // SAFETY: range checked by `fits`; see segment.rs on concurrency.
@@ -488,6 +591,7 @@ where
                     status: Status::Ok,
                     request_id: req.request_id,
                     len: 0,
+                    value: 0,
                 };
                 w.write_all(&resp.encode()).await?;
                 stats.bytes_written.fetch_add(req.len, Ordering::Relaxed);
@@ -497,6 +601,7 @@ where
                     status: Status::Ok,
                     request_id: req.request_id,
                     len: 0,
+                    value: FEATURE_COPY,
                 };
                 w.write_all(&resp.encode()).await?;
             }
@@ -589,6 +694,7 @@ where
         status: Status::Ok,
         request_id: req.request_id,
         len: req.len,
+        value: 0,
     };
     w.write_all(&resp.encode()).await?;
     // At most DISK_READ_PIECE: fits a usize.
@@ -682,10 +788,125 @@ where
         status: Status::Ok,
         request_id: req.request_id,
         len: 0,
+        value: 0,
     };
     w.write_all(&resp.encode()).await?;
     stats.bytes_written.fetch_add(req.len, Ordering::Relaxed);
     Ok(())
+}
+
+/// Serves a COPY (source range and grant already checked): finds the
+/// target segment among this process's, checks the write grant and range,
+/// then copies piece by piece on the blocking pool, syncing a disk target
+/// before answering with the crc32c of the bytes copied. Nothing is written
+/// before both grants are checked; a refusal answers and closes, a failure
+/// after that only closes (the master cannot know how much was written).
+#[allow(clippy::too_many_arguments)]
+async fn copy_local<R, W>(
+    segment: &Arc<Segment>,
+    local: &LocalSegments,
+    req: &Request,
+    target: &CopyTarget,
+    r: &mut R,
+    w: &mut W,
+    stats: &TransferStats,
+    limits: &ServeLimits,
+) -> Result<(), ConnError>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let skew = limits.grant_clock_skew.as_millis() as u64;
+    let Some((into, into_stats, mounted)) = local
+        .find(target.grant.segment_id)
+        .and_then(|(s, t)| s.mounted().map(|m| (s, t, m)))
+    else {
+        refuse(r, w, req, Status::WrongSegment).await?;
+        return Err(ConnError::WrongSegment {
+            asked: target.grant.segment_id,
+            serving: None,
+        });
+    };
+    let write = crescent_auth::capability::Access::Write;
+    if let Some(refusal) = grant_refusal(
+        &mounted,
+        &target.grant,
+        write,
+        target.offset,
+        req.len,
+        limits,
+    ) {
+        return Err(forbid(r, w, req, stats, refusal).await);
+    }
+    let fits = target
+        .offset
+        .checked_add(req.len)
+        .is_some_and(|end| end <= into.len());
+    if !fits {
+        refuse(r, w, req, Status::OutOfRange).await?;
+        return Err(ConnError::OutOfRange {
+            offset: target.offset,
+            len: req.len,
+            size: into.len(),
+        });
+    }
+    let from = segment.clone();
+    let (from_offset, to_offset, len) = (req.offset, target.offset, req.len);
+    let write_until_ms = target.grant.expiry_ms.saturating_add(skew);
+    let (from_disk, into_disk) = (segment.is_disk(), into.is_disk());
+    let copied = tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; len.min(DISK_PIECE as u64) as usize];
+        let mut crc = 0u32;
+        let mut done = 0u64;
+        while done < len {
+            // At most DISK_PIECE: fits a usize.
+            let piece = &mut buf[..(len - done).min(DISK_PIECE as u64) as usize];
+            from.read_at(from_offset + done, piece)?;
+            crc = crc32c::crc32c_append(crc, piece);
+            // As for a disk write: no piece lands once the grant has
+            // expired (the masters may have given the range away since).
+            if unix_ms() > write_until_ms {
+                return Err(SegmentError::GrantExpired);
+            }
+            into.write_at(to_offset + done, piece)?;
+            done += piece.len() as u64;
+        }
+        // Durable before it is answered, as a disk write (see there).
+        into.sync_disk()?;
+        Ok(crc)
+    })
+    .await;
+    let reason = match copied {
+        Ok(Ok(crc)) => {
+            stats.copies.fetch_add(1, Ordering::Relaxed);
+            stats.copy_bytes.fetch_add(req.len, Ordering::Relaxed);
+            // The disk tier's own counters see the copy as a read or a write.
+            if from_disk {
+                stats.disk_bytes_read.fetch_add(req.len, Ordering::Relaxed);
+            }
+            if into_disk {
+                into_stats
+                    .disk_bytes_written
+                    .fetch_add(req.len, Ordering::Relaxed);
+            }
+            let resp = Response {
+                status: Status::Ok,
+                request_id: req.request_id,
+                len: 0,
+                value: u64::from(crc),
+            };
+            w.write_all(&resp.encode()).await?;
+            return Ok(());
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => format!("copy task failed: {e}"),
+    };
+    stats.disk_errors.fetch_add(1, Ordering::Relaxed);
+    tracing::error!(request_id = req.request_id, error = %reason, "copy between this store's segments failed; closing the connection");
+    Err(ConnError::Disk {
+        request_id: req.request_id,
+        reason,
+    })
 }
 
 /// The store's wall clock, for grant expiry (0 if before 1970).
@@ -1195,6 +1416,7 @@ mod tests {
             stats.clone(),
             limits,
             Some(tls.clone()),
+            LocalSegments::default(),
         ));
         (addr, stats, tls)
     }
@@ -1409,5 +1631,208 @@ mod tests {
         assert_eq!(round_trip(&old, &addr, 0, b"kept").await.unwrap(), b"kept");
         old.forget(&addr);
         tls_refusal(round_trip(&old, &addr, 0, b"x").await, "after");
+    }
+
+    /// A grant for `[offset, offset+len)` of segment `segment_id`.
+    fn grant_in(
+        key: &SegmentKey,
+        segment_id: u64,
+        access: crescent_auth::capability::Access,
+        offset: u64,
+        len: u64,
+        expiry_ms: u64,
+    ) -> Grant {
+        let mut g = Grant {
+            segment_id,
+            offset,
+            len,
+            expiry_ms,
+            mac: [0; 16],
+        };
+        g.mac = key.sign(&g.capability(access));
+        g
+    }
+
+    #[tokio::test]
+    async fn a_store_copies_between_its_own_segments_only_under_both_grants() {
+        use crate::protocol::{CopyTarget, FEATURE_COPY};
+        use crate::TransferError;
+        use crescent_auth::capability::Access;
+        const DISK_ID: u64 = SEGMENT_ID + 1;
+        let disk_key = SegmentKey::generate();
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Segment::anonymous(8 << 20).unwrap();
+        memory.set_mounted(SEGMENT_ID, &KEY);
+        let (disk, _) =
+            Segment::disk(dir.path(), "disk", 8 << 20, crate::OtherCapacity::Refuse).unwrap();
+        disk.set_mounted(DISK_ID, &disk_key);
+        let local = LocalSegments::default();
+        let limits = ServeLimits {
+            max_connections: 64,
+            ..tls_limits()
+        };
+        let mut addrs = Vec::new();
+        let mut stats = Vec::new();
+        for segment in [&memory, &disk] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addrs.push(listener.local_addr().unwrap().to_string());
+            let st = Arc::new(TransferStats::default());
+            stats.push(st.clone());
+            let (seg, lim, loc) = (segment.clone(), limits.clone(), local.clone());
+            tokio::spawn(serve_tls(seg, listener, st, lim, None, loc));
+        }
+        let (memory_addr, disk_addr) = (&addrs[0], &addrs[1]);
+        let transport = crate::TcpTransport::new();
+        assert_eq!(transport.features(memory_addr).await.unwrap(), FEATURE_COPY);
+
+        // A demotion: 3.5 MiB (several pieces) from memory to disk.
+        let bytes: Vec<u8> = (0..(7 * DISK_PIECE / 2)).map(|i| (i % 253) as u8).collect();
+        let len = bytes.len() as u64;
+        memory.write_at(4096, &bytes).unwrap();
+        let later = unix_ms() + 60_000;
+        let read = grant_in(&KEY, SEGMENT_ID, Access::Read, 4096, len, later);
+        let write = grant_in(&disk_key, DISK_ID, Access::Write, 8192, len, later);
+        let to_disk = CopyTarget {
+            offset: 8192,
+            grant: write,
+        };
+        let crc = transport
+            .copy(memory_addr, read, 4096, len, to_disk)
+            .await
+            .unwrap();
+        assert_eq!(crc, crc32c::crc32c(&bytes));
+        let mut on_disk = vec![0u8; bytes.len()];
+        disk.read_at(8192, &mut on_disk).unwrap();
+        assert!(on_disk == bytes, "bytes on disk differ");
+        assert_eq!(stats[0].copies.load(Ordering::Relaxed), 1);
+        assert_eq!(stats[0].copy_bytes.load(Ordering::Relaxed), len);
+        assert_eq!(stats[1].disk_bytes_written.load(Ordering::Relaxed), len);
+
+        // A promotion: the same bytes back from disk into memory.
+        let read_disk = grant_in(&disk_key, DISK_ID, Access::Read, 8192, len, later);
+        let write_memory = grant_in(&KEY, SEGMENT_ID, Access::Write, 4 << 20, len, later);
+        let to_memory = CopyTarget {
+            offset: 4 << 20,
+            grant: write_memory,
+        };
+        let crc = transport
+            .copy(disk_addr, read_disk, 8192, len, to_memory)
+            .await
+            .unwrap();
+        assert_eq!(crc, crc32c::crc32c(&bytes));
+        let mut in_memory = vec![0u8; bytes.len()];
+        memory.read_at(4 << 20, &mut in_memory).unwrap();
+        assert!(in_memory == bytes, "bytes in memory differ");
+        assert_eq!(stats[1].disk_bytes_read.load(Ordering::Relaxed), len);
+
+        // Each refusal writes nothing: the target range (disk, 4 MiB on,
+        // never written) stays zero.
+        let at = 4 << 20;
+        let target = |grant: Grant| CopyTarget { offset: at, grant };
+        let write = grant_in(&disk_key, DISK_ID, Access::Write, at, len, later);
+        let refused = [
+            (
+                "target grant signed with another key",
+                read,
+                target(grant_in(&KEY, DISK_ID, Access::Write, at, len, later)),
+                Status::Forbidden,
+            ),
+            (
+                "target grant expired",
+                read,
+                target(grant_in(
+                    &disk_key,
+                    DISK_ID,
+                    Access::Write,
+                    at,
+                    len,
+                    unix_ms() - 1,
+                )),
+                Status::Forbidden,
+            ),
+            (
+                "target grant to read",
+                read,
+                target(grant_in(&disk_key, DISK_ID, Access::Read, at, len, later)),
+                Status::Forbidden,
+            ),
+            (
+                "target grant for less",
+                read,
+                target(grant_in(
+                    &disk_key,
+                    DISK_ID,
+                    Access::Write,
+                    at,
+                    len - 1,
+                    later,
+                )),
+                Status::Forbidden,
+            ),
+            (
+                "target grant's MAC altered",
+                read,
+                target(Grant {
+                    mac: [1; 16],
+                    ..write
+                }),
+                Status::Forbidden,
+            ),
+            (
+                "target segment in no other process",
+                read,
+                target(grant_in(&disk_key, 99, Access::Write, at, len, later)),
+                Status::WrongSegment,
+            ),
+            (
+                "source grant to write",
+                grant_in(&KEY, SEGMENT_ID, Access::Write, 4096, len, later),
+                target(write),
+                Status::Forbidden,
+            ),
+            (
+                "source grant expired",
+                grant_in(&KEY, SEGMENT_ID, Access::Read, 4096, len, unix_ms() - 1),
+                target(write),
+                Status::Forbidden,
+            ),
+        ];
+        for (case, source_grant, to, status) in refused {
+            let got = transport
+                .copy(memory_addr, source_grant, 4096, len, to)
+                .await;
+            assert!(
+                matches!(&got, Err(TransferError::Refused { status: s, .. }) if *s == status),
+                "{case}: {got:?}"
+            );
+        }
+        // A target range past the segment's end, under a grant for it.
+        let past = grant_in(&disk_key, DISK_ID, Access::Write, (8 << 20) - 4, len, later);
+        let got = transport
+            .copy(
+                memory_addr,
+                read,
+                4096,
+                len,
+                CopyTarget {
+                    offset: (8 << 20) - 4,
+                    grant: past,
+                },
+            )
+            .await;
+        assert!(
+            matches!(
+                &got,
+                Err(TransferError::Refused {
+                    status: Status::OutOfRange,
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
+        let mut untouched = vec![1u8; bytes.len()];
+        disk.read_at(at, &mut untouched).unwrap();
+        assert!(untouched.iter().all(|&b| b == 0), "a refused copy wrote");
+        assert_eq!(stats[0].copies.load(Ordering::Relaxed), 1);
     }
 }

@@ -18,7 +18,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 
-use crate::protocol::{Grant, Op, Request, Response, Status, REQUEST_LEN, RESPONSE_LEN};
+use crate::protocol::{
+    CopyTarget, Grant, Op, Request, Response, Status, REQUEST_LEN, RESPONSE_LEN,
+};
 
 const IO_BUFFER: usize = 64 * 1024;
 /// Checksum granularity on receive: small enough to still be in L2 when hashed.
@@ -389,6 +391,95 @@ impl TcpTransport {
             Ok::<(), IoOrRefused>(())
         };
         self.exchange(endpoint, total, send, recv).await
+    }
+
+    /// The features a store serves (a PING's answer, see
+    /// [`crate::protocol::FEATURE_COPY`]): 0 from a store that predates them.
+    pub async fn features(&self, endpoint: &str) -> Result<u64, TransferError> {
+        let ping = Request {
+            op: Op::Ping,
+            request_id: 0,
+            offset: 0,
+            len: 0,
+            grant: Grant::default(),
+        };
+        self.one_request(endpoint, ping, None, 0).await
+    }
+
+    /// Asks the store at `endpoint` to copy `[offset, offset+len)` of the
+    /// segment `grant` names into `target`, a segment of the same store
+    /// process, and returns the crc32c of the bytes it copied.
+    ///
+    /// A [`TransferError::Refused`] (or a failure to connect) means nothing
+    /// was written; any other error leaves it unknown how much was.
+    pub async fn copy(
+        &self,
+        endpoint: &str,
+        grant: Grant,
+        offset: u64,
+        len: u64,
+        target: CopyTarget,
+    ) -> Result<u32, TransferError> {
+        let req = Request {
+            op: Op::Copy,
+            request_id: 0,
+            offset,
+            len,
+            grant,
+        };
+        let crc = self.one_request(endpoint, req, Some(target), len).await?;
+        // The store answers a crc32c: a wider value is no answer to this.
+        u32::try_from(crc).map_err(|_| TransferError::Io {
+            endpoint: endpoint.to_string(),
+            reason: format!("COPY answered {crc:#x}, not a crc32c"),
+        })
+    }
+
+    /// Sends `req` (with a COPY's target after it) alone, on a pooled
+    /// connection or a new one (once more on a new one if a pooled one was
+    /// stale, which is harmless for a PING and for a COPY: the same bytes
+    /// copied to the same range again), and returns its answer's `value`.
+    /// `bytes` is what it moves, for its deadline.
+    async fn one_request(
+        &self,
+        endpoint: &str,
+        mut req: Request,
+        target: Option<CopyTarget>,
+        bytes: u64,
+    ) -> Result<u64, TransferError> {
+        let (mut conn, mut pooled) = self.checkout(endpoint).await?;
+        loop {
+            req.request_id = conn.next_id;
+            conn.next_id += 1;
+            let answered = AtomicUsize::new(0);
+            let mut value = 0;
+            let Conn { r, w, .. } = &mut conn;
+            let send = async {
+                w.write_all(&req.encode()).await?;
+                if let Some(target) = &target {
+                    w.write_all(&target.encode()).await?;
+                }
+                w.flush().await
+            };
+            let recv = async {
+                let resp = read_response(r).await?;
+                answered.fetch_add(1, Ordering::Relaxed);
+                check_response(&resp, req.request_id, 0)?;
+                value = resp.value;
+                Ok::<(), IoOrRefused>(())
+            };
+            match self.exchange(endpoint, bytes, send, recv).await {
+                Ok(()) => {
+                    self.checkin(endpoint, conn);
+                    return Ok(value);
+                }
+                Err(e) if pooled && went_stale(&e, &answered) => {
+                    conn = self.replace_stale(endpoint, &e).await?;
+                    pooled = false;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Runs the sending and receiving halves of one pipelined exchange

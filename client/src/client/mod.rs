@@ -210,6 +210,9 @@ impl Client {
             )),
             None => None,
         };
+        // This engine's memory and disk segments: the masters have it copy
+        // between them (demotion, promotion) without the bytes leaving it.
+        let local_segments = crescent_store::server::LocalSegments::default();
         let local = if config.global_segment_size > 0 {
             let agent = StoreAgent::start(
                 master.clone(),
@@ -219,6 +222,7 @@ impl Client {
                     hostname: config.local_hostname.clone(),
                     shm: config.shm,
                     tls: serving_tls.clone(),
+                    local_segments: local_segments.clone(),
                     ..Default::default()
                 },
             )
@@ -254,6 +258,7 @@ impl Client {
                     shm: config.shm,
                     disk_path: Some(dir.clone()),
                     disk_reformat: config.disk_reformat,
+                    local_segments: local_segments.clone(),
                     ..Default::default()
                 };
                 let attempts =

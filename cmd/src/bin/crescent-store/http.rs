@@ -91,7 +91,7 @@ pub fn router(
             "store_transfer_seconds",
             "Time to serve one transfer request.",
         );
-        disk_metrics(&mut out, disk.as_deref());
+        disk_metrics(&mut out, &a, disk.as_deref());
         sample(
             &mut out,
             "store_disk_open_failed",
@@ -132,7 +132,7 @@ pub fn router(
 
 /// The disk tier's figures (all zero without a disk segment, so dashboards
 /// show the tier as empty rather than missing).
-fn disk_metrics(out: &mut String, disk: Option<&StoreAgent>) {
+fn disk_metrics(out: &mut String, memory: &StoreAgent, disk: Option<&StoreAgent>) {
     use crescent_proto::metrics::sample;
     let s = disk.map(|d| &*d.stats);
     let load = |f: fn(&crescent_store::TransferStats) -> u64| s.map_or(0, f);
@@ -170,6 +170,21 @@ fn disk_metrics(out: &mut String, disk: Option<&StoreAgent>) {
         "counter",
         "Disk reads or writes that failed (the connection is closed; readers use another replica).",
         load(|s| s.disk_errors.load(Ordering::Relaxed)),
+    );
+    sample(
+        out,
+        "store_tier_copies_total",
+        "counter",
+        "Copies between this store's memory and disk segments the masters asked it for (demotions, promotions).",
+        load(|s| s.copies.load(Ordering::Relaxed)) + memory.stats.copies.load(Ordering::Relaxed),
+    );
+    sample(
+        out,
+        "store_tier_copy_bytes_total",
+        "counter",
+        "Bytes those copies moved.",
+        load(|s| s.copy_bytes.load(Ordering::Relaxed))
+            + memory.stats.copy_bytes.load(Ordering::Relaxed),
     );
     if let Some(s) = s {
         s.disk_read_latency.render(

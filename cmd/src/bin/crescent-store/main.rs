@@ -218,6 +218,9 @@ fn main() -> anyhow::Result<()> {
             disk_path: None,
             disk_reformat: false,
             prefault: args.prefault,
+            // Shared with the disk agent (`..cfg.clone()` below): the
+            // masters have this process copy between its two tiers.
+            local_segments: Default::default(),
         };
         // Mooncake's offload path counts only with its switch on, as there.
         let mooncake_offload = std::env::var("MOONCAKE_ENABLE_SSD_OFFLOAD")
