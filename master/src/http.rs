@@ -429,6 +429,11 @@ async fn metrics(State(node): State<Arc<MasterNode>>) -> impl IntoResponse {
             crate::cluster::committed_index(repl, &node.voters(), node.id(), m.last_log_index),
         );
     }
+    mm.tier_copy_latency.render(
+        &mut out,
+        "master_tier_copy_seconds",
+        "Time of one object's copy between tiers (demotion or promotion) that was done, by its store or by this leader.",
+    );
     mm.proposal_latency.render(
         &mut out,
         "raft_proposal_seconds",

@@ -87,6 +87,9 @@ pub struct MasterMetrics {
     /// Demotions and promotions a store copied between its own segments
     /// (COPY), of those above; the rest went through the leader.
     pub tier_copies_on_store: AtomicU64,
+    /// Time of one object's copy between tiers that was done (by a store
+    /// or by the leader), from its start to its last byte checked.
+    pub tier_copy_latency: crescent_proto::metrics::Histogram,
     pub proposal_latency: crescent_proto::metrics::Histogram,
     pub read_index_latency: crescent_proto::metrics::Histogram,
 }

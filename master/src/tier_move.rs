@@ -29,13 +29,13 @@
 //! `TierMoveEnd`, and a released one's space stays unallocated for a lease
 //! TTL after.
 //!
-//! A store's COPY is judged like the leader's own copy: refused (nothing
-//! written: the leader then copies itself), answered (every byte written;
-//! a wrong crc32c leaves the range to its release time all the same, which
-//! costs nothing but is simplest to argue), or anything else (unknown: the
-//! range waits for the release time). A COPY is never resent on a fresh
-//! connection: a store whose deadline cut a copy short may still be running
-//! it, until its write grant expires.
+//! A store's COPY is judged like the leader's own copy: refused, or never
+//! sent (nothing written: the leader then copies itself); answered with the
+//! object's crc32c (done); anything else, a wrong crc32c included (unknown:
+//! the range waits for its release time, which costs little and is the
+//! simplest to argue). A COPY goes out once, on a connection of its own,
+//! and is never sent again: a store whose deadline cut a copy short may
+//! still be running it, until its write grant expires.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -295,6 +295,7 @@ async fn move_to(
             // Nothing is started once the grant has expired (the store
             // would refuse it anyway), and nothing runs past it.
             let left = Duration::from_millis(expiry.saturating_sub(now_ms()));
+            let started = std::time::Instant::now();
             let outcome = if left.is_zero() {
                 CopyOutcome::NotWritten
             } else {
@@ -302,6 +303,9 @@ async fn move_to(
                     .await
                     .unwrap_or(CopyOutcome::Unknown)
             };
+            if outcome == CopyOutcome::Done {
+                node.counters().tier_copy_latency.observe(started.elapsed());
+            }
             (d, outcome)
         }
     }))

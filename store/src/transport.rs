@@ -403,15 +403,31 @@ impl TcpTransport {
             len: 0,
             grant: Grant::default(),
         };
-        self.one_request(endpoint, ping, None, 0).await
+        let (mut conn, mut pooled) = self.checkout(endpoint).await?;
+        loop {
+            match self.one_request(&mut conn, endpoint, ping, None, 0).await {
+                Ok(value) => {
+                    self.checkin(endpoint, conn);
+                    return Ok(value);
+                }
+                Err((e, answered)) if pooled && went_stale(&e, &answered) => {
+                    conn = self.replace_stale(endpoint, &e).await?;
+                    pooled = false;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
     }
 
     /// Asks the store at `endpoint` to copy `[offset, offset+len)` of the
     /// segment `grant` names into `target`, a segment of the same store
     /// process, and returns the crc32c of the bytes it copied.
     ///
-    /// A [`TransferError::Refused`] (or a failure to connect) means nothing
-    /// was written; any other error leaves it unknown how much was.
+    /// Sent once, on a new connection: a pooled one may have gone stale,
+    /// and a COPY that broke without an answer is not sent again (the store
+    /// may still be running it). So a [`TransferError::Refused`] or
+    /// [`TransferError::Connect`] means nothing was written, and any other
+    /// error leaves it unknown how much was.
     pub async fn copy(
         &self,
         endpoint: &str,
@@ -427,7 +443,12 @@ impl TcpTransport {
             len,
             grant,
         };
-        let crc = self.one_request(endpoint, req, Some(target), len).await?;
+        let mut conn = self.connect(endpoint).await?;
+        let crc = self
+            .one_request(&mut conn, endpoint, req, Some(target), len)
+            .await
+            .map_err(|(e, _)| e)?;
+        self.checkin(endpoint, conn);
         // The store answers a crc32c: a wider value is no answer to this.
         u32::try_from(crc).map_err(|_| TransferError::Io {
             endpoint: endpoint.to_string(),
@@ -435,50 +456,39 @@ impl TcpTransport {
         })
     }
 
-    /// Sends `req` (with a COPY's target after it) alone, on a pooled
-    /// connection or a new one (once more on a new one if a pooled one was
-    /// stale, which is harmless for a PING and for a COPY: the same bytes
-    /// copied to the same range again), and returns its answer's `value`.
-    /// `bytes` is what it moves, for its deadline.
+    /// Sends `req` (with a COPY's target after it) alone on `conn` and
+    /// returns its answer's `value`; on failure, the error and how many
+    /// answers were read. `bytes` is what it moves, for its deadline.
     async fn one_request(
         &self,
+        conn: &mut Conn,
         endpoint: &str,
         mut req: Request,
         target: Option<CopyTarget>,
         bytes: u64,
-    ) -> Result<u64, TransferError> {
-        let (mut conn, mut pooled) = self.checkout(endpoint).await?;
-        loop {
-            req.request_id = conn.next_id;
-            conn.next_id += 1;
-            let answered = AtomicUsize::new(0);
-            let mut value = 0;
-            let Conn { r, w, .. } = &mut conn;
-            let send = async {
-                w.write_all(&req.encode()).await?;
-                if let Some(target) = &target {
-                    w.write_all(&target.encode()).await?;
-                }
-                w.flush().await
-            };
-            let recv = async {
-                let resp = read_response(r).await?;
-                answered.fetch_add(1, Ordering::Relaxed);
-                check_response(&resp, req.request_id, 0)?;
-                value = resp.value;
-                Ok::<(), IoOrRefused>(())
-            };
-            match self.exchange(endpoint, bytes, send, recv).await {
-                Ok(()) => {
-                    self.checkin(endpoint, conn);
-                    return Ok(value);
-                }
-                Err(e) if pooled && went_stale(&e, &answered) => {
-                    conn = self.replace_stale(endpoint, &e).await?;
-                    pooled = false;
-                }
-                Err(e) => return Err(e),
+    ) -> Result<u64, (TransferError, AtomicUsize)> {
+        req.request_id = conn.next_id;
+        conn.next_id += 1;
+        let answered = AtomicUsize::new(0);
+        let mut value = 0;
+        let Conn { r, w, .. } = conn;
+        let send = async {
+            w.write_all(&req.encode()).await?;
+            if let Some(target) = &target {
+                w.write_all(&target.encode()).await?;
             }
+            w.flush().await
+        };
+        let recv = async {
+            let resp = read_response(r).await?;
+            answered.fetch_add(1, Ordering::Relaxed);
+            check_response(&resp, req.request_id, 0)?;
+            value = resp.value;
+            Ok::<(), IoOrRefused>(())
+        };
+        match self.exchange(endpoint, bytes, send, recv).await {
+            Ok(()) => Ok(value),
+            Err(e) => Err((e, answered)),
         }
     }
 

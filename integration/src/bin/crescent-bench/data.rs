@@ -369,6 +369,7 @@ pub async fn run(args: DataArgs, json_out: bool) -> anyhow::Result<()> {
                 )
                 .await?,
             );
+            disk_info.copies.push(disk::tier_copies(&c, &label).await);
             drop(c);
         }
     }
@@ -710,6 +711,9 @@ fn print(
         println!("  get-first: the first read of the objects since written, after the ceiling's first read; get and get-cached: runs of up to");
         println!("  64 MiB of keys, each read untimed, dropped from the page cache and read again timed, the ceiling's file likewise in the same runs");
         println!("  disk cache state: {}", d.cache_state());
+        for copies in &d.copies {
+            println!("  {copies}");
+        }
         println!("  storage below the page cache (a VM host's cache) may serve re-reads faster: PASS is the how-manieth read");
         println!("  of the row's bytes in this run, the same for its gets and its ceiling (1: first read since written)");
     }

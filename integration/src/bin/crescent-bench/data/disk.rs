@@ -71,6 +71,9 @@ pub struct DiskInfo {
     pub max_resident: u64,
     /// Bytes read by the measurement in which `max_resident` was seen.
     pub resident_of: u64,
+    /// Per cluster (security mode), what its leader says of its copies
+    /// between tiers ([`tier_copies`]).
+    pub copies: Vec<String>,
 }
 
 impl DiskInfo {
@@ -189,6 +192,60 @@ pub async fn start_cluster(
         .await
         .context("the store's memory and disk segments did not both mount")?;
     Ok(c)
+}
+
+/// What the leader of `c` says of its copies between tiers (demotions and
+/// promotions): how many, how many its store made itself (COPY), and their
+/// mean time and rate per object, from its `/metrics`.
+pub async fn tier_copies(c: &LocalCluster, label: &str) -> String {
+    let Ok((leader, _, _)) = c.wait_for_leader(Duration::from_secs(5)).await else {
+        return format!("{label}: tier copies: no leader to ask");
+    };
+    let Some(m) = c.masters.iter().find(|m| m.id == leader) else {
+        return format!("{label}: tier copies: no leader to ask");
+    };
+    let body = match crescent_integration::http_request(&m.http, "GET", "/metrics", &[]).await {
+        Ok((200, body)) => body,
+        other => return format!("{label}: tier copies: leader's /metrics: {other:?}"),
+    };
+    let metric = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let done = metric("master_tier_copy_seconds_count");
+    let secs = metric("master_tier_copy_seconds_sum");
+    let bytes = metric("master_demotion_bytes_total") + metric("master_promotion_bytes_total");
+    let by_store = metric("master_tier_copies_on_store_total");
+    if done == 0.0 {
+        return format!("{label}: tier copies: none done");
+    }
+    // The leader's CPU time over its whole life (puts and lookups too): a
+    // leader that copies reads and writes every byte itself.
+    let cpu = m
+        .pid()
+        .and_then(process_cpu_secs)
+        .map_or_else(|| "unknown".to_string(), |s| format!("{s:.2} s"));
+    format!(
+        "{label}: tier copies (leader's /metrics): {done:.0} done, {by_store:.0} of them by the store itself; mean {:.2} ms and {:.2} GB/s per object copy ({} copied, {} failed); the leader's CPU time in the run {cpu}",
+        secs / done * 1e3,
+        bytes / secs / 1e9,
+        format_size(bytes as u64),
+        metric("master_demotion_failures_total") + metric("master_promotion_failures_total")
+    )
+}
+
+/// User + system CPU seconds of process `pid` (Linux `/proc`), if readable.
+fn process_cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses:
+    // utime and stime are the 14th and 15th fields of the line.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| ticks / hz as f64)
 }
 
 /// Every size and batch of the disk transport, one client, against a
