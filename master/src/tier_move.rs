@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crescent_auth::capability::{Access, Capability, SegmentKey};
 use crescent_raft::state::{MetaState, Op, SegmentId, Tier, TierMove, TierMoveId};
@@ -58,13 +58,19 @@ const PARALLEL_COPIES: usize = 4;
 /// forgotten all at once (a PING each to ask again costs little).
 const MAX_REMEMBERED_SEGMENTS: usize = 4096;
 
+/// How long the answer of a store's PING is trusted: a disk segment keeps
+/// its id when another process (a newer or an older binary) takes its file
+/// over, so the answer is asked again now and then, and after any COPY
+/// that failed.
+const FEATURES_TRUSTED_FOR: Duration = Duration::from_secs(30);
+
 /// What copies between tiers: the leader's connection pool to the stores'
 /// data ports, and what it learnt of which stores copy themselves.
 pub struct Copier {
     transport: Arc<TcpTransport>,
-    /// Per source segment (an id names one store incarnation): whether its
-    /// store answered a PING with [`FEATURE_COPY`].
-    serves_copy: Mutex<HashMap<SegmentId, bool>>,
+    /// Per source segment: whether its store answered a PING with
+    /// [`FEATURE_COPY`], and when it answered.
+    serves_copy: Mutex<HashMap<SegmentId, (bool, Instant)>>,
 }
 
 impl Copier {
@@ -75,9 +81,9 @@ impl Copier {
         }
     }
 
-    /// Whether the store serving `segment` at `endpoint` serves COPY,
-    /// asked by a PING the first time. A PING that fails is not
-    /// remembered: the leader copies itself this time.
+    /// Whether the store serving `segment` at `endpoint` serves COPY, as a
+    /// PING asked within [`FEATURES_TRUSTED_FOR`] said. A PING that fails is
+    /// not remembered: the leader copies itself this time.
     async fn serves_copy(&self, segment: SegmentId, endpoint: &str) -> bool {
         if let Some(known) = self.remembered(segment) {
             return known;
@@ -89,7 +95,7 @@ impl Copier {
                 if known.len() >= MAX_REMEMBERED_SEGMENTS {
                     known.clear();
                 }
-                known.insert(segment, serves);
+                known.insert(segment, (serves, Instant::now()));
                 serves
             }
             Err(e) => {
@@ -100,11 +106,17 @@ impl Copier {
     }
 
     fn remembered(&self, segment: SegmentId) -> Option<bool> {
+        let known = self.serves_copy.lock().expect("lock poisoned");
+        let (serves, asked) = known.get(&segment)?;
+        (asked.elapsed() < FEATURES_TRUSTED_FOR).then_some(*serves)
+    }
+
+    /// Asks `segment`'s store for its features again before the next COPY.
+    fn forget(&self, segment: SegmentId) {
         self.serves_copy
             .lock()
             .expect("lock poisoned")
-            .get(&segment)
-            .copied()
+            .remove(&segment);
     }
 }
 
@@ -462,6 +474,9 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
                 tracing::debug!(key = d.key, error = %e, "store did not copy between its tiers; the leader copies");
             }
             Err(e) => {
+                // Perhaps a store that no longer serves COPY (an older
+                // binary took the segment over): ask before the next one.
+                copier.forget(d.source.segment_id);
                 tracing::debug!(key = d.key, error = %e, "copy on the store failed");
                 return CopyOutcome::Unknown;
             }

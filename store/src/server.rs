@@ -99,9 +99,16 @@ pub struct TransferStats {
     /// Time of one pwrite to a disk segment.
     pub disk_write_latency: crescent_proto::metrics::Histogram,
     /// COPYs served: copies from this segment into another of this process.
+    /// A copy's pieces are also counted in the disk counters of the segment
+    /// it read (`disk_reads`, `disk_bytes_read`) or wrote (`disk_writes`,
+    /// `disk_bytes_written`) when that is a disk, but not in `bytes_read`,
+    /// `bytes_written` (what the data port moved) or the latency histograms.
     pub copies: AtomicU64,
     /// Bytes those copies moved.
     pub copy_bytes: AtomicU64,
+    /// COPYs that failed after their checks (a disk error, a grant that
+    /// expired or a request cut short mid-copy; each closed its connection).
+    pub copy_errors: AtomicU64,
 }
 
 /// The segments one process serves (with their counters), so a COPY sent
@@ -852,8 +859,14 @@ where
     }
     let from = segment.clone();
     let (from_offset, to_offset, len) = (req.offset, target.offset, req.len);
+    let read_until_ms = req.grant.expiry_ms.saturating_add(skew);
     let write_until_ms = target.grant.expiry_ms.saturating_add(skew);
     let (from_disk, into_disk) = (segment.is_disk(), into.is_disk());
+    // Set when this future is dropped (the request's deadline, the server
+    // shut down): the blocking copy then stops at its next piece instead of
+    // writing on for a master that has stopped waiting for it.
+    let cancelled = CancelOnDrop::default();
+    let stop = cancelled.0.clone();
     let copied = tokio::task::spawn_blocking(move || {
         let mut buf = vec![0u8; len.min(DISK_PIECE as u64) as usize];
         let mut crc = 0u32;
@@ -861,11 +874,14 @@ where
         while done < len {
             // At most DISK_PIECE: fits a usize.
             let piece = &mut buf[..(len - done).min(DISK_PIECE as u64) as usize];
+            // As for a disk write, nothing is read or written once a grant
+            // has expired: the masters may have given either range away.
+            if stop.load(Ordering::Relaxed) || unix_ms() > read_until_ms {
+                return Err(SegmentError::GrantExpired);
+            }
             from.read_at(from_offset + done, piece)?;
             crc = crc32c::crc32c_append(crc, piece);
-            // As for a disk write: no piece lands once the grant has
-            // expired (the masters may have given the range away since).
-            if unix_ms() > write_until_ms {
+            if stop.load(Ordering::Relaxed) || unix_ms() > write_until_ms {
                 return Err(SegmentError::GrantExpired);
             }
             into.write_at(to_offset + done, piece)?;
@@ -876,15 +892,19 @@ where
         Ok(crc)
     })
     .await;
+    drop(cancelled);
+    let pieces = len.div_ceil(DISK_PIECE as u64);
     let reason = match copied {
         Ok(Ok(crc)) => {
             stats.copies.fetch_add(1, Ordering::Relaxed);
             stats.copy_bytes.fetch_add(req.len, Ordering::Relaxed);
-            // The disk tier's own counters see the copy as a read or a write.
+            // The disk tier's own counters see the copy as reads or writes.
             if from_disk {
+                stats.disk_reads.fetch_add(pieces, Ordering::Relaxed);
                 stats.disk_bytes_read.fetch_add(req.len, Ordering::Relaxed);
             }
             if into_disk {
+                into_stats.disk_writes.fetch_add(pieces, Ordering::Relaxed);
                 into_stats
                     .disk_bytes_written
                     .fetch_add(req.len, Ordering::Relaxed);
@@ -901,12 +921,22 @@ where
         Ok(Err(e)) => e.to_string(),
         Err(e) => format!("copy task failed: {e}"),
     };
-    stats.disk_errors.fetch_add(1, Ordering::Relaxed);
+    stats.copy_errors.fetch_add(1, Ordering::Relaxed);
     tracing::error!(request_id = req.request_id, error = %reason, "copy between this store's segments failed; closing the connection");
     Err(ConnError::Disk {
         request_id: req.request_id,
         reason,
     })
+}
+
+/// A flag set when it is dropped.
+#[derive(Default)]
+struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The store's wall clock, for grant expiry (0 if before 1970).
@@ -1833,6 +1863,129 @@ mod tests {
         let mut untouched = vec![1u8; bytes.len()];
         disk.read_at(at, &mut untouched).unwrap();
         assert!(untouched.iter().all(|&b| b == 0), "a refused copy wrote");
+        let mut last = [1u8; 4];
+        disk.read_at((8 << 20) - 4, &mut last).unwrap();
+        assert_eq!(last, [0; 4], "the copy out of range wrote");
         assert_eq!(stats[0].copies.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_copy_cut_short_by_its_deadline_stops_writing() {
+        use crate::protocol::CopyTarget;
+        use crescent_auth::capability::Access;
+        const DISK_ID: u64 = SEGMENT_ID + 1;
+        const LEN: u64 = 96 << 20;
+        let disk_key = SegmentKey::generate();
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Segment::anonymous(LEN).unwrap();
+        memory.set_mounted(SEGMENT_ID, &KEY);
+        memory.write_at(0, &vec![7u8; LEN as usize]).unwrap();
+        let (disk, _) =
+            Segment::disk(dir.path(), "disk", LEN, crate::OtherCapacity::Refuse).unwrap();
+        disk.set_mounted(DISK_ID, &disk_key);
+        let local = LocalSegments::default();
+        let disk_stats = Arc::new(TransferStats::default());
+        local.add(&disk, &disk_stats);
+        // A deadline of a millisecond, whatever the length: the copy of
+        // 96 pieces is cut short after its first few.
+        let limits = ServeLimits {
+            max_connections: 64,
+            request_base: Duration::from_millis(1),
+            min_bytes_per_sec: u64::MAX,
+            ..tls_limits()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stats = Arc::new(TransferStats::default());
+        tokio::spawn(serve_tls(
+            memory.clone(),
+            listener,
+            stats.clone(),
+            limits,
+            None,
+            local,
+        ));
+        let later = unix_ms() + 60_000;
+        let read = grant_in(&KEY, SEGMENT_ID, Access::Read, 0, LEN, later);
+        let target = CopyTarget {
+            offset: 0,
+            grant: grant_in(&disk_key, DISK_ID, Access::Write, 0, LEN, later),
+        };
+        let got = crate::TcpTransport::new()
+            .copy(&addr, read, 0, LEN, target)
+            .await;
+        assert!(
+            matches!(got, Err(crate::TransferError::Io { .. })),
+            "{got:?}"
+        );
+        // Time for a copy left running to finish (a few hundred ms here).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut tail = vec![1u8; DISK_PIECE];
+        disk.read_at(LEN - DISK_PIECE as u64, &mut tail).unwrap();
+        assert!(
+            tail.iter().all(|&b| b == 0),
+            "the copy went on after its deadline"
+        );
+        assert_eq!(stats.copies.load(Ordering::Relaxed), 0);
+    }
+
+    /// A fake store (a bare listener, not the server): answers PINGs with
+    /// the COPY feature, reads a COPY and closes without answering; counts
+    /// the connections and COPYs it saw.
+    async fn fake_store_that_drops_copies() -> (String, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (connections, copies) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (conns, seen) = (connections.clone(), copies.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                conns.fetch_add(1, Ordering::Relaxed);
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut hdr = [0u8; REQUEST_LEN];
+                    while s.read_exact(&mut hdr).await.is_ok() {
+                        let req = Request::decode(&hdr).unwrap();
+                        if req.op == Op::Copy {
+                            let mut target = [0u8; crate::protocol::COPY_TARGET_LEN];
+                            let _ = s.read_exact(&mut target).await;
+                            seen.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                        let resp = Response {
+                            status: Status::Ok,
+                            request_id: req.request_id,
+                            len: 0,
+                            value: FEATURE_COPY,
+                        };
+                        s.write_all(&resp.encode()).await.unwrap();
+                    }
+                });
+            }
+        });
+        (addr, connections, copies)
+    }
+
+    #[tokio::test]
+    async fn a_copy_goes_out_once_on_a_connection_of_its_own() {
+        let (addr, connections, copies) = fake_store_that_drops_copies().await;
+        let transport = crate::TcpTransport::new();
+        // The PING's connection goes back to the pool ...
+        assert_eq!(transport.features(&addr).await.unwrap(), FEATURE_COPY);
+        let target = crate::protocol::CopyTarget {
+            offset: 0,
+            grant: Grant::default(),
+        };
+        // ... but the COPY opens its own, and is not sent again when that
+        // one breaks without an answer (the store may still be copying).
+        let got = transport.copy(&addr, Grant::default(), 0, 8, target).await;
+        assert!(
+            matches!(got, Err(crate::TransferError::Io { .. })),
+            "{got:?}"
+        );
+        assert_eq!(copies.load(Ordering::Relaxed), 1);
+        assert_eq!(connections.load(Ordering::Relaxed), 2);
+        // The pooled connection still serves the next PING.
+        assert_eq!(transport.features(&addr).await.unwrap(), FEATURE_COPY);
+        assert_eq!(connections.load(Ordering::Relaxed), 2);
     }
 }

@@ -171,21 +171,33 @@ fn disk_metrics(out: &mut String, memory: &StoreAgent, disk: Option<&StoreAgent>
         "Disk reads or writes that failed (the connection is closed; readers use another replica).",
         load(|s| s.disk_errors.load(Ordering::Relaxed)),
     );
-    sample(
-        out,
-        "store_tier_copies_total",
-        "counter",
-        "Copies between this store's memory and disk segments the masters asked it for (demotions, promotions).",
-        load(|s| s.copies.load(Ordering::Relaxed)) + memory.stats.copies.load(Ordering::Relaxed),
-    );
-    sample(
-        out,
-        "store_tier_copy_bytes_total",
-        "counter",
-        "Bytes those copies moved.",
-        load(|s| s.copy_bytes.load(Ordering::Relaxed))
-            + memory.stats.copy_bytes.load(Ordering::Relaxed),
-    );
+    // A copy is served by the segment it reads: `from="memory"` are
+    // demotions, `from="disk"` promotions.
+    let by_source = |f: fn(&crescent_store::TransferStats) -> u64| {
+        [("memory", f(&memory.stats)), ("disk", load(f))]
+    };
+    for (name, help, values) in [
+        (
+            "store_tier_copies_total",
+            "Copies between this store's memory and disk segments the masters asked it for, by the tier read.",
+            by_source(|s| s.copies.load(Ordering::Relaxed)),
+        ),
+        (
+            "store_tier_copy_bytes_total",
+            "Bytes those copies moved, by the tier read.",
+            by_source(|s| s.copy_bytes.load(Ordering::Relaxed)),
+        ),
+        (
+            "store_tier_copy_errors_total",
+            "Copies between this store's tiers that failed after their checks (a disk error, an expired grant, cut short), by the tier read.",
+            by_source(|s| s.copy_errors.load(Ordering::Relaxed)),
+        ),
+    ] {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
+        for (from, value) in values {
+            out.push_str(&format!("{name}{{from=\"{from}\"}} {value}\n"));
+        }
+    }
     if let Some(s) = s {
         s.disk_read_latency.render(
             out,
