@@ -217,6 +217,14 @@ impl TcpTransport {
         self.io_timeout + Duration::from_millis(bytes / 100_000)
     }
 
+    /// A COPY moves its bytes from one of the store's segments to another,
+    /// a disk on one side: it is given the rate a store gives any request
+    /// (16 MiB/s, see `ServeLimits`), not a network's. The caller bounds it
+    /// further by its grants.
+    fn copy_deadline(&self, bytes: u64) -> Duration {
+        self.io_timeout + Duration::from_millis(bytes / (16 << 10))
+    }
+
     /// Reads `[offset, offset+buf.len())` into each buffer, pipelined on one
     /// connection, each under its grant (the signed capability that came with
     /// the replica descriptor; its segment id also makes a store that serves
@@ -405,7 +413,11 @@ impl TcpTransport {
         };
         let (mut conn, mut pooled) = self.checkout(endpoint).await?;
         loop {
-            match self.one_request(&mut conn, endpoint, ping, None, 0).await {
+            let deadline = self.deadline_for(0);
+            match self
+                .one_request(&mut conn, endpoint, ping, None, deadline)
+                .await
+            {
                 Ok(value) => {
                     self.checkin(endpoint, conn);
                     return Ok(value);
@@ -444,8 +456,9 @@ impl TcpTransport {
             grant,
         };
         let mut conn = self.connect(endpoint).await?;
+        let deadline = self.copy_deadline(len);
         let crc = self
-            .one_request(&mut conn, endpoint, req, Some(target), len)
+            .one_request(&mut conn, endpoint, req, Some(target), deadline)
             .await
             .map_err(|(e, _)| e)?;
         self.checkin(endpoint, conn);
@@ -458,14 +471,14 @@ impl TcpTransport {
 
     /// Sends `req` (with a COPY's target after it) alone on `conn` and
     /// returns its answer's `value`; on failure, the error and how many
-    /// answers were read. `bytes` is what it moves, for its deadline.
+    /// answers were read; all within `deadline`.
     async fn one_request(
         &self,
         conn: &mut Conn,
         endpoint: &str,
         mut req: Request,
         target: Option<CopyTarget>,
-        bytes: u64,
+        deadline: Duration,
     ) -> Result<u64, (TransferError, AtomicUsize)> {
         req.request_id = conn.next_id;
         conn.next_id += 1;
@@ -486,7 +499,7 @@ impl TcpTransport {
             value = resp.value;
             Ok::<(), IoOrRefused>(())
         };
-        match self.exchange(endpoint, bytes, send, recv).await {
+        match self.exchange_within(endpoint, deadline, send, recv).await {
             Ok(()) => Ok(value),
             Err(e) => Err((e, answered)),
         }
@@ -502,6 +515,18 @@ impl TcpTransport {
         send: impl std::future::Future<Output = std::io::Result<()>>,
         recv: impl std::future::Future<Output = Result<(), IoOrRefused>>,
     ) -> Result<(), TransferError> {
+        self.exchange_within(endpoint, self.deadline_for(total), send, recv)
+            .await
+    }
+
+    /// [`exchange`](Self::exchange) under a deadline of the caller's.
+    async fn exchange_within(
+        &self,
+        endpoint: &str,
+        deadline: Duration,
+        send: impl std::future::Future<Output = std::io::Result<()>>,
+        recv: impl std::future::Future<Output = Result<(), IoOrRefused>>,
+    ) -> Result<(), TransferError> {
         let both = async {
             let (s, rcv) = tokio::join!(send, recv);
             match (s, rcv) {
@@ -514,7 +539,7 @@ impl TcpTransport {
                 (Ok(()), rcv) => rcv,
             }
         };
-        match tokio::time::timeout(self.deadline_for(total), both).await {
+        match tokio::time::timeout(deadline, both).await {
             Err(_) => Err(TransferError::Timeout {
                 endpoint: endpoint.to_string(),
             }),
