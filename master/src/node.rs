@@ -84,8 +84,10 @@ pub struct MasterMetrics {
     pub memory_copies_dropped: AtomicU64,
     /// Promoted objects whose disk copy the disk watermark released.
     pub disk_copies_dropped: AtomicU64,
-    /// Demotions and promotions a store copied between its own segments
-    /// (COPY), of those above; the rest went through the leader.
+    /// Copies between tiers a store made between its own segments (COPY),
+    /// counted when the copy is done, before its `TierMoveEnd` commits (so
+    /// it may exceed the demotions and promotions above); the rest went
+    /// through the leader.
     pub tier_copies_on_store: AtomicU64,
     /// Time of one object's copy between tiers that was done (by a store
     /// or by the leader), from its start to its last byte checked.

@@ -865,8 +865,12 @@ where
     // Set when this future is dropped (the request's deadline, the server
     // shut down): the blocking copy then stops at its next piece instead of
     // writing on for a master that has stopped waiting for it.
-    let cancelled = CancelOnDrop::default();
-    let stop = cancelled.0.clone();
+    let mut in_flight = CopyInFlight {
+        stop: Arc::default(),
+        errors: &stats.copy_errors,
+        ended: false,
+    };
+    let stop = in_flight.stop.clone();
     let copied = tokio::task::spawn_blocking(move || {
         let mut buf = vec![0u8; len.min(DISK_PIECE as u64) as usize];
         let mut crc = 0u32;
@@ -892,7 +896,8 @@ where
         Ok(crc)
     })
     .await;
-    drop(cancelled);
+    // Counted below, success or failure, rather than as cut short.
+    in_flight.ended = true;
     let pieces = len.div_ceil(DISK_PIECE as u64);
     let reason = match copied {
         Ok(Ok(crc)) => {
@@ -929,13 +934,21 @@ where
     })
 }
 
-/// A flag set when it is dropped.
-#[derive(Default)]
-struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+/// A COPY's blocking task seen from its request: dropped before it
+/// `ended` (the request cut short), it tells the task to stop and counts
+/// the copy as failed.
+struct CopyInFlight<'a> {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    errors: &'a AtomicU64,
+    ended: bool,
+}
 
-impl Drop for CancelOnDrop {
+impl Drop for CopyInFlight<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
+        if !self.ended {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -1927,6 +1940,7 @@ mod tests {
             "the copy went on after its deadline"
         );
         assert_eq!(stats.copies.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.copy_errors.load(Ordering::Relaxed), 1);
     }
 
     /// A fake store (a bare listener, not the server): answers PINGs with

@@ -437,9 +437,11 @@ impl TcpTransport {
     ///
     /// Sent once, on a new connection: a pooled one may have gone stale,
     /// and a COPY that broke without an answer is not sent again (the store
-    /// may still be running it). So a [`TransferError::Refused`] or
-    /// [`TransferError::Connect`] means nothing was written, and any other
-    /// error leaves it unknown how much was.
+    /// may still be running it). So a [`TransferError::Refused`], a
+    /// [`TransferError::Connect`] or a [`TransferError::Tls`] (only from
+    /// the handshake: one after the request went out is an `Io`) means
+    /// nothing was written, and any other error leaves it unknown how much
+    /// was.
     pub async fn copy(
         &self,
         endpoint: &str,
@@ -460,7 +462,15 @@ impl TcpTransport {
         let crc = self
             .one_request(&mut conn, endpoint, req, Some(target), deadline)
             .await
-            .map_err(|(e, _)| e)?;
+            .map_err(|(e, _)| match e {
+                // Once the COPY is sent, a TLS error (a record that fails
+                // mid-stream) no longer proves the store did nothing.
+                TransferError::Tls { endpoint, reason } => TransferError::Io {
+                    endpoint,
+                    reason: format!("TLS failed after the COPY was sent: {reason}"),
+                },
+                other => other,
+            })?;
         self.checkin(endpoint, conn);
         // The store answers a crc32c: a wider value is no answer to this.
         u32::try_from(crc).map_err(|_| TransferError::Io {
