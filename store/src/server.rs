@@ -138,6 +138,11 @@ impl LocalSegments {
     }
 }
 
+/// The slowest transfer rate a store tolerates by default
+/// ([`ServeLimits::min_bytes_per_sec`]), bytes/s. A master's `COPY`
+/// deadline follows it too (`TcpTransport::copy_deadline`).
+pub const DEFAULT_MIN_BYTES_PER_SEC: u64 = 16 << 20;
+
 /// Bounds on each transfer connection.
 #[derive(Clone, Debug)]
 pub struct ServeLimits {
@@ -163,7 +168,7 @@ impl Default for ServeLimits {
             max_connections: 4096,
             idle_timeout: Duration::from_secs(300),
             request_base: Duration::from_secs(10),
-            min_bytes_per_sec: 16 << 20,
+            min_bytes_per_sec: DEFAULT_MIN_BYTES_PER_SEC,
             grant_clock_skew: Duration::from_secs(2),
             handshake_timeout: crescent_auth::tls::HANDSHAKE_TIMEOUT,
         }

@@ -219,10 +219,13 @@ impl TcpTransport {
 
     /// A COPY moves its bytes from one of the store's segments to another,
     /// a disk on one side: it is given the rate a store gives any request
-    /// (16 MiB/s, see `ServeLimits`), not a network's. The caller bounds it
-    /// further by its grants.
+    /// (`DEFAULT_MIN_BYTES_PER_SEC`, see `ServeLimits`), not a network's.
+    /// The rate is taken per 1/1024 s, which leaves the deadline a little
+    /// longer than the store's own. The caller bounds it further by its
+    /// grants.
     fn copy_deadline(&self, bytes: u64) -> Duration {
-        self.io_timeout + Duration::from_millis(bytes / (16 << 10))
+        let bytes_per_ms = crate::server::DEFAULT_MIN_BYTES_PER_SEC >> 10;
+        self.io_timeout + Duration::from_millis(bytes / bytes_per_ms)
     }
 
     /// Reads `[offset, offset+buf.len())` into each buffer, pipelined on one
