@@ -336,6 +336,40 @@ enum ConnError {
     TlsOnClearText,
     #[error("request {request_id}: {reason}")]
     Disk { request_id: u64, reason: String },
+    #[error("a write's bytes arrived after its grant expired (at {until_ms} ms, skew included); the rest is not written")]
+    GrantExpired { until_ms: u64 },
+}
+
+/// Reads exactly `dst.len()` bytes from `r` into `dst` (segment memory),
+/// copying none once this store's clock is past `until_ms`. The clock is
+/// read in the same poll that copies the bytes, so bytes that arrive late
+/// (a stalled link, data retransmitted after a partition heals, a writer
+/// paused mid-write) are never written after the grant expired: the masters
+/// may have given the range to another object by then.
+async fn read_exact_until<R>(r: &mut R, dst: &mut [u8], until_ms: u64) -> Result<(), ConnError>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let mut filled = 0;
+    std::future::poll_fn(|cx| {
+        while filled < dst.len() {
+            if unix_ms() > until_ms {
+                return std::task::Poll::Ready(Err(ConnError::GrantExpired { until_ms }));
+            }
+            let mut buf = tokio::io::ReadBuf::new(&mut dst[filled..]);
+            std::task::ready!(std::pin::Pin::new(&mut *r).poll_read(cx, &mut buf))?;
+            match buf.filled().len() {
+                0 => {
+                    return std::task::Poll::Ready(Err(ConnError::Io(
+                        std::io::ErrorKind::UnexpectedEof.into(),
+                    )))
+                }
+                n => filled += n,
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    })
+    .await
 }
 
 /// Most payload bytes of a refused write read and dropped before closing.
@@ -598,7 +632,16 @@ where
                 // range to exactly one writer.
                 let dst = unsafe { segment.slice_mut(req.offset, req.len) }
                     .map_err(|_| std::io::Error::other("range"))?;
-                r.read_exact(dst).await?;
+                let until = req
+                    .grant
+                    .expiry_ms
+                    .saturating_add(limits.grant_clock_skew.as_millis() as u64);
+                if let Err(e) = read_exact_until(r, dst, until).await {
+                    if matches!(e, ConnError::GrantExpired { .. }) {
+                        stats.forbidden.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(e);
+                }
                 let resp = Response {
                     status: Status::Ok,
                     request_id: req.request_id,
@@ -1267,6 +1310,49 @@ mod tests {
         segment.read_at(DISK_PIECE as u64, &mut second).unwrap();
         assert!(second.iter().all(|&b| b == 0), "the late piece was written");
         assert_eq!(stats.disk_errors.load(Ordering::Relaxed), 1);
+    }
+
+    /// A memory write whose grant expires while its bytes are still
+    /// arriving stops writing, as a disk write does: bytes delivered late
+    /// (a healed partition retransmitting) never land in a range the
+    /// masters may have given to another object.
+    #[tokio::test]
+    async fn a_memory_write_stops_at_its_grant_expiry() {
+        const PIECE: usize = 1 << 20;
+        let segment = Segment::anonymous(8 << 20).unwrap();
+        segment.set_mounted(SEGMENT_ID, &KEY);
+        let (addr, stats) = serve_segment(
+            segment.clone(),
+            ServeLimits {
+                grant_clock_skew: Duration::ZERO,
+                ..tls_limits()
+            },
+        )
+        .await;
+        let len = 2 * PIECE as u64;
+        let g = grant(&KEY, Op::Write, 0, len, unix_ms() + 1_000);
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request_under(Op::Write, 1, 0, len, g))
+            .await
+            .unwrap();
+        s.write_all(&vec![1u8; PIECE]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let _ = s.write_all(&vec![2u8; PIECE]).await;
+        assert!(
+            closed_by_the_store(&mut s).await,
+            "no answer after bytes past the expiry"
+        );
+        // SAFETY: nothing writes the segment any more.
+        let written = unsafe { segment.slice(0, len) }.unwrap();
+        assert!(
+            written[..PIECE].iter().all(|&b| b == 1),
+            "the bytes in time were written"
+        );
+        assert!(
+            written[PIECE..].iter().all(|&b| b == 0),
+            "bytes that arrived after the expiry were written"
+        );
+        assert_eq!(stats.forbidden.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]
