@@ -679,3 +679,90 @@ async fn a_batch_whose_placements_ahead_expired_puts_them_the_usual_way() {
         assert_eq!(&c.get(k).await.unwrap(), v, "{k}");
     }
 }
+
+/// A put's bytes that reach the store after its writer gave up and revoked
+/// it (a stalled link, data retransmitted after a partition heals) must
+/// not land in a range the masters gave to a later, acknowledged put.
+/// Played on one real store: kA's write is sent in two halves on a raw
+/// connection, kA is revoked between them, kB of the same size is put and
+/// acknowledged, then kA's second half arrives under its still-valid grant.
+/// Before the write fence, the revoke freed kA's range at once, kB was
+/// placed there, and kA's late half overwrote it (CHECKSUM_MISMATCH).
+async fn late_bytes_of_a_revoked_put(put_mode: &str) {
+    const LEN: usize = 1 << 20;
+    let mut cluster =
+        LocalCluster::start(1, &["--put-mode".to_string(), put_mode.to_string()]).unwrap();
+    cluster.with_mounted_store("64mb").await.unwrap();
+    let c = client(&cluster).await;
+    let master = c.master();
+    let (late, acknowledged) = (pattern(LEN, 1), pattern(LEN, 2));
+
+    let put_id = master.new_put_id();
+    let placed = master
+        .put_start_placed(
+            "kA",
+            LEN as u64,
+            crescent_proto::pb::ReplicateConfig {
+                replica_num: 1,
+                ..Default::default()
+            },
+            put_id,
+        )
+        .await
+        .unwrap();
+    assert_eq!(placed.pending, put_mode == "one-commit", "{put_mode}");
+    let r = placed.replicas[0].clone();
+    let mut s = tokio::net::TcpStream::connect(&r.endpoint).await.unwrap();
+    let header = crescent_store::protocol::Request {
+        op: crescent_store::protocol::Op::Write,
+        request_id: 1,
+        offset: r.offset,
+        len: r.length,
+        grant: Grant::from(&r),
+    };
+    s.write_all(&header.encode()).await.unwrap();
+    s.write_all(&late[..LEN / 2]).await.unwrap();
+
+    master.put_revoke_named("kA", put_id).await.unwrap();
+    c.put("kB", &acknowledged, &replicas(1)).await.unwrap();
+    let b = master.get_replica_list("kB").await.unwrap().replicas[0].clone();
+    assert_ne!(
+        (b.segment_id, b.offset),
+        (r.segment_id, r.offset),
+        "{put_mode}: a revoked put's range was placed again while its grant was valid"
+    );
+
+    // kA's second half arrives; its grant has not expired, so the store
+    // writes it, into a range nobody else holds.
+    s.write_all(&late[LEN / 2..]).await.unwrap();
+    let mut answer = [0u8; crescent_store::protocol::RESPONSE_LEN];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut answer))
+        .await
+        .expect("the store answers the late write")
+        .unwrap();
+    assert_eq!(
+        crescent_store::protocol::Response::decode(&answer)
+            .unwrap()
+            .status,
+        Status::Ok
+    );
+    assert_eq!(
+        c.get("kB").await.unwrap(),
+        acknowledged,
+        "{put_mode}: an acknowledged put was overwritten by a revoked put's late bytes"
+    );
+    assert!(
+        !c.exists("kA").await.unwrap(),
+        "a revoked put is not readable"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_bytes_of_a_revoked_one_commit_put_do_not_overwrite_a_later_put() {
+    late_bytes_of_a_revoked_put("one-commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_bytes_of_a_revoked_two_commit_put_do_not_overwrite_a_later_put() {
+    late_bytes_of_a_revoked_put("two-commit").await;
+}

@@ -98,6 +98,20 @@ impl GrantTerms {
     }
 }
 
+/// The write grant of a committed PutStart expires no later than its
+/// put's discard time, also when a retry gets the placement again from the
+/// dedup table: a revoked range is reused only a fixed margin after that
+/// time (`WRITE_FENCE_MARGIN_MS`), so no grant may outlive it.
+fn put_grant_terms(state: &MetaState, key: &str, fresh: GrantTerms) -> GrantTerms {
+    match state.objects.get(key).map(|o| &o.phase) {
+        Some(crescent_raft::state::PutPhase::Processing { discard_at_ms, .. }) => GrantTerms {
+            expiry_ms: fresh.expiry_ms.min(*discard_at_ms),
+            ..fresh
+        },
+        _ => fresh,
+    }
+}
+
 /// The grant for `r` signed with its segment's key; none (the store will
 /// refuse) for a segment gone meanwhile or mounted without a key.
 fn sign_grant(seg: Option<&crescent_raft::state::Segment>, r: &Replica, t: GrantTerms) -> Vec<u8> {
@@ -495,6 +509,7 @@ impl MasterApi {
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
+                    let terms = put_grant_terms(&state, &items[i].0, terms);
                     out[i] = Some(Started {
                         replicas: r
                             .map(|reps| reps.iter().map(|x| replica_pb(&state, x, terms)).collect())

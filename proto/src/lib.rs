@@ -30,6 +30,12 @@ pub const MAX_BATCH_ITEMS: usize = 16 * 1024;
 /// follower receives well within a replication deadline.
 pub const MAX_BATCH_KEY_BYTES: usize = 1024 * 1024;
 
+/// Largest `--grant-clock-skew` a store accepts (ms): how far past its
+/// expiry a store may honour a data-plane grant. The masters keep a range
+/// whose write outcome is unknown out of use this long, twice over, past
+/// its grants' expiry (`crescent_raft::state::WRITE_FENCE_MARGIN_MS`).
+pub const MAX_GRANT_CLOCK_SKEW_MS: u64 = 5_000;
+
 /// Most next puts one BatchPutEnd may ask to be placed ahead
 /// (`BatchPutEndRequest.next`): what one client may hold ready at once.
 pub const MAX_AHEAD_PER_REQUEST: usize = 256;

@@ -27,6 +27,16 @@ pub const MAX_SEQ_AHEAD: u64 = 1 << 20;
 pub const DEDUP_CLIENT_TTL_MS: u64 = 60 * 60 * 1000;
 const DEDUP_GC_INTERVAL_MS: u64 = 60 * 1000;
 
+/// How long past its write grants' expiry (the put's discard time) the
+/// range of a put that ended uncommitted stays out of use: a store honours
+/// a grant until its own clock passes the expiry plus its
+/// `--grant-clock-skew` (at most [`crescent_proto::MAX_GRANT_CLOCK_SKEW_MS`]),
+/// and its clock may lag the masters' by as much again. A timed-out or
+/// failed transfer does not mean the store stopped writing (bytes queued in
+/// a kernel, or retransmitted after a partition heals, still arrive), so a
+/// revoke frees nothing before then.
+pub const WRITE_FENCE_MARGIN_MS: u64 = 2 * crescent_proto::MAX_GRANT_CLOCK_SKEW_MS;
+
 /// One Raft log entry's application payload.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Command {
@@ -1053,13 +1063,15 @@ impl MetaState {
                     .map(|(k, crc, id)| self.put_end(now, writer, k, *crc, *id))
                     .collect(),
             ),
-            Op::PutRevoke { keys } => {
-                Response::Items(keys.iter().map(|k| self.put_revoke(writer, k, 0)).collect())
-            }
+            Op::PutRevoke { keys } => Response::Items(
+                keys.iter()
+                    .map(|k| self.put_revoke(now, writer, k, 0))
+                    .collect(),
+            ),
             Op::PutRevokeNamed { items } => Response::Items(
                 items
                     .iter()
-                    .map(|(k, id)| self.put_revoke(writer, k, *id))
+                    .map(|(k, id)| self.put_revoke(now, writer, k, *id))
                     .collect(),
             ),
             Op::LegacyRemove { keys, force } => Response::Items(
@@ -1433,6 +1445,7 @@ impl MetaState {
 
     fn put_revoke(
         &mut self,
+        now: u64,
         writer: Option<&str>,
         key: &str,
         put_id: PutId,
@@ -1451,8 +1464,28 @@ impl MetaState {
         }
         let obj = self.objects.remove(key).expect("checked above");
         count_out(&mut self.usage, key, &obj);
-        // The writer itself gave up, so nobody writes into this space any more.
-        self.free_replicas(&obj.replicas);
+        // The writer gave up, but bytes it sent may still reach a store
+        // (see WRITE_FENCE_MARGIN_MS): the space waits out its grants.
+        if let PutPhase::Processing {
+            discard_at_ms,
+            release_at_ms,
+            ..
+        } = obj.phase
+        {
+            let fence = discard_at_ms
+                .saturating_add(WRITE_FENCE_MARGIN_MS)
+                .min(release_at_ms);
+            if fence <= now {
+                self.free_replicas(&obj.replicas);
+                return Ok(());
+            }
+            for replica in obj.replicas {
+                self.pending_release.push(PendingRelease {
+                    replica,
+                    release_at_ms: fence,
+                });
+            }
+        }
         Ok(())
     }
 

@@ -75,6 +75,32 @@ pub enum CommitStatus {
     Unknown,
 }
 
+/// How a placement that leaves flight gives its ranges back.
+#[derive(Clone, Copy)]
+enum Settle {
+    /// A commit took them.
+    Taken,
+    /// No writer can be writing them (never answered, or past the release
+    /// time): free now.
+    Free,
+    /// A write under its grants may still land (the writer revoked after a
+    /// failed or timed-out transfer, or its commit was refused): free once
+    /// the grants can no longer be honoured.
+    Fence,
+}
+
+/// When a range placed with grants expiring at `discard_at_ms` may be
+/// placed again after its put ended uncommitted: a store honours a grant
+/// until its own clock passes the expiry plus its `--grant-clock-skew`, and
+/// its clock may lag this leader's by as much
+/// ([`crescent_raft::state::WRITE_FENCE_MARGIN_MS`]); never later than the
+/// release time, which already bounds any writer.
+fn fence_until(discard_at_ms: u64, release_at_ms: u64) -> u64 {
+    discard_at_ms
+        .saturating_add(crescent_raft::state::WRITE_FENCE_MARGIN_MS)
+        .min(release_at_ms)
+}
+
 /// A writer's name for one of its puts, as the placer files placements.
 type PutKey = (String, String, PutId);
 
@@ -134,6 +160,10 @@ pub struct Placer {
     /// discard-time takeover by a retry of the same put).
     by_put: HashMap<PutKey, Vec<u64>>,
     per_client: HashMap<String, u64>,
+    /// Ranges of placements that ended without a commit while a write under
+    /// their grants may still land (revoked, or the commit refused), with
+    /// when they may be placed again; they keep their reservation in use.
+    fenced: Vec<(ReservationId, Replica, u64)>,
     next_pending: u64,
     /// Reservations this leader's own Reserve entries made. Its term alone
     /// would not tell if a leader could restart into the same term (openraft
@@ -156,6 +186,7 @@ impl Placer {
             by_key: HashMap::new(),
             by_put: HashMap::new(),
             per_client: HashMap::new(),
+            fenced: Vec::new(),
             next_pending: 1,
             made: BTreeSet::new(),
         }
@@ -504,11 +535,13 @@ impl Placer {
         taken: bool,
     ) {
         if let Some(id) = self.find(client, key, put_id, replicas) {
-            self.drop_pending(state, id, !taken);
+            let settle = if taken { Settle::Taken } else { Settle::Fence };
+            self.drop_pending(state, id, settle);
         }
     }
 
-    /// The writer revoked its put: its ranges are free again, unless a
+    /// The writer revoked its put: its ranges are placed again once no
+    /// write under its grants can land any more ([`fence_until`]), unless a
     /// commit of it is in flight (then that decides). False when this
     /// leader holds no such uncommitted placement.
     pub fn revoke(&mut self, state: &MetaState, client: &str, key: &str, put_id: PutId) -> bool {
@@ -522,17 +555,18 @@ impl Placer {
         let mut found = false;
         for id in ids {
             if self.pending.get(&id).is_some_and(|p| !p.committing) {
-                self.drop_pending(state, id, true);
+                self.drop_pending(state, id, Settle::Fence);
                 found = true;
             }
         }
         found
     }
 
-    fn drop_pending(&mut self, state: &MetaState, id: u64, free: bool) {
+    fn drop_pending(&mut self, state: &MetaState, id: u64, settle: Settle) {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
+        let fenced_until = fence_until(p.discard_at_ms, p.release_at_ms);
         if self.by_key.get(&p.key) == Some(&id) {
             self.by_key.remove(&p.key);
         }
@@ -549,18 +583,27 @@ impl Placer {
                 self.per_client.remove(&p.client);
             }
         }
-        for (rid, r) in &p.ranges {
-            let still_free = state
-                .reservations
-                .get(rid)
-                .is_some_and(|res| res.free_range_holding(r.offset, r.len).is_some());
-            if let Some(o) = self.open.get_mut(rid) {
-                o.inflight = o.inflight.saturating_sub(1);
-                // Freed only if no commit took it, whatever this placement's
-                // writer did: the replicated state is the judge.
-                if free && still_free {
-                    o.alloc.free(r.offset - o.base, r.len);
-                }
+        for (rid, r) in p.ranges {
+            match settle {
+                Settle::Fence => self.fenced.push((rid, r, fenced_until)),
+                Settle::Taken => self.release_range(state, rid, &r, false),
+                Settle::Free => self.release_range(state, rid, &r, true),
+            }
+        }
+    }
+
+    /// A placement's range leaves flight; with `free`, it may be placed
+    /// again if the replicated state still has it free in its reservation
+    /// (no commit took it, whatever its writer did: the state is the judge).
+    fn release_range(&mut self, state: &MetaState, rid: ReservationId, r: &Replica, free: bool) {
+        let still_free = state
+            .reservations
+            .get(&rid)
+            .is_some_and(|res| res.free_range_holding(r.offset, r.len).is_some());
+        if let Some(o) = self.open.get_mut(&rid) {
+            o.inflight = o.inflight.saturating_sub(1);
+            if free && still_free {
+                o.alloc.free(r.offset - o.base, r.len);
             }
         }
     }
@@ -577,19 +620,21 @@ impl Placer {
     /// Undoes placements a request made and did not answer with.
     pub fn undo_placements(&mut self, state: &MetaState, ids: &[u64]) {
         for &id in ids {
+            // Never answered: no writer holds its grants.
             if self
                 .pending
                 .get(&id)
                 .is_some_and(|p| !p.committing && !p.answered)
             {
-                self.drop_pending(state, id, true);
+                self.drop_pending(state, id, Settle::Free);
             }
         }
     }
 
     /// Frees the ranges of placements neither committed nor revoked by their
-    /// release time (their writer can no longer be writing). One whose
-    /// commit is in flight waits for its outcome.
+    /// release time (their writer can no longer be writing), and fenced
+    /// ranges whose fence has passed. One whose commit is in flight waits
+    /// for its outcome.
     pub fn expire(&mut self, state: &MetaState, now_ms: u64) {
         let due: Vec<u64> = self
             .pending
@@ -598,8 +643,21 @@ impl Placer {
             .map(|(id, _)| *id)
             .collect();
         for id in due {
-            self.drop_pending(state, id, true);
+            self.drop_pending(state, id, Settle::Free);
         }
+        let (due, fenced): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fenced)
+            .into_iter()
+            .partition(|(_, _, until)| *until <= now_ms);
+        self.fenced = fenced;
+        for (rid, r, _) in due {
+            self.release_range(state, rid, &r, true);
+        }
+    }
+
+    /// Ranges fenced now (revoked or refused placements waiting out their
+    /// grants).
+    pub fn fenced(&self) -> usize {
+        self.fenced.len()
     }
 
     /// Reservations to retire now: this leader's full ones with nothing in
@@ -842,13 +900,22 @@ mod tests {
         assert!(!p.revoke(&s, "c", AHEAD_KEY, 1), "its commit is in flight");
         assert!(p.revoke(&s, "c", AHEAD_KEY, 2));
         assert_eq!(p.inflight_of("c"), 2);
-        // The revoked range is free again; the committing one is not.
-        let Placed::Replicas(again) = p.place(&s, &req(AHEAD_KEY, "c", 4), times(3)) else {
+        // The revoked range is fenced while its grants may be honoured,
+        // then free again; the committing one is not.
+        assert_eq!(p.fenced(), 1);
+        let fence = 1 + 30_000 + crescent_raft::state::WRITE_FENCE_MARGIN_MS;
+        let Placed::Replicas(other) = p.place(&s, &req(AHEAD_KEY, "c", 4), times(3)) else {
+            panic!("placed nothing")
+        };
+        assert!(other != a2 && other != a1 && other != k);
+        p.expire(&s, fence - 1);
+        assert_eq!(p.fenced(), 1);
+        p.expire(&s, fence);
+        assert_eq!(p.fenced(), 0);
+        let Placed::Replicas(again) = p.place(&s, &req(AHEAD_KEY, "c", 5), times(fence)) else {
             panic!("placed nothing")
         };
         assert_eq!(again, a2);
-        assert_ne!(again, a1);
-        assert_ne!(again, k);
     }
 
     #[test]
@@ -861,10 +928,21 @@ mod tests {
             panic!()
         };
         assert!(p.revoke(&s, "c", "a", 1));
+        let Placed::Replicas(fenced) = p.place(&s, &req("f", "c", 9), times(0)) else {
+            panic!()
+        };
+        assert_ne!(
+            a, fenced,
+            "a revoked range is not placed while its grant lasts"
+        );
+        p.expire(&s, 30_000 + crescent_raft::state::WRITE_FENCE_MARGIN_MS);
         let Placed::Replicas(b) = p.place(&s, &req("b", "c", 2), times(0)) else {
             panic!()
         };
-        assert_eq!(a, b, "a revoked range is placed again");
+        assert_eq!(
+            a, b,
+            "a revoked range is placed again once fenced long enough"
+        );
         assert!(p.begin_commit("c", "b", 2, &b));
         assert!(
             !p.begin_commit("c", "b", 2, &b),
@@ -987,6 +1065,11 @@ mod tests {
         for i in 0..4 {
             assert!(p.revoke(&s, "c", &format!("k{i}"), 1));
         }
+        assert!(
+            p.retirable(&s, 1_000, 600_000).is_empty(),
+            "revoked ranges fenced"
+        );
+        p.expire(&s, 31_000 + crescent_raft::state::WRITE_FENCE_MARGIN_MS);
         assert_eq!(p.retirable(&s, 1_000, 600_000), vec![own]);
         let foreign = s.reservations.values().find(|r| r.term == 1).unwrap().id;
         let mut due = p.retirable(&s, 601_000, 600_000);

@@ -92,7 +92,8 @@ struct Args {
     #[arg(long, env = "CRESCENT_DATA_TLS", value_parser = clap::builder::BoolishValueParser::new())]
     data_tls: bool,
     /// How far past its expiry a data-plane grant is still honoured: room for
-    /// this host's clock running ahead of the masters'.
+    /// this host's clock running ahead of the masters'. At most 5s: the
+    /// masters reuse a revoked put's range 10s after its grants expire.
     #[arg(long, env = "CRESCENT_GRANT_CLOCK_SKEW", default_value = "2s", value_parser = |s: &str| parse_duration(s).map_err(|e| e.to_string()))]
     grant_clock_skew: std::time::Duration,
     /// Directory of this store's disk segment (the disk tier): objects the
@@ -130,6 +131,11 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     crescent_runtime::init_server_logging(&args.log_format, "info,h2=warn,tower=warn");
+    anyhow::ensure!(
+        args.grant_clock_skew.as_millis() <= u128::from(crescent_proto::MAX_GRANT_CLOCK_SKEW_MS),
+        "--grant-clock-skew must be at most {} ms: the masters reuse a revoked put's range a fixed margin after its grants expire",
+        crescent_proto::MAX_GRANT_CLOCK_SKEW_MS
+    );
     // The data port's cap, the metrics port's, and a reserve for the
     // master connection and shared-memory files.
     let needed = crescent_store::server::ServeLimits::default().max_connections
