@@ -547,7 +547,7 @@ fn code_of<T>(r: &crescent_client::client::Result<T>) -> i32 {
 /// Mooncake's `MooncakeDistributedStore`, backed by a Crescent client.
 #[pyclass(module = "crescent._native")]
 struct MooncakeDistributedStore {
-    client: RwLock<Option<Arc<Client>>>,
+    client: Arc<ClientSlot>,
     registered: Mutex<Registered>,
     /// What `get_hostname` answers: the name this client registered under.
     hostname: Mutex<String>,
@@ -586,6 +586,7 @@ impl MooncakeDistributedStore {
         let lost_race = match self.client.write() {
             Ok(mut slot) if slot.is_none() => {
                 *slot = Some(client);
+                remember_open(&self.client);
                 None
             }
             // Another thread's setup finished first (or the lock is
@@ -625,15 +626,65 @@ impl MooncakeDistributedStore {
 }
 
 impl Drop for MooncakeDistributedStore {
-    /// A store collected without close() still unmounts its segment: the
-    /// client's background work holds its own references and would keep the
-    /// segment mounted and served for the life of the process.
+    /// A store collected without close() still unmounts its segment, and
+    /// waits for it (at most [`CLOSE_WAIT`]): the client's background work
+    /// holds its own references and would keep the segment mounted for the
+    /// life of the process, and one closed in the background may not finish
+    /// before the process exits, leaving the masters placing puts on a
+    /// segment nobody serves until its client TTL runs out.
     fn drop(&mut self) {
-        let taken = self.client.get_mut().ok().and_then(|c| c.take());
-        if let Some(c) = taken {
-            runtime().spawn(async move { c.close().await });
-        }
+        let taken = self.client.write().ok().and_then(|mut c| c.take());
+        close_all_within(taken.into_iter().collect(), CLOSE_WAIT);
     }
+}
+
+/// A store's connection, shared with the exit hook.
+type ClientSlot = RwLock<Option<Arc<Client>>>;
+
+/// Longest a store dropped or left open at exit waits for its close
+/// (segment unmounted, placements ahead given back).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Stores set up and not closed, for the exit hook.
+fn open_stores() -> std::sync::MutexGuard<'static, Vec<std::sync::Weak<ClientSlot>>> {
+    static OPEN: OnceLock<Mutex<Vec<std::sync::Weak<ClientSlot>>>> = OnceLock::new();
+    OPEN.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn remember_open(slot: &Arc<ClientSlot>) {
+    let mut open = open_stores();
+    open.retain(|w| w.strong_count() > 0);
+    open.push(Arc::downgrade(slot));
+}
+
+/// Closes `clients` at once on the runtime and waits for all of them, at
+/// most `wait`. Works from any thread, a runtime thread included.
+fn close_all_within(clients: Vec<Arc<Client>>, wait: std::time::Duration) {
+    if clients.is_empty() {
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().spawn(async move {
+        futures::future::join_all(clients.iter().map(|c| c.close())).await;
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(wait).is_err() {
+        tracing::warn!(?wait, "a store left open did not close in time; the masters unmount its segment after the client TTL");
+    }
+}
+
+/// Registered with `atexit`: a process that exits without `close()` (or
+/// whose stores are never collected) unmounts their segments first.
+#[pyfunction]
+fn _close_open_stores(py: Python<'_>) {
+    let clients: Vec<Arc<Client>> = open_stores()
+        .drain(..)
+        .filter_map(|w| w.upgrade())
+        .filter_map(|slot| slot.write().ok().and_then(|mut c| c.take()))
+        .collect();
+    py.detach(|| close_all_within(clients, CLOSE_WAIT));
 }
 
 /// The bytes behind a buffer object, valid while `b` lives.
@@ -651,7 +702,7 @@ impl MooncakeDistributedStore {
     #[new]
     fn new() -> Self {
         MooncakeDistributedStore {
-            client: RwLock::new(None),
+            client: Arc::new(RwLock::new(None)),
             registered: Mutex::new(Registered::default()),
             hostname: Mutex::new(String::new()),
         }
@@ -1466,6 +1517,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BufferHandle>()?;
     m.add_class::<ReplicaDescriptor>()?;
     m.add_class::<MooncakeHostMemAllocator>()?;
+    let close_open = wrap_pyfunction!(_close_open_stores, m)?;
+    m.add_function(close_open.clone())?;
+    m.py()
+        .import("atexit")?
+        .call_method1("register", (close_open,))?;
     m.add("OBJECT_NOT_FOUND", mooncake::OBJECT_NOT_FOUND)?;
     m.add("INVALID_PARAMS", mooncake::INVALID_PARAMS)?;
     m.add("NO_AVAILABLE_HANDLE", mooncake::NO_AVAILABLE_HANDLE)?;

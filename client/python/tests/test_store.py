@@ -395,3 +395,47 @@ def test_a_key_twice_in_one_batch_put_is_one_object(store):
     assert store.put_batch([k2, k2], [b"one", b"two"]) == 0
     assert store.get(k2) == b"one"
     store.unregister_buffer(base)
+
+
+def live_segments(cluster):
+    status, text = cluster.http_get("/metrics")
+    assert status == 200, text
+    for line in text.splitlines():
+        if line.startswith("master_segment_count "):
+            return int(float(line.split()[1]))
+    raise AssertionError("/metrics lacks master_segment_count")
+
+
+EXITS_WITH_A_SEGMENT = """
+import os, sys
+from crescent.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+rc = s.setup("localhost", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", sys.argv[1])
+assert rc == 0, rc
+assert s.put("exit-" + os.urandom(4).hex(), b"x" * 4096) == 0
+if sys.argv[2] == "drop":
+    del s            # collected: Drop closes, and waits for it
+    os._exit(0)      # no atexit hooks
+# else: exits with `s` still open; the exit hook closes it
+"""
+
+
+@pytest.mark.parametrize("how", ["drop", "exit"])
+def test_a_process_that_never_calls_close_unmounts_its_segment(cluster, how):
+    # Before, Drop only started close() in the background and nothing ran
+    # at exit: the segment stayed mounted until the client TTL (10 s), and
+    # puts placed on it meanwhile failed.
+    import subprocess
+
+    before = live_segments(cluster)
+    subprocess.run(
+        [sys.executable, "-c", EXITS_WITH_A_SEGMENT, cluster.masters, how],
+        check=True,
+        timeout=60,
+    )
+    deadline = time.monotonic() + 3
+    while live_segments(cluster) != before:
+        assert time.monotonic() < deadline, (
+            f"{how}: the exited process's segment is still mounted 3 s after it exited"
+        )
+        time.sleep(0.1)
