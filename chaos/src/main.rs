@@ -34,6 +34,7 @@ enum Cmd {
         /// ci: the fixed short mix; soak: random faults until --duration;
         /// stalled-writers: only stalled writers across failovers;
         /// disk-restarts: only store restarts with the disk tier;
+        /// late-writes: only late writes after revokes;
         /// rolling-restarts: only rolling restarts until --duration.
         #[arg(
             long,
@@ -82,6 +83,12 @@ enum Cmd {
         /// must then fail (use --schedule stalled-writers).
         #[arg(long, hide = true)]
         unsafe_adopt_foreign_reservations: bool,
+        /// TEST ONLY: start masters with --unsafe-reuse-revoked-ranges: a
+        /// leader places a revoked put's range again while bytes sent under
+        /// its grants may still land; the run must then fail (use
+        /// --schedule late-writes).
+        #[arg(long, hide = true)]
+        unsafe_reuse_revoked_ranges: bool,
         /// TEST ONLY: start stores with --unsafe-forget-disk-on-restart: a
         /// restarted store deletes its disk segment, so its disk objects are
         /// lost; the run must then fail (use --schedule disk-restarts).
@@ -175,6 +182,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_ack_before_commit,
             unsafe_forget_leases,
             unsafe_adopt_foreign_reservations,
+            unsafe_reuse_revoked_ranges,
             unsafe_forget_disk_on_restart,
             unsafe_exclusive_promotion,
             unsafe_resume_leadership,
@@ -235,6 +243,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             }
             if unsafe_adopt_foreign_reservations {
                 master_flags.push("--unsafe-adopt-foreign-reservations".into());
+            }
+            if unsafe_reuse_revoked_ranges {
+                master_flags.push("--unsafe-reuse-revoked-ranges".into());
             }
             if unsafe_exclusive_promotion {
                 master_flags.push("--unsafe-exclusive-promotion".into());

@@ -19,8 +19,8 @@ use crate::disk::{restart_store_with_disk, DiskChecker, DISK_CHECKS};
 use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
 use crate::schedule::{
-    ci_schedule, disk_restart_schedule, rolling_restart_schedule, soak_schedule,
-    stalled_writer_schedule, Fault, FaultKind,
+    ci_schedule, disk_restart_schedule, late_write_schedule, rolling_restart_schedule,
+    soak_schedule, stalled_writer_schedule, Fault, FaultKind,
 };
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
@@ -45,6 +45,9 @@ pub enum ScheduleKind {
     /// Only store restarts with the disk tier, several of them (the test of
     /// --unsafe-forget-disk-on-restart).
     DiskRestarts,
+    /// Only late writes after revokes, several of them (the test of
+    /// --unsafe-reuse-revoked-ranges).
+    LateWrites,
     /// Only rolling restarts until --duration is up (a reproducer for
     /// leaders that start with a trailing state machine).
     RollingRestarts,
@@ -58,6 +61,7 @@ impl ScheduleKind {
             ScheduleKind::Soak => "soak",
             ScheduleKind::StalledWriters => "stalled-writers",
             ScheduleKind::DiskRestarts => "disk-restarts",
+            ScheduleKind::LateWrites => "late-writes",
             ScheduleKind::RollingRestarts => "rolling-restarts",
         }
     }
@@ -360,6 +364,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         ScheduleKind::Soak => Box::new(soak_schedule(cfg.seed, network)),
         ScheduleKind::StalledWriters => Box::new(stalled_writer_schedule(cfg.seed).into_iter()),
         ScheduleKind::DiskRestarts => Box::new(disk_restart_schedule(cfg.seed).into_iter()),
+        ScheduleKind::LateWrites => Box::new(late_write_schedule(cfg.seed).into_iter()),
         ScheduleKind::RollingRestarts => Box::new(rolling_restart_schedule(cfg.seed)),
     };
     let deadline = Instant::now() + cfg.duration;
@@ -466,6 +471,14 @@ async fn inject(
             let killed = stalled_writer_across_failover(dep, probe, stall, fault).await;
             let _ = std::fs::remove_file(&focus);
             target = format!("master {}", killed?);
+        }
+        FaultKind::LateWriteAfterRevoke => {
+            // The workers put hot values (the late puts' size) throughout.
+            let focus = focus_file(dir);
+            std::fs::write(&focus, b"focus")?;
+            let leader = late_write_after_revoke(probe, stall).await;
+            let _ = std::fs::remove_file(&focus);
+            target = format!("master {}", leader?);
         }
         FaultKind::KillLeader | FaultKind::KillRandomMaster => {
             let id = if fault.kind == FaultKind::KillLeader {
@@ -642,6 +655,31 @@ async fn stalled_writer_across_failover(
         new.0, new.1, round.summary
     );
     // The workers' own reads of the hot keys, after the stalled writes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(id)
+}
+
+/// [`FaultKind::LateWriteAfterRevoke`]: puts placed by the leader, each
+/// replica's write held halfway on a connection of its own, the puts
+/// revoked, the workers and a few victim puts of the same size served for
+/// [`WORKERS_PUT_FOR`], then the held halves delivered (their grants still
+/// valid), and every replica of the keys involved read back. Returns the
+/// leader the puts were placed by.
+async fn late_write_after_revoke(probe: &Prober, stall: &StalledWriter) -> anyhow::Result<u64> {
+    let (id, term) = probe.leader_term(Duration::from_secs(20)).await?;
+    let mut round = stall.round();
+    let placed = round.place_stalled().await;
+    let late = round.start_late_writes(&placed).await;
+    round.revoke_placed(placed).await;
+    let revoked = Instant::now();
+    round.put_victims(WORKERS_PUT_FOR).await;
+    tokio::time::sleep(WORKERS_PUT_FOR.saturating_sub(revoked.elapsed())).await;
+    round.deliver_late(late).await;
+    round.read_back().await;
+    println!(
+        "chaos:      late writes (leader {id} of term {term}): {} replica writes held, {} landed late; {}",
+        round.summary.late_writes, round.summary.late_landed, round.summary
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(id)
 }

@@ -63,10 +63,17 @@ pub enum FaultKind {
     /// them and keep every synced entry (see `crescent_raft::journal`).
     /// Without access to the masters' data dirs (containers) it is a kill.
     TearMasterLog,
+    /// A client of the chaos process has the leader place a few puts of
+    /// the workers' hot size, sends each replica's first half, revokes
+    /// the puts, lets the workers and a few victims put that size for a
+    /// while, then delivers the second halves under the still-valid grants.
+    /// A leader that placed the revoked ranges again lets those late bytes
+    /// overwrite acknowledged objects (see [`crate::stall`]).
+    LateWriteAfterRevoke,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -81,6 +88,7 @@ impl FaultKind {
         FaultKind::StalledWriterAcrossFailover,
         FaultKind::RestartStoreWithDisk,
         FaultKind::TearMasterLog,
+        FaultKind::LateWriteAfterRevoke,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +107,7 @@ impl FaultKind {
             FaultKind::StalledWriterAcrossFailover => "stalled writer across failover",
             FaultKind::RestartStoreWithDisk => "restart store with disk",
             FaultKind::TearMasterLog => "kill master, tear its log",
+            FaultKind::LateWriteAfterRevoke => "late write after revoke",
         }
     }
 
@@ -154,8 +163,9 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// 2 leader partitions and 1 follower partition (when the network can be
 /// controlled), a store kill, an etcd member kill, a rolling restart, 2
 /// leader kills amid removes, a big batch, a connection flood, a stalled
-/// writer across a failover, a store restart with its disk tier and a
-/// master killed with a torn write left in its log, in a seeded order.
+/// writer across a failover, a store restart with its disk tier, a
+/// master killed with a torn write left in its log, in a seeded order, then
+/// a late write after a revoke.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -176,6 +186,9 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::RestartStoreWithDisk);
     kinds.push(FaultKind::TearMasterLog);
     kinds.shuffle(&mut rng);
+    // Last, after the shuffle: a seed's other faults keep their order and
+    // parameters.
+    kinds.push(FaultKind::LateWriteAfterRevoke);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
 
@@ -190,6 +203,19 @@ pub fn stalled_writer_schedule(seed: u64) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..STALLED_WRITER_FAULTS)
         .map(|_| fault(&mut rng, FaultKind::StalledWriterAcrossFailover))
+        .collect()
+}
+
+/// How many faults [`late_write_schedule`] has.
+pub const LATE_WRITE_FAULTS: usize = 6;
+
+/// Only late writes after revokes, [`LATE_WRITE_FAULTS`] of them: each is a
+/// chance for a leader that places a revoked range again while its grants
+/// are valid to be caught (the test of `--unsafe-reuse-revoked-ranges`).
+pub fn late_write_schedule(seed: u64) -> Vec<Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..LATE_WRITE_FAULTS)
+        .map(|_| fault(&mut rng, FaultKind::LateWriteAfterRevoke))
         .collect()
 }
 
@@ -236,6 +262,7 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         // disk tier's objects across a restart.
         (FaultKind::RestartStoreWithDisk, 2),
         (FaultKind::TearMasterLog, 2),
+        (FaultKind::LateWriteAfterRevoke, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -278,7 +305,8 @@ mod tests {
         assert_eq!(count(FaultKind::StalledWriterAcrossFailover), 1);
         assert_eq!(count(FaultKind::RestartStoreWithDisk), 1);
         assert_eq!(count(FaultKind::TearMasterLog), 1);
-        assert_eq!(a.len(), 27);
+        assert_eq!(count(FaultKind::LateWriteAfterRevoke), 1);
+        assert_eq!(a.len(), 28);
         // Every kind is in the CI schedule.
         for kind in FaultKind::ALL {
             assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
@@ -299,6 +327,14 @@ mod tests {
         assert!(a
             .iter()
             .all(|f| f.kind == FaultKind::StalledWriterAcrossFailover));
+    }
+
+    #[test]
+    fn the_late_write_schedule_repeats_that_fault() {
+        let a = late_write_schedule(5);
+        assert_eq!(a, late_write_schedule(5));
+        assert_eq!(a.len(), LATE_WRITE_FAULTS);
+        assert!(a.iter().all(|f| f.kind == FaultKind::LateWriteAfterRevoke));
     }
 
     #[test]

@@ -31,7 +31,18 @@
 //! [`FAULT_HISTORY`] as workers record theirs, so the checker checks these
 //! keys like any other: an acknowledged stalled put must be readable later.
 //!
+//! The same writer plays [`FaultKind::LateWriteAfterRevoke`]: its placed
+//! puts' writes are held halfway on connections of their own, the puts are
+//! revoked (as a client does after a transfer timed out), victims and the
+//! workers put the same size, and then the held halves arrive under grants
+//! that are still valid. A store writes them: the masters must have kept
+//! the revoked ranges out of use until the grants can no longer be
+//! honoured (the write fence, docs/one-commit-puts.md). A leader that
+//! places them again (the test-only `--unsafe-reuse-revoked-ranges`) lets
+//! the late halves overwrite acknowledged objects, which the reads see.
+//!
 //! [`FaultKind::StalledWriterAcrossFailover`]: crate::schedule::FaultKind::StalledWriterAcrossFailover
+//! [`FaultKind::LateWriteAfterRevoke`]: crate::schedule::FaultKind::LateWriteAfterRevoke
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -88,9 +99,24 @@ pub struct Placed {
     invoke_us: u64,
 }
 
+/// A put's bytes held on their way to its stores: on a connection of its
+/// own to each replica's store, the request header and the first half of
+/// the payload sent, the rest not yet (a link that stalled mid-transfer).
+pub struct LateWrite {
+    streams: Vec<(tokio::net::TcpStream, Vec<u8>)>,
+}
+
 /// What one round did, for the run's output.
 #[derive(Debug, Default)]
 pub struct RoundSummary {
+    /// Replica writes held mid-payload, revoked, and delivered late
+    /// ([`FaultKind::LateWriteAfterRevoke`]), and how many of those the
+    /// stores answered OK (a store writes late bytes into a range whose
+    /// grant is still valid: the masters must not have reused it).
+    ///
+    /// [`FaultKind::LateWriteAfterRevoke`]: crate::schedule::FaultKind::LateWriteAfterRevoke
+    pub late_writes: usize,
+    pub late_landed: usize,
     pub stalled: usize,
     /// Stalled puts the leader placed without a commit (in a reservation):
     /// only those exercise the fence.
@@ -330,6 +356,85 @@ impl Round<'_> {
         for p in placed {
             let outcome = self.finish(p).await;
             self.summary.stalled_ends.count(&outcome);
+        }
+    }
+
+    /// Starts each placed put's replica writes and holds them mid-payload
+    /// ([`LateWrite`]); a replica that cannot be reached is left out.
+    pub async fn start_late_writes(&mut self, placed: &[Placed]) -> Vec<LateWrite> {
+        use tokio::io::AsyncWriteExt;
+        let mut late = Vec::new();
+        for p in placed {
+            let bytes = value_bytes(p.value, HOT_VALUE_LEN);
+            let half = bytes.len() / 2;
+            let mut streams = Vec::new();
+            for (n, r) in p.placement.replicas.iter().enumerate() {
+                let header = crescent_store::protocol::Request {
+                    op: crescent_store::protocol::Op::Write,
+                    request_id: n as u64 + 1,
+                    offset: r.offset,
+                    len: r.length,
+                    grant: Grant::from(r),
+                };
+                let started = tokio::time::timeout(STEP_TIMEOUT, async {
+                    let mut s = tokio::net::TcpStream::connect(&r.endpoint).await?;
+                    s.write_all(&header.encode()).await?;
+                    s.write_all(&bytes[..half]).await?;
+                    std::io::Result::Ok(s)
+                })
+                .await;
+                if let Ok(Ok(s)) = started {
+                    streams.push((s, bytes[half..].to_vec()));
+                    self.summary.late_writes += 1;
+                }
+            }
+            late.push(LateWrite { streams });
+        }
+        late
+    }
+
+    /// The writer gives up on its placed puts: each is revoked (it never
+    /// sends a PutEnd, so none can become readable) and recorded as failed.
+    pub async fn revoke_placed(&mut self, placed: Vec<Placed>) {
+        for p in placed {
+            let _ = if p.placement.ahead {
+                step(self.w.client.put_revoke_ahead(p.put_id)).await
+            } else {
+                step(self.w.client.put_revoke_named(&p.key, p.put_id)).await
+            };
+            self.w.record(&Op {
+                process: p.process,
+                key: p.key,
+                kind: OpKind::Put { value: p.value },
+                invoke_us: p.invoke_us,
+                complete_us: now_us(),
+                outcome: Outcome::Fail {
+                    error: "revoked before its PutEnd".into(),
+                },
+            });
+        }
+    }
+
+    /// Sends the held halves and reads the stores' answers.
+    pub async fn deliver_late(&mut self, late: Vec<LateWrite>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for w in late {
+            for (mut s, rest) in w.streams {
+                let answered = tokio::time::timeout(STEP_TIMEOUT, async {
+                    s.write_all(&rest).await?;
+                    let mut answer = [0u8; crescent_store::protocol::RESPONSE_LEN];
+                    s.read_exact(&mut answer).await?;
+                    std::io::Result::Ok(answer)
+                })
+                .await;
+                if let Ok(Ok(answer)) = answered {
+                    if crescent_store::protocol::Response::decode(&answer)
+                        .is_ok_and(|r| r.status == crescent_store::protocol::Status::Ok)
+                    {
+                        self.summary.late_landed += 1;
+                    }
+                }
+            }
         }
     }
 

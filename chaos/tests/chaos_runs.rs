@@ -4,8 +4,9 @@
 //!   schedule (10 leader kills, 2 random-master kills, 2 pauses, 2 leader
 //!   partitions and a follower partition in container mode, a store kill, an
 //!   etcd member kill, a rolling restart, 2 leader kills amid removes, a big
-//!   batch, a connection flood, a stalled writer across a failover and a
-//!   store restart with its disk tier) must end with 0 violations, twice into the same `--out` (issue 17: a
+//!   batch, a connection flood, a stalled writer across a failover, a
+//!   store restart with its disk tier, a master killed with a torn log and a
+//!   late write after a revoke) must end with 0 violations, twice into the same `--out` (issue 17: a
 //!   second run once found the first run's stop file and ran no workload).
 //!   Container mode when a Docker engine answers and `make images` built
 //!   `$CRESCENT_CHAOS_IMAGE` (default crescent:latest); otherwise processes
@@ -22,6 +23,11 @@
 //!   puts in the ranges its predecessor reserved, where a stalled writer
 //!   placed by that predecessor still writes; over a schedule of stalled
 //!   writers across failovers, its late bytes must overwrite acknowledged
+//!   objects and the checker must fail the run.
+//! - `reusing_revoked_ranges_is_caught`: masters started with the test-only
+//!   `--unsafe-reuse-revoked-ranges` place a revoked put's range again at
+//!   once; over a schedule of late writes after revokes, bytes delivered
+//!   under the revoked puts' still-valid grants must overwrite acknowledged
 //!   objects and the checker must fail the run.
 //! - `resuming_leadership_after_a_restart_is_caught`: masters started with
 //!   the test-only `--unsafe-resume-leadership` lead again in their old term
@@ -303,6 +309,20 @@ fn adopting_foreign_reservations_is_caught() {
     assert!(
         counts.contains_key("wrong_bytes"),
         "expected reads of objects the stalled writer overwrote to see wrong bytes, got {counts:?}"
+    );
+}
+
+#[test]
+fn reusing_revoked_ranges_is_caught() {
+    let counts = broken_run(
+        "chaos-reuse-revoked",
+        "late-writes",
+        "17",
+        "--unsafe-reuse-revoked-ranges",
+    );
+    assert!(
+        counts.contains_key("wrong_bytes"),
+        "expected reads of objects the late writes overwrote to see wrong bytes, got {counts:?}"
     );
 }
 

@@ -331,6 +331,14 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_UNSAFE_ADOPT_FOREIGN_RESERVATIONS", hide = true)]
     pub unsafe_adopt_foreign_reservations: bool,
 
+    /// TEST ONLY; breaks the write fence. The leader places a revoked
+    /// one-commit put's range again at once, while bytes sent under its
+    /// grants may still reach the store and overwrite the next put placed
+    /// there. The chaos suite shows its checker catches that. Hidden from
+    /// --help; never set it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_REUSE_REVOKED_RANGES", hide = true)]
+    pub unsafe_reuse_revoked_ranges: bool,
+
     /// TEST ONLY; breaks the disk tier's restart guarantee. A promotion
     /// releases the object's disk replica once it is copied to memory, so
     /// a store restart loses an object that was on its disk. The chaos

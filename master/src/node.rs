@@ -364,6 +364,14 @@ pub struct MasterNode {
 /// How long a shutdown waits for openraft's tasks to let the storage go.
 pub const STORE_CLOSE_WAIT: Duration = Duration::from_secs(10);
 
+/// The placer's test-only switches, from the `--unsafe-*` flags.
+fn placer_switches(config: &MasterConfig) -> placer::UnsafeSwitches {
+    placer::UnsafeSwitches {
+        adopt_foreign: config.unsafe_adopt_foreign_reservations,
+        reuse_revoked: config.unsafe_reuse_revoked_ranges,
+    }
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -462,7 +470,7 @@ impl MasterNode {
                 0,
                 0,
                 config.put_reservation_size,
-                config.unsafe_adopt_foreign_reservations,
+                placer_switches(&config),
             )),
             reserving: tokio::sync::Mutex::new(()),
             doom_settled: tokio::sync::Notify::new(),
@@ -1258,7 +1266,7 @@ impl MasterNode {
             term,
             now_ms(),
             self.config.put_reservation_size,
-            self.config.unsafe_adopt_foreign_reservations,
+            placer_switches(&self.config),
         );
         self.doom_settled.notify_waiters();
     }

@@ -13,8 +13,8 @@
 //! to writers who are still writing; this leader knows nothing of them, so it
 //! never places there and retires such a reservation only after
 //! `--put-start-release-timeout` (the same wait a zombie two-commit put's space
-//! gets). `adopt_foreign` breaks exactly that rule; it exists so the chaos
-//! checker can show it catches the bug class.
+//! gets). [`UnsafeSwitches`] break that rule and the write fence; they
+//! exist so the chaos checker can show it catches each bug class.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -73,6 +73,17 @@ pub enum CommitStatus {
     InFlight,
     /// This leader holds no such placement.
     Unknown,
+}
+
+/// TEST ONLY switches that break the placer's fences (the master's
+/// `--unsafe-*` flags of the same names); both off in production.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnsafeSwitches {
+    /// Place inside earlier terms' reservations at once.
+    pub adopt_foreign: bool,
+    /// Free a revoked or refused placement's range at once, while a write
+    /// under its grants may still land.
+    pub reuse_revoked: bool,
 }
 
 /// How a placement that leaves flight gives its ranges back.
@@ -151,7 +162,7 @@ pub struct PlaceTimes {
 pub struct Placer {
     term: u64,
     since_ms: u64,
-    adopt_foreign: bool,
+    switches: UnsafeSwitches,
     reservation_bytes: u64,
     open: BTreeMap<ReservationId, Open>,
     pending: HashMap<u64, Pending>,
@@ -175,11 +186,11 @@ pub struct Placer {
 }
 
 impl Placer {
-    pub fn new(term: u64, since_ms: u64, reservation_bytes: u64, adopt_foreign: bool) -> Self {
+    pub fn new(term: u64, since_ms: u64, reservation_bytes: u64, switches: UnsafeSwitches) -> Self {
         Self {
             term,
             since_ms,
-            adopt_foreign,
+            switches,
             reservation_bytes,
             open: BTreeMap::new(),
             pending: HashMap::new(),
@@ -227,7 +238,7 @@ impl Placer {
     }
 
     fn mine(&self, res: &crescent_raft::state::Reservation) -> bool {
-        (res.term == self.term && self.made.contains(&res.id)) || self.adopt_foreign
+        (res.term == self.term && self.made.contains(&res.id)) || self.switches.adopt_foreign
     }
 
     /// Takes up reservations of this term that appeared in the state (this
@@ -567,6 +578,10 @@ impl Placer {
             return;
         };
         let fenced_until = fence_until(p.discard_at_ms, p.release_at_ms);
+        let settle = match settle {
+            Settle::Fence if self.switches.reuse_revoked => Settle::Free,
+            other => other,
+        };
         if self.by_key.get(&p.key) == Some(&id) {
             self.by_key.remove(&p.key);
         }
@@ -782,7 +797,7 @@ mod tests {
     fn places_only_in_reservations_of_its_own_term() {
         let mut s = state_with_segment();
         reserve(&mut s, 4);
-        let mut p = Placer::new(5, 10, 8 * MB, false);
+        let mut p = Placer::new(5, 10, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         assert_eq!(
             p.place(&s, &req("k", "c", 1), times(10)),
@@ -797,7 +812,15 @@ mod tests {
         let own = s.reservations.values().find(|r| r.term == 5).unwrap();
         assert!(r[0].offset >= own.base && r[0].offset < own.base + own.len);
         // The broken switch places in the foreign one too.
-        let mut broken = Placer::new(5, 10, 8 * MB, true);
+        let mut broken = Placer::new(
+            5,
+            10,
+            8 * MB,
+            UnsafeSwitches {
+                adopt_foreign: true,
+                ..Default::default()
+            },
+        );
         claim_own(&mut broken, &s);
         assert_eq!(broken.open.len(), 2);
     }
@@ -812,13 +835,13 @@ mod tests {
     fn a_leader_restarted_into_its_term_does_not_adopt_its_earlier_reservations() {
         let mut s = state_with_segment();
         reserve(&mut s, 5);
-        let mut before = Placer::new(5, 10, 8 * MB, false);
+        let mut before = Placer::new(5, 10, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut before, &s);
         let Placed::Replicas(stalled) = before.place(&s, &req("k1", "c", 1), times(10)) else {
             panic!("placed nothing")
         };
         // The process dies; the same node leads term 5 again.
-        let mut after = Placer::new(5, 20, 8 * MB, false);
+        let mut after = Placer::new(5, 20, 8 * MB, UnsafeSwitches::default());
         after.sync(&s);
         assert_eq!(
             after.place(&s, &req("k2", "c", 2), times(20)),
@@ -834,7 +857,7 @@ mod tests {
     fn a_key_in_flight_is_refused_until_its_discard_time() {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
-        let mut p = Placer::new(1, 0, 8 * MB, false);
+        let mut p = Placer::new(1, 0, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         assert!(matches!(
             p.place(&s, &req("k", "a", 1), times(0)),
@@ -861,7 +884,7 @@ mod tests {
     fn placements_ahead_are_named_by_their_put_id_only() {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
-        let mut p = Placer::new(1, 0, 8 * MB, false);
+        let mut p = Placer::new(1, 0, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         assert_eq!(
             p.place(&s, &req(AHEAD_KEY, "c", 0), times(0)),
@@ -922,7 +945,7 @@ mod tests {
     fn settled_ranges_return_only_when_not_committed() {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
-        let mut p = Placer::new(1, 0, 8 * MB, false);
+        let mut p = Placer::new(1, 0, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         let Placed::Replicas(a) = p.place(&s, &req("a", "c", 1), times(0)) else {
             panic!()
@@ -986,7 +1009,7 @@ mod tests {
     fn a_retried_place_of_the_same_put_gets_the_same_placement() {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
-        let mut p = Placer::new(1, 0, 8 * MB, false);
+        let mut p = Placer::new(1, 0, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         let (Placed::Replicas(first), Tracked::Created(id)) =
             p.place_tracked(&s, &req("k", "c", 9), times(0))
@@ -1044,7 +1067,7 @@ mod tests {
         let mut s = state_with_segment();
         reserve(&mut s, 1);
         reserve(&mut s, 2);
-        let mut p = Placer::new(2, 1_000, 8 * MB, false);
+        let mut p = Placer::new(2, 1_000, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         let big = PlaceRequest {
             size: 2 * MB,
@@ -1078,7 +1101,7 @@ mod tests {
         // A later term's recorded start also bounds the foreign one, earlier
         // than this leader's own start.
         apply(&mut s, 500, Op::LeaderStart { term: 2 });
-        let mut p = Placer::new(3, 900_000, 8 * MB, false);
+        let mut p = Placer::new(3, 900_000, 8 * MB, UnsafeSwitches::default());
         claim_own(&mut p, &s);
         assert!(p.retirable(&s, 600_499, 600_000).is_empty());
         assert_eq!(
