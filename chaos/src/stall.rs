@@ -397,22 +397,36 @@ impl Round<'_> {
     /// sends a PutEnd, so none can become readable) and recorded as failed.
     pub async fn revoke_placed(&mut self, placed: Vec<Placed>) {
         for p in placed {
-            let _ = if p.placement.ahead {
-                step(self.w.client.put_revoke_ahead(p.put_id)).await
-            } else {
-                step(self.w.client.put_revoke_named(&p.key, p.put_id)).await
-            };
-            self.w.record(&Op {
-                process: p.process,
-                key: p.key,
-                kind: OpKind::Put { value: p.value },
-                invoke_us: p.invoke_us,
-                complete_us: now_us(),
-                outcome: Outcome::Fail {
+            self.revoke(&p).await;
+            self.record_put(
+                p,
+                Outcome::Fail {
                     error: "revoked before its PutEnd".into(),
                 },
-            });
+            );
         }
+    }
+
+    /// Records a placed put's operation (invoked at its PutStart), ended now.
+    fn record_put(&self, p: Placed, outcome: Outcome) {
+        self.w.record(&Op {
+            process: p.process,
+            key: p.key,
+            kind: OpKind::Put { value: p.value },
+            invoke_us: p.invoke_us,
+            complete_us: now_us(),
+            outcome,
+        });
+    }
+
+    /// Revokes a placed put (as made: ahead of its key, or named); a
+    /// failed revoke leaves it to the leader's release time.
+    async fn revoke(&self, p: &Placed) {
+        let _ = if p.placement.ahead {
+            step(self.w.client.put_revoke_ahead(p.put_id)).await
+        } else {
+            step(self.w.client.put_revoke_named(&p.key, p.put_id)).await
+        };
     }
 
     /// Sends the held halves and reads the stores' answers.
@@ -541,11 +555,7 @@ impl Round<'_> {
             // readable. The put never ends; a transfer failure is of
             // unknown outcome for the workload too.
             Err(error) => {
-                let _ = if p.placement.ahead {
-                    step(self.w.client.put_revoke_ahead(p.put_id)).await
-                } else {
-                    step(self.w.client.put_revoke_named(&p.key, p.put_id)).await
-                };
+                self.revoke(&p).await;
                 Outcome::Unknown {
                     error: format!("TRANSFER_FAIL: {error}"),
                 }
@@ -587,14 +597,7 @@ impl Round<'_> {
                 }
             }
         };
-        self.w.record(&Op {
-            process: p.process,
-            key: p.key,
-            kind: OpKind::Put { value: p.value },
-            invoke_us: p.invoke_us,
-            complete_us: now_us(),
-            outcome: outcome.clone(),
-        });
+        self.record_put(p, outcome.clone());
         (outcome, next)
     }
 

@@ -1270,6 +1270,36 @@ mod tests {
         assert_eq!(st, Status::Forbidden);
     }
 
+    /// Writes two `piece`-byte halves of one request to `segment` under a
+    /// grant that expires between them (1 s, no skew allowed): the store
+    /// must close the connection without an answer. Its counters after.
+    async fn write_across_grant_expiry(segment: Arc<Segment>, piece: usize) -> Arc<TransferStats> {
+        segment.set_mounted(SEGMENT_ID, &KEY);
+        let (addr, stats) = serve_segment(
+            segment,
+            ServeLimits {
+                grant_clock_skew: Duration::ZERO,
+                ..tls_limits()
+            },
+        )
+        .await;
+        let len = 2 * piece as u64;
+        let g = grant(&KEY, Op::Write, 0, len, unix_ms() + 1_000);
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request_under(Op::Write, 1, 0, len, g))
+            .await
+            .unwrap();
+        // The first half in time, the second after the expiry.
+        s.write_all(&vec![1u8; piece]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let _ = s.write_all(&vec![2u8; piece]).await;
+        assert!(
+            closed_by_the_store(&mut s).await,
+            "no answer after bytes past the expiry"
+        );
+        stats
+    }
+
     /// A disk write whose grant expires while its bytes are still arriving
     /// stops writing: the masters may have given the range away since.
     #[tokio::test]
@@ -1277,38 +1307,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (segment, _) =
             Segment::disk(dir.path(), "disk", 8 << 20, crate::OtherCapacity::Refuse).unwrap();
-        segment.set_mounted(SEGMENT_ID, &KEY);
-        let (addr, stats) = serve_segment(
-            segment.clone(),
-            ServeLimits {
-                grant_clock_skew: Duration::ZERO,
-                ..tls_limits()
-            },
-        )
-        .await;
-        let len = 2 * DISK_PIECE as u64;
-        let g = grant(&KEY, Op::Write, 0, len, unix_ms() + 1_000);
-        let mut s = TcpStream::connect(&addr).await.unwrap();
-        s.write_all(&request_under(Op::Write, 1, 0, len, g))
-            .await
-            .unwrap();
-        // The first piece in time, the second after the expiry.
-        s.write_all(&vec![1u8; DISK_PIECE]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let _ = s.write_all(&vec![2u8; DISK_PIECE]).await;
+        let stats = write_across_grant_expiry(segment.clone(), DISK_PIECE).await;
+        let mut written = vec![0u8; 2 * DISK_PIECE];
+        segment.read_at(0, &mut written).unwrap();
         assert!(
-            closed_by_the_store(&mut s).await,
-            "no answer after an expired piece"
-        );
-        let mut first = vec![0u8; DISK_PIECE];
-        segment.read_at(0, &mut first).unwrap();
-        assert!(
-            first.iter().all(|&b| b == 1),
+            written[..DISK_PIECE].iter().all(|&b| b == 1),
             "the piece in time was written"
         );
-        let mut second = vec![0u8; DISK_PIECE];
-        segment.read_at(DISK_PIECE as u64, &mut second).unwrap();
-        assert!(second.iter().all(|&b| b == 0), "the late piece was written");
+        assert!(
+            written[DISK_PIECE..].iter().all(|&b| b == 0),
+            "the late piece was written"
+        );
         assert_eq!(stats.disk_errors.load(Ordering::Relaxed), 1);
     }
 
@@ -1320,30 +1329,9 @@ mod tests {
     async fn a_memory_write_stops_at_its_grant_expiry() {
         const PIECE: usize = 1 << 20;
         let segment = Segment::anonymous(8 << 20).unwrap();
-        segment.set_mounted(SEGMENT_ID, &KEY);
-        let (addr, stats) = serve_segment(
-            segment.clone(),
-            ServeLimits {
-                grant_clock_skew: Duration::ZERO,
-                ..tls_limits()
-            },
-        )
-        .await;
-        let len = 2 * PIECE as u64;
-        let g = grant(&KEY, Op::Write, 0, len, unix_ms() + 1_000);
-        let mut s = TcpStream::connect(&addr).await.unwrap();
-        s.write_all(&request_under(Op::Write, 1, 0, len, g))
-            .await
-            .unwrap();
-        s.write_all(&vec![1u8; PIECE]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let _ = s.write_all(&vec![2u8; PIECE]).await;
-        assert!(
-            closed_by_the_store(&mut s).await,
-            "no answer after bytes past the expiry"
-        );
+        let stats = write_across_grant_expiry(segment.clone(), PIECE).await;
         // SAFETY: nothing writes the segment any more.
-        let written = unsafe { segment.slice(0, len) }.unwrap();
+        let written = unsafe { segment.slice(0, 2 * PIECE as u64) }.unwrap();
         assert!(
             written[..PIECE].iter().all(|&b| b == 1),
             "the bytes in time were written"
