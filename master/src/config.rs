@@ -432,6 +432,16 @@ impl MasterConfig {
             self.put_start_discard_timeout + self.write_timeout < self.put_start_release_timeout,
             "--put-start-release-timeout must exceed --put-start-discard-timeout plus --write-timeout"
         );
+        // A revoked put's range is fenced until its grants' expiry (the
+        // discard time) plus the write fence's margin, at most until its
+        // release time: a shorter release time would cut the fence short.
+        anyhow::ensure!(
+            self.put_start_discard_timeout
+                + Duration::from_millis(crescent_raft::state::WRITE_FENCE_MARGIN_MS)
+                <= self.put_start_release_timeout,
+            "--put-start-release-timeout must be at least --put-start-discard-timeout plus {} ms (the write fence's margin)",
+            crescent_raft::state::WRITE_FENCE_MARGIN_MS
+        );
         // The copy's grant lives a third of it; stores tolerate a few
         // seconds of clock skew (--grant-clock-skew, 2s by default).
         anyhow::ensure!(

@@ -101,14 +101,26 @@ impl GrantTerms {
 /// The write grant of a committed PutStart expires no later than its
 /// put's discard time, also when a retry gets the placement again from the
 /// dedup table: a revoked range is reused only a fixed margin after that
-/// time (`WRITE_FENCE_MARGIN_MS`), so no grant may outlive it.
-fn put_grant_terms(state: &MetaState, key: &str, fresh: GrantTerms) -> GrantTerms {
-    match state.objects.get(key).map(|o| &o.phase) {
-        Some(crescent_raft::state::PutPhase::Processing { discard_at_ms, .. }) => GrantTerms {
-            expiry_ms: fresh.expiry_ms.min(*discard_at_ms),
-            ..fresh
+/// time (`WRITE_FENCE_MARGIN_MS`), so no grant may outlive it. A put no
+/// longer unfinished under the key (revoked, removed, taken over, or
+/// finished) gets an expired grant: the store refuses its bytes.
+fn put_grant_terms(
+    state: &MetaState,
+    key: &str,
+    writer: &str,
+    put_id: PutId,
+    fresh: GrantTerms,
+) -> GrantTerms {
+    let discard_at_ms = match state.objects.get(key) {
+        Some(o) if o.is_put_of(Some(writer), put_id) => match o.phase {
+            crescent_raft::state::PutPhase::Processing { discard_at_ms, .. } => discard_at_ms,
+            crescent_raft::state::PutPhase::Complete { .. } => 0,
         },
-        _ => fresh,
+        _ => 0,
+    };
+    GrantTerms {
+        expiry_ms: fresh.expiry_ms.min(discard_at_ms),
+        ..fresh
     }
 }
 
@@ -494,6 +506,7 @@ impl MasterApi {
                 out[i] = Some(Started::refused(e.clone()));
             }
         };
+        let writer = origin.client_id.clone();
         match self.node.propose(Some(origin), op).await {
             Ok(Response::PutStart(v)) if v.len() == two_commit.len() => {
                 let state = self.node.state();
@@ -509,7 +522,8 @@ impl MasterApi {
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
-                    let terms = put_grant_terms(&state, &items[i].0, terms);
+                    let (key, _, put_id) = &items[i];
+                    let terms = put_grant_terms(&state, key, &writer, *put_id, terms);
                     out[i] = Some(Started {
                         replicas: r
                             .map(|reps| reps.iter().map(|x| replica_pb(&state, x, terms)).collect())

@@ -577,7 +577,9 @@ impl Object {
     /// Whether a PutEnd or PutRevoke from `writer` naming `put_id` is about
     /// this object's put. Unnamed requests (0) match any put of the writer;
     /// a named one must match the put that made the object.
-    fn is_put_of(&self, writer: Option<&str>, put_id: PutId) -> bool {
+    /// Whether this object is `writer`'s put `put_id` (0: any of its puts;
+    /// no writer: anyone's).
+    pub fn is_put_of(&self, writer: Option<&str>, put_id: PutId) -> bool {
         writer.is_none_or(|w| self.writer == w) && (put_id == 0 || self.put_id == put_id)
     }
 
