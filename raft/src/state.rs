@@ -37,6 +37,16 @@ const DEDUP_GC_INTERVAL_MS: u64 = 60 * 1000;
 /// revoke frees nothing before then.
 pub const WRITE_FENCE_MARGIN_MS: u64 = 2 * crescent_proto::MAX_GRANT_CLOCK_SKEW_MS;
 
+/// When the range of a put that ended uncommitted may be placed again: its
+/// discard time (its write grants' expiry) plus [`WRITE_FENCE_MARGIN_MS`],
+/// never later than its release time, which already bounds any writer.
+/// The state machine's revokes and the leader's placer both use it.
+pub fn write_fence_until(discard_at_ms: u64, release_at_ms: u64) -> u64 {
+    discard_at_ms
+        .saturating_add(WRITE_FENCE_MARGIN_MS)
+        .min(release_at_ms)
+}
+
 /// One Raft log entry's application payload.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Command {
@@ -577,8 +587,6 @@ impl Object {
     /// Whether a PutEnd or PutRevoke from `writer` naming `put_id` is about
     /// this object's put. Unnamed requests (0) match any put of the writer;
     /// a named one must match the put that made the object.
-    /// Whether this object is `writer`'s put `put_id` (0: any of its puts;
-    /// no writer: anyone's).
     pub fn is_put_of(&self, writer: Option<&str>, put_id: PutId) -> bool {
         writer.is_none_or(|w| self.writer == w) && (put_id == 0 || self.put_id == put_id)
     }
@@ -1474,9 +1482,7 @@ impl MetaState {
             ..
         } = obj.phase
         {
-            let fence = discard_at_ms
-                .saturating_add(WRITE_FENCE_MARGIN_MS)
-                .min(release_at_ms);
+            let fence = write_fence_until(discard_at_ms, release_at_ms);
             if fence <= now {
                 self.free_replicas(&obj.replicas);
                 return Ok(());

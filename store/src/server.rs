@@ -180,6 +180,12 @@ impl ServeLimits {
     fn request_deadline(&self, len: u64) -> Duration {
         self.request_base + Duration::from_secs(len / self.min_bytes_per_sec.max(1))
     }
+
+    /// The last moment (this store's Unix ms) a grant expiring at
+    /// `expiry_ms` is honoured: its expiry plus the clock skew allowed.
+    fn honoured_until(&self, expiry_ms: u64) -> u64 {
+        expiry_ms.saturating_add(self.grant_clock_skew.as_millis() as u64)
+    }
 }
 
 /// Accepts clear-text connections forever (until the task is dropped).
@@ -607,10 +613,7 @@ where
             }
             Op::Read if segment.is_disk() => disk_read(segment, req, w, stats).await?,
             Op::Write if segment.is_disk() => {
-                let until = req
-                    .grant
-                    .expiry_ms
-                    .saturating_add(limits.grant_clock_skew.as_millis() as u64);
+                let until = limits.honoured_until(req.grant.expiry_ms);
                 disk_write(segment, req, until, r, w, stats).await?
             }
             Op::Read => {
@@ -632,10 +635,7 @@ where
                 // range to exactly one writer.
                 let dst = unsafe { segment.slice_mut(req.offset, req.len) }
                     .map_err(|_| std::io::Error::other("range"))?;
-                let until = req
-                    .grant
-                    .expiry_ms
-                    .saturating_add(limits.grant_clock_skew.as_millis() as u64);
+                let until = limits.honoured_until(req.grant.expiry_ms);
                 if let Err(e) = read_exact_until(r, dst, until).await {
                     if matches!(e, ConnError::GrantExpired { .. }) {
                         stats.forbidden.fetch_add(1, Ordering::Relaxed);
@@ -871,7 +871,6 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let skew = limits.grant_clock_skew.as_millis() as u64;
     let Some((into, into_stats, mounted)) = local
         .find(target.grant.segment_id)
         .and_then(|(s, t)| s.mounted().map(|m| (s, t, m)))
@@ -907,8 +906,8 @@ where
     }
     let from = segment.clone();
     let (from_offset, to_offset, len) = (req.offset, target.offset, req.len);
-    let read_until_ms = req.grant.expiry_ms.saturating_add(skew);
-    let write_until_ms = target.grant.expiry_ms.saturating_add(skew);
+    let read_until_ms = limits.honoured_until(req.grant.expiry_ms);
+    let write_until_ms = limits.honoured_until(target.grant.expiry_ms);
     let (from_disk, into_disk) = (segment.is_disk(), into.is_disk());
     // Set when this future is dropped (the request's deadline, the server
     // shut down): the blocking copy then stops at its next piece instead of

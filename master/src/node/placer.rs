@@ -100,18 +100,6 @@ enum Settle {
     Fence,
 }
 
-/// When a range placed with grants expiring at `discard_at_ms` may be
-/// placed again after its put ended uncommitted: a store honours a grant
-/// until its own clock passes the expiry plus its `--grant-clock-skew`, and
-/// its clock may lag this leader's by as much
-/// ([`crescent_raft::state::WRITE_FENCE_MARGIN_MS`]); never later than the
-/// release time, which already bounds any writer.
-fn fence_until(discard_at_ms: u64, release_at_ms: u64) -> u64 {
-    discard_at_ms
-        .saturating_add(crescent_raft::state::WRITE_FENCE_MARGIN_MS)
-        .min(release_at_ms)
-}
-
 /// A writer's name for one of its puts, as the placer files placements.
 type PutKey = (String, String, PutId);
 
@@ -552,7 +540,8 @@ impl Placer {
     }
 
     /// The writer revoked its put: its ranges are placed again once no
-    /// write under its grants can land any more ([`fence_until`]), unless a
+    /// write under its grants can land any more
+    /// ([`crescent_raft::state::write_fence_until`]), unless a
     /// commit of it is in flight (then that decides). False when this
     /// leader holds no such uncommitted placement.
     pub fn revoke(&mut self, state: &MetaState, client: &str, key: &str, put_id: PutId) -> bool {
@@ -577,7 +566,8 @@ impl Placer {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
-        let fenced_until = fence_until(p.discard_at_ms, p.release_at_ms);
+        let fenced_until =
+            crescent_raft::state::write_fence_until(p.discard_at_ms, p.release_at_ms);
         let settle = match settle {
             Settle::Fence if self.switches.reuse_revoked => Settle::Free,
             other => other,
