@@ -192,6 +192,13 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
 
+/// `n` faults of one kind, with seeded parameters: the schedules that
+/// each test one test-only switch.
+fn repeated(seed: u64, kind: FaultKind, n: usize) -> Vec<Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| fault(&mut rng, kind)).collect()
+}
+
 /// How many faults [`stalled_writer_schedule`] has.
 pub const STALLED_WRITER_FAULTS: usize = 8;
 
@@ -200,10 +207,11 @@ pub const STALLED_WRITER_FAULTS: usize = 8;
 /// reserved ranges to be caught (the test of
 /// `--unsafe-adopt-foreign-reservations`).
 pub fn stalled_writer_schedule(seed: u64) -> Vec<Fault> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..STALLED_WRITER_FAULTS)
-        .map(|_| fault(&mut rng, FaultKind::StalledWriterAcrossFailover))
-        .collect()
+    repeated(
+        seed,
+        FaultKind::StalledWriterAcrossFailover,
+        STALLED_WRITER_FAULTS,
+    )
 }
 
 /// How many faults [`late_write_schedule`] has.
@@ -213,10 +221,7 @@ pub const LATE_WRITE_FAULTS: usize = 6;
 /// chance for a leader that places a revoked range again while its grants
 /// are valid to be caught (the test of `--unsafe-reuse-revoked-ranges`).
 pub fn late_write_schedule(seed: u64) -> Vec<Fault> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..LATE_WRITE_FAULTS)
-        .map(|_| fault(&mut rng, FaultKind::LateWriteAfterRevoke))
-        .collect()
+    repeated(seed, FaultKind::LateWriteAfterRevoke, LATE_WRITE_FAULTS)
 }
 
 /// How many faults [`disk_restart_schedule`] has.
@@ -226,10 +231,7 @@ pub const DISK_RESTART_FAULTS: usize = 4;
 /// each checks the disk objects of the restarted store (the test of the
 /// stores' `--unsafe-forget-disk-on-restart`).
 pub fn disk_restart_schedule(seed: u64) -> Vec<Fault> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..DISK_RESTART_FAULTS)
-        .map(|_| fault(&mut rng, FaultKind::RestartStoreWithDisk))
-        .collect()
+    repeated(seed, FaultKind::RestartStoreWithDisk, DISK_RESTART_FAULTS)
 }
 
 /// Endless rolling restarts (the runner stops drawing when its time is up):
