@@ -24,17 +24,18 @@
 //! To make the stalled ranges exact holes (best fit gives a same-size put
 //! exactly such a hole), each stalled put is followed by a *filler*: a put
 //! of the same size finished at once, so it is committed and the new leader
-//! sees it as taken. After the failover the writer also makes a few
-//! *victim* puts of that size itself (workers' hot puts compete for the
-//! holes too), and after the stalled writes it reads every replica of its
-//! own keys and of the workers' hot keys. Every operation is recorded in
+//! sees it as taken. The size is one allocation unit, which the workers
+//! almost never put, so the holes are the smallest free ranges and go to
+//! the writer's own *victim* puts of that size after the failover; after
+//! the stalled writes it reads every replica of its own keys and of the
+//! workers' hot keys. Every operation is recorded in
 //! [`FAULT_HISTORY`] as workers record theirs, so the checker checks these
 //! keys like any other: an acknowledged stalled put must be readable later.
 //!
 //! The same writer plays [`FaultKind::LateWriteAfterRevoke`]: its placed
 //! puts' writes are held halfway on connections of their own, the puts are
-//! revoked (as a client does after a transfer timed out), victims and the
-//! workers put the same size, and then the held halves arrive under grants
+//! revoked (as a client does after a transfer timed out), victims of the
+//! same size and the workers put, and then the held halves arrive under grants
 //! that are still valid. A store writes them: the masters must have kept
 //! the revoked ranges out of use until the grants can no longer be
 //! honoured (the write fence, docs/one-commit-puts.md). A leader that
@@ -55,7 +56,7 @@ use crescent_store::protocol::Grant;
 use crescent_store::transport::TcpTransport;
 
 use crate::history::{now_us, value_bytes, Op, OpKind, Outcome, Recorder};
-use crate::workload::{definite_refusal, hot_keys_between, read_every_replica, HOT_VALUE_LEN};
+use crate::workload::{definite_refusal, hot_keys_between, read_every_replica};
 
 /// The history file of the operations faults make (next to the workers'
 /// `history-<n>.jsonl`).
@@ -67,12 +68,20 @@ pub const FAULT_HISTORY: &str = "history-faults.jsonl";
 /// and `+ 2` (reads). Value ids are `process << 40 | counter`, as workers'.
 const PROCESS_BASE: u32 = 1_000_000;
 
+/// The size of the stalled puts, fillers and victims: one allocation unit,
+/// which the workers' puts (4 KiB, or 64 bytes to 4 KiB at random) almost
+/// never have. A stalled range is then the smallest free range of its
+/// reservation, and best fit gives it to the next put of this size: a
+/// victim's, which the writer reads back, not a worker's that may never be
+/// read again.
+const STALLED_VALUE_LEN: usize = crescent_raft::alloc::ALIGNMENT as usize;
+
 /// Puts placed and then stalled across the failover, per round.
 pub const STALLED_PUTS: usize = 3;
 /// Puts of the same size the new leader places without a commit (so in a
 /// reservation, where the stalled ranges are), per round, made as soon as it
 /// answers ...
-const VICTIM_PUTS: usize = 4;
+const VICTIM_PUTS: usize = 6;
 /// ... trying at most this many (a new leader places two-commit puts until it
 /// holds its lease and has taken up its term's reservations).
 const MAX_VICTIM_TRIES: usize = 40;
@@ -277,7 +286,7 @@ impl Round<'_> {
     }
 
     /// Before the failover: has the leader place [`STALLED_PUTS`] puts of
-    /// the workers' hot size, each followed by a finished filler of that
+    /// [`STALLED_VALUE_LEN`], each followed by a finished filler of that
     /// size, so each stalled range is a hole between committed objects.
     pub async fn place_stalled(&mut self) -> Vec<Placed> {
         let mut placed = Vec::new();
@@ -365,7 +374,7 @@ impl Round<'_> {
         use tokio::io::AsyncWriteExt;
         let mut late = Vec::new();
         for p in placed {
-            let bytes = value_bytes(p.value, HOT_VALUE_LEN);
+            let bytes = value_bytes(p.value, STALLED_VALUE_LEN);
             let half = bytes.len() / 2;
             let mut streams = Vec::new();
             for (n, r) in p.placement.replicas.iter().enumerate() {
@@ -476,7 +485,7 @@ impl Round<'_> {
         let put_id = self.w.client.new_put_id();
         let started = step(self.w.client.put_start_placed(
             &key,
-            HOT_VALUE_LEN as u64,
+            STALLED_VALUE_LEN as u64,
             config(),
             put_id,
         ))
@@ -521,7 +530,7 @@ impl Round<'_> {
     /// named `next_put_id` (0: not): what the leader placed, if anything.
     async fn finish_asking(&mut self, p: Placed, next_put_id: u64) -> (Outcome, Option<Placement>) {
         let mut next = None;
-        let bytes = value_bytes(p.value, HOT_VALUE_LEN);
+        let bytes = value_bytes(p.value, STALLED_VALUE_LEN);
         let mut written = Ok(());
         for r in &p.placement.replicas {
             if r.length != bytes.len() as u64 {
@@ -568,7 +577,7 @@ impl Round<'_> {
                         crc32c::crc32c(&bytes),
                         p.put_id,
                         &p.placement,
-                        HOT_VALUE_LEN as u64,
+                        STALLED_VALUE_LEN as u64,
                         &config(),
                         next_put_id,
                     ),

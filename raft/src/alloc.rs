@@ -77,6 +77,13 @@ impl Allocator {
         }
     }
 
+    /// The length of the smallest free range that holds `len` bytes
+    /// (rounded up): the range [`allocate`](Self::allocate) would take.
+    pub fn best_fit(&self, len: u64) -> Option<u64> {
+        let len = aligned_len(len)?;
+        self.by_size.range((len, 0)..).next().map(|&(free, _)| free)
+    }
+
     /// Allocates `len` bytes (rounded up); returns the offset, or `None` when no free range fits.
     pub fn allocate(&mut self, len: u64) -> Option<u64> {
         let len = aligned_len(len)?;

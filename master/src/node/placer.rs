@@ -417,34 +417,38 @@ impl Placer {
         (Placed::Replicas(replicas), Tracked::Created(id))
     }
 
-    /// A range of `size` (aligned) in an open, not full reservation on `sid`.
+    /// A range of `size` (aligned) in an open, not full reservation on
+    /// `sid`: the smallest free range that fits across the segment's
+    /// reservations (best fit over all of them, not the first that fits),
+    /// so holes are filled before a reservation's tail is cut into.
     fn allocate_on(
         &mut self,
         sid: SegmentId,
         size: u64,
         len: u64,
     ) -> Option<(ReservationId, Replica)> {
-        let mut placed = None;
+        let mut best: Option<(u64, ReservationId)> = None;
         for (id, o) in self.open.iter_mut() {
             if o.segment_id != sid || o.full {
                 continue;
             }
-            match o.alloc.allocate(size) {
-                Some(rel) => {
-                    placed = Some((
-                        *id,
-                        Replica {
-                            segment_id: sid,
-                            offset: o.base + rel,
-                            len,
-                        },
-                    ));
-                    break;
-                }
+            match o.alloc.best_fit(size) {
+                Some(fit) if best.is_none_or(|(b, _)| fit < b) => best = Some((fit, *id)),
+                Some(_) => {}
                 None => o.full = true,
             }
         }
-        placed
+        let (_, id) = best?;
+        let o = self.open.get_mut(&id)?;
+        let rel = o.alloc.allocate(size)?;
+        Some((
+            id,
+            Replica {
+                segment_id: sid,
+                offset: o.base + rel,
+                len,
+            },
+        ))
     }
 
     fn undo(&mut self, chosen: &[(ReservationId, Replica)]) {
@@ -841,6 +845,34 @@ mod tests {
         // Retired a release timeout after this incarnation took over.
         assert!(after.retirable(&s, 20 + 599_999, 600_000).is_empty());
         assert_eq!(after.retirable(&s, 20 + 600_000, 600_000).len(), 1);
+    }
+
+    /// Best fit over all of a segment's reservations, not the first that
+    /// fits: a same-size hole (here a whole small reservation) is filled
+    /// before an older reservation's tail is cut into.
+    #[test]
+    fn a_put_takes_the_smallest_fitting_range_across_reservations() {
+        let mut s = state_with_segment();
+        reserve(&mut s, 1);
+        let r = apply(
+            &mut s,
+            2,
+            Op::Reserve {
+                segment_id: 1,
+                len: 4096,
+                term: 1,
+            },
+        );
+        let Response::Reserved(Ok((small, _))) = r else {
+            panic!("{r:?}")
+        };
+        let mut p = Placer::new(1, 0, 8 * MB, UnsafeSwitches::default());
+        claim_own(&mut p, &s);
+        let Placed::Replicas(r) = p.place(&s, &req("k", "c", 1), times(0)) else {
+            panic!("placed nothing")
+        };
+        let small = &s.reservations[&small];
+        assert_eq!(r[0].offset, small.base, "placed in the large reservation");
     }
 
     #[test]
