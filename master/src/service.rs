@@ -415,10 +415,13 @@ impl MasterApi {
                 format!("at most {MAX_PREFERRED_SEGMENTS} preferred segments"),
             ));
         }
-        if c.avoid_segments.len() > MAX_PREFERRED_SEGMENTS {
+        if c.avoid_segments.len() > crescent_proto::MAX_AVOID_SEGMENTS {
             return Err(invalid(
                 ErrorCode::InvalidParams,
-                format!("at most {MAX_PREFERRED_SEGMENTS} segments to avoid"),
+                format!(
+                    "at most {} segments to avoid",
+                    crescent_proto::MAX_AVOID_SEGMENTS
+                ),
             ));
         }
         Ok(ReplicateConfig {

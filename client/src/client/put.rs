@@ -74,6 +74,7 @@ impl ClientCore {
         let mut config = self.replicate(cfg);
         let checksum = crc32c::crc32c(value);
         let mut next = None;
+        let mut tries = 0;
         if self.config.place_ahead {
             let (ahead, ask) =
                 self.ahead
@@ -85,13 +86,16 @@ impl ClientCore {
                     .await
                 {
                     AheadPut::Done(done) => return done,
-                    AheadPut::WriteFailed(segments) => config.avoid_segments.extend(segments),
+                    // A try of its own: the usual way avoids what failed.
+                    AheadPut::WriteFailed(failed) => {
+                        tries = 1;
+                        avoid(&mut config, &failed);
+                    }
                     AheadPut::NotCommitted => {}
                 }
                 self.stats.ahead.retried.fetch_add(1, Relaxed);
             }
         }
-        let mut tries = 0;
         loop {
             tries += 1;
             let put_id = self.master.new_put_id();
@@ -108,14 +112,17 @@ impl ClientCore {
                 Err(e) => return Err(Error::from_master(e, key)),
             };
             if let Err(failed) = self.write_replicas(&placement, value).await {
-                // Nothing half-written may become readable.
-                if let Err(re) = self.master.put_revoke_named(key, put_id).await {
+                // Nothing half-written may become readable. A put that could
+                // not be revoked is not tried again: its key stays in flight
+                // until the master reclaims it, and the write's failure is
+                // what the caller should see.
+                let revoked = self.master.put_revoke_named(key, put_id).await;
+                if let Err(re) = &revoked {
                     tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
                 }
-                if tries < PUT_TRIES && matches!(failed.error, Error::Transfer(_)) {
+                if revoked.is_ok() && tries < PUT_TRIES && avoid(&mut config, &failed) {
                     tracing::debug!(key, error = %failed.error, segments = ?failed.segments, "a write failed; putting again elsewhere");
                     self.stats.puts_retried_elsewhere.fetch_add(1, Relaxed);
-                    config.avoid_segments.extend(failed.segments);
                     continue;
                 }
                 return Err(failed.error);
@@ -213,7 +220,7 @@ impl ClientCore {
         if let Err(failed) = self.write_replicas(placement, value).await {
             tracing::debug!(key, error = %failed.error, "a write into a placement ahead failed; putting the usual way");
             super::ahead::revoke(&self.master, ahead.put_id).await;
-            return AheadPut::WriteFailed(failed.segments);
+            return AheadPut::WriteFailed(failed);
         }
         let end = self
             .end_put(
@@ -314,11 +321,7 @@ impl ClientCore {
             }
             retry.sort_unstable();
             retry.dedup();
-            for name in pass.failed_segments.drain(..) {
-                if !config.avoid_segments.contains(&name) {
-                    config.avoid_segments.push(name);
-                }
-            }
+            add_avoided(&mut config, std::mem::take(&mut pass.failed_segments));
             passes += 1;
             let subset: Vec<(&str, &[u8])> = retry.iter().map(|&i| items[i]).collect();
             match self.put_batch_once(&subset, &config, false).await {
@@ -539,6 +542,8 @@ impl ClientCore {
         if !to_revoke.is_empty() {
             if let Err(e) = self.master.batch_put_revoke(to_revoke).await {
                 tracing::warn!(error = %e, "revoke after failed writes also failed; the master will reclaim them");
+                // As for a single put: not tried again, the write's failure stands.
+                write_failed.clear();
             }
         }
         let ends: Vec<pb::PutEndItem> = to_end
@@ -683,12 +688,37 @@ struct FailedWrites {
     segments: Vec<String>,
 }
 
+/// Adds the segments of `failed` to those `config` asks the leader to
+/// avoid, when trying elsewhere could help (a transfer failure, not a
+/// refusal another segment would repeat): whether it does.
+fn avoid(config: &mut pb::ReplicateConfig, failed: &FailedWrites) -> bool {
+    let helps = matches!(failed.error, Error::Transfer(_));
+    if helps {
+        add_avoided(config, failed.segments.iter().cloned());
+    }
+    helps
+}
+
+/// Adds `segments` to `config`'s avoided ones, each once, at most
+/// [`crescent_proto::MAX_AVOID_SEGMENTS`] in all (the first failures kept).
+fn add_avoided(config: &mut pb::ReplicateConfig, segments: impl IntoIterator<Item = String>) {
+    for name in segments {
+        if config.avoid_segments.len() >= crescent_proto::MAX_AVOID_SEGMENTS {
+            return;
+        }
+        if !config.avoid_segments.contains(&name) {
+            config.avoid_segments.push(name);
+        }
+    }
+}
+
 /// How a put into a placement made ahead ended.
 enum AheadPut {
     /// Put (or failed so that the usual way would not fare better).
     Done(Result<()>),
-    /// Its write failed on these segments: put the usual way, avoiding them.
-    WriteFailed(Vec<String>),
+    /// Its write failed: put the usual way, avoiding the segments that
+    /// failed if that could help.
+    WriteFailed(FailedWrites),
     /// Its commit was refused: put the usual way.
     NotCommitted,
 }

@@ -387,17 +387,16 @@ fn preference_avoiding(
     others: &[&str],
     start: usize,
 ) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(preferred.len() + others.len());
-    let rotated = others[start.min(others.len())..]
+    let start = start.min(others.len());
+    let rotated = others[start..].iter().chain(&others[..start]).copied();
+    let mut seen: std::collections::HashSet<&str> = avoid.iter().map(String::as_str).collect();
+    preferred
         .iter()
-        .chain(&others[..start.min(others.len())])
-        .copied();
-    for name in preferred.iter().map(String::as_str).chain(rotated) {
-        if !avoid.iter().any(|a| a == name) && !out.iter().any(|o| o == name) {
-            out.push(name.to_string());
-        }
-    }
-    out
+        .map(String::as_str)
+        .chain(rotated)
+        .filter(|name| seen.insert(name))
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
