@@ -80,14 +80,19 @@ impl Allocator {
     /// The length of the smallest free range that holds `len` bytes
     /// (rounded up): the range [`allocate`](Self::allocate) would take.
     pub fn best_fit(&self, len: u64) -> Option<u64> {
+        self.smallest_fit(len).map(|(_, free_len, _)| free_len)
+    }
+
+    /// `len` rounded up, and the smallest free range (length, offset) that holds it.
+    fn smallest_fit(&self, len: u64) -> Option<(u64, u64, u64)> {
         let len = aligned_len(len)?;
-        self.by_size.range((len, 0)..).next().map(|&(free, _)| free)
+        let &(free_len, offset) = self.by_size.range((len, 0)..).next()?;
+        Some((len, free_len, offset))
     }
 
     /// Allocates `len` bytes (rounded up); returns the offset, or `None` when no free range fits.
     pub fn allocate(&mut self, len: u64) -> Option<u64> {
-        let len = aligned_len(len)?;
-        let &(free_len, offset) = self.by_size.range((len, 0)..).next()?;
+        let (len, free_len, offset) = self.smallest_fit(len)?;
         self.remove_free(offset, free_len);
         if free_len > len {
             self.insert_free(offset + len, free_len - len);
