@@ -859,9 +859,11 @@ impl Prober {
                 Err(e) => {
                     failed += 1;
                     println!("chaos:      big batch {round} failed: {e}");
-                    // A forced remove takes unfinished puts too: a failed
-                    // round must not leave its puts counting against the
-                    // prober's quota of unfinished puts for ten minutes.
+                    // A failed round must not leave its puts counting
+                    // against the prober's quota of unfinished puts for ten
+                    // minutes: revoke what did not commit, remove what did.
+                    let revokes = keys.iter().cloned().zip(put_ids).collect();
+                    let _ = self.client.batch_put_revoke(revokes).await;
                     let _ = self.client.batch_remove(keys, true).await;
                     let pause = give_up.saturating_duration_since(Instant::now());
                     tokio::time::sleep(pause.min(Duration::from_millis(500))).await;

@@ -415,6 +415,15 @@ impl MasterApi {
                 format!("at most {MAX_PREFERRED_SEGMENTS} preferred segments"),
             ));
         }
+        if c.avoid_segments.len() > crescent_proto::MAX_AVOID_SEGMENTS {
+            return Err(invalid(
+                ErrorCode::InvalidParams,
+                format!(
+                    "at most {} segments to avoid",
+                    crescent_proto::MAX_AVOID_SEGMENTS
+                ),
+            ));
+        }
         Ok(ReplicateConfig {
             replica_num: c.replica_num,
             soft_pin: c.soft_pin,
@@ -455,7 +464,16 @@ impl MasterApi {
             ));
         }
         self.check_put_quota(&origin, &items)?;
-        let config = Self::replicate_config(config)?;
+        let avoid = config
+            .as_ref()
+            .map(|c| c.avoid_segments.clone())
+            .unwrap_or_default();
+        let mut config = Self::replicate_config(config)?;
+        if !avoid.is_empty() {
+            config.preferred_segments = self
+                .node
+                .preferred_avoiding(&config.preferred_segments, &avoid);
+        }
         let n = items.len();
         // A write grant lasts as long as the put may: past the discard
         // timeout another put may take the key over (and a one-commit

@@ -36,6 +36,11 @@ pub const MAX_BATCH_KEY_BYTES: usize = 1024 * 1024;
 /// its grants' expiry (`crescent_raft::state::WRITE_FENCE_MARGIN_MS`).
 pub const MAX_GRANT_CLOCK_SKEW_MS: u64 = 5_000;
 
+/// Most segments a put may ask the leader to avoid
+/// (`ReplicateConfig.avoid_segments`, the segments an earlier try of it
+/// failed to write to).
+pub const MAX_AVOID_SEGMENTS: usize = 64;
+
 /// Most next puts one BatchPutEnd may ask to be placed ahead
 /// (`BatchPutEndRequest.next`): what one client may hold ready at once.
 pub const MAX_AHEAD_PER_REQUEST: usize = 256;

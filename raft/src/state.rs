@@ -1086,7 +1086,7 @@ impl MetaState {
             ),
             Op::LegacyRemove { keys, force } => Response::Items(
                 keys.iter()
-                    .map(|k| self.remove(now, k, *force, false, now))
+                    .map(|k| self.remove(now, k, *force, false, now, true))
                     .collect(),
             ),
             Op::Remove {
@@ -1098,7 +1098,7 @@ impl MetaState {
                 let hold_until = now.saturating_add(*hold_ms);
                 Response::Items(
                     keys.iter()
-                        .map(|k| self.remove(now, k, *force, leased.contains(k), hold_until))
+                        .map(|k| self.remove(now, k, *force, leased.contains(k), hold_until, false))
                         .collect(),
                 )
             }
@@ -1499,7 +1499,10 @@ impl MetaState {
 
     /// `leased`: the leader could not rule out a read lease on `key`; kept
     /// unless forced. A removed finished object's space stays unallocated
-    /// until `hold_until`.
+    /// until `hold_until`. An unfinished put is refused even when forced
+    /// (unless `unfinished_too`): its writer may still commit it or retry
+    /// it elsewhere, and a remove that answered OK before that put's value
+    /// appeared would not be linearizable. Stale puts go by reclaim.
     fn remove(
         &mut self,
         now: u64,
@@ -1507,15 +1510,17 @@ impl MetaState {
         force: bool,
         leased: bool,
         hold_until: u64,
+        unfinished_too: bool,
     ) -> Result<(), MetaError> {
         let obj = self
             .objects
             .get(key)
             .ok_or_else(|| MetaError::ObjectNotFound(key.to_string()))?;
+        let takeable = obj.is_complete() || (force && unfinished_too);
+        if !takeable {
+            return Err(MetaError::ReplicaNotReady(key.to_string()));
+        }
         if !force {
-            if !obj.is_complete() {
-                return Err(MetaError::ReplicaNotReady(key.to_string()));
-            }
             if leased {
                 return Err(MetaError::ObjectHasLease(key.to_string()));
             }

@@ -79,6 +79,9 @@ pub struct ClientStats {
     pub disk_file_fallbacks: std::sync::atomic::AtomicU64,
     pub tcp_bytes: std::sync::atomic::AtomicU64,
     pub checksum_failures: std::sync::atomic::AtomicU64,
+    /// Puts (and batch items) tried again on other segments after a write
+    /// to a segment failed.
+    pub puts_retried_elsewhere: std::sync::atomic::AtomicU64,
     /// Objects read with a cached descriptor, no master call (`descriptor_cache`).
     pub cached_reads: std::sync::atomic::AtomicU64,
     /// Cached descriptors that no longer read (forgotten, the key looked up
@@ -443,6 +446,7 @@ impl ClientCore {
             soft_pin: cfg.soft_pin,
             hard_pin: cfg.hard_pin,
             preferred_segments: cfg.preferred_segments.clone(),
+            avoid_segments: Vec::new(),
         }
     }
 

@@ -59,77 +59,106 @@ impl ClientCore {
         }
     }
 
+    /// A put through the masters. A write that fails on some segment (a dead
+    /// store, one that stopped answering) revokes the put and tries again
+    /// under a new put id, asking the leader to avoid the segments that
+    /// failed, at most [`PUT_TRIES`] tries in all: a segment whose store
+    /// died stays listed until its owner's TTL runs out, and other segments
+    /// can take the put meanwhile.
     pub(super) async fn put_cluster(
         &self,
         key: &str,
         value: &[u8],
         cfg: &ReplicateConfig,
     ) -> Result<()> {
-        let config = self.replicate(cfg);
+        let mut config = self.replicate(cfg);
         let checksum = crc32c::crc32c(value);
         let mut next = None;
+        let mut tries = 0;
         if self.config.place_ahead {
             let (ahead, ask) =
                 self.ahead
                     .take(&self.master, &self.stats.ahead, value.len() as u64, &config);
             next = ask;
             if let Some(a) = ahead {
-                if let Some(done) = self
+                match self
                     .put_in_ahead(key, value, checksum, &config, a, &mut next)
                     .await
                 {
-                    return done;
+                    AheadPut::Done(done) => return done,
+                    // A try of its own: the usual way avoids what failed.
+                    AheadPut::WriteFailed(failed) => {
+                        tries = 1;
+                        avoid(&mut config, &failed);
+                    }
+                    AheadPut::NotCommitted => {}
                 }
                 self.stats.ahead.retried.fetch_add(1, Relaxed);
             }
         }
-        let put_id = self.master.new_put_id();
-        let placement = match self
-            .master
-            .put_start_placed(key, value.len() as u64, config.clone(), put_id)
-            .await
-        {
-            Ok(r) => r,
-            Err(MasterRpcError::Status {
-                code: ErrorCode::ObjectAlreadyExists,
-                ..
-            }) => return Ok(()),
-            Err(e) => return Err(Error::from_master(e, key)),
-        };
-        if let Err(e) = self.write_replicas(&placement, value).await {
-            // Nothing half-written may become readable.
-            if let Err(re) = self.master.put_revoke_named(key, put_id).await {
-                tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
+        loop {
+            tries += 1;
+            let put_id = self.master.new_put_id();
+            let placement = match self
+                .master
+                .put_start_placed(key, value.len() as u64, config.clone(), put_id)
+                .await
+            {
+                Ok(r) => r,
+                Err(MasterRpcError::Status {
+                    code: ErrorCode::ObjectAlreadyExists,
+                    ..
+                }) => return Ok(()),
+                Err(e) => return Err(Error::from_master(e, key)),
+            };
+            if let Err(failed) = self.write_replicas(&placement, value).await {
+                // Nothing half-written may become readable. A put that could
+                // not be revoked is not tried again: its key stays in flight
+                // until the master reclaims it, and the write's failure is
+                // what the caller should see.
+                let revoked = self.master.put_revoke_named(key, put_id).await;
+                if let Err(re) = &revoked {
+                    tracing::warn!(key, error = %re, "revoke after a failed put also failed; the master will reclaim it");
+                }
+                if revoked.is_ok() && tries < PUT_TRIES && avoid(&mut config, &failed) {
+                    tracing::debug!(key, error = %failed.error, segments = ?failed.segments, "a write failed; putting again elsewhere");
+                    self.stats.puts_retried_elsewhere.fetch_add(1, Relaxed);
+                    continue;
+                }
+                return Err(failed.error);
             }
-            return Err(e);
+            let end = self
+                .end_put(
+                    key,
+                    checksum,
+                    (put_id, &placement),
+                    value.len() as u64,
+                    &config,
+                    next,
+                )
+                .await;
+            match end {
+                Ok(()) => {}
+                // Another put of the key committed first (a one-commit put
+                // placed by an earlier leader): the key exists, as at PutStart.
+                Err(MasterRpcError::Status {
+                    code: ErrorCode::ObjectAlreadyExists,
+                    ..
+                }) if placement.pending => {}
+                Err(e) => return Err(Error::from_master(e, key)),
+            }
+            self.mark_master_ok();
+            return Ok(());
         }
-        let end = self
-            .end_put(
-                key,
-                checksum,
-                (put_id, &placement),
-                value.len() as u64,
-                &config,
-                next,
-            )
-            .await;
-        match end {
-            Ok(()) => {}
-            // Another put of the key committed first (a one-commit put placed
-            // by an earlier leader): the key exists, as at PutStart.
-            Err(MasterRpcError::Status {
-                code: ErrorCode::ObjectAlreadyExists,
-                ..
-            }) if placement.pending => {}
-            Err(e) => return Err(Error::from_master(e, key)),
-        }
-        self.mark_master_ok();
-        Ok(())
     }
 
     /// Writes `value` to every replica of `placement` at once: the first
-    /// error, if any.
-    async fn write_replicas(&self, placement: &Placement, value: &[u8]) -> Result<()> {
+    /// error, if any, and the segments whose writes failed.
+    async fn write_replicas(
+        &self,
+        placement: &Placement,
+        value: &[u8],
+    ) -> std::result::Result<(), FailedWrites> {
         let writes = futures::future::join_all(
             placement
                 .replicas
@@ -137,7 +166,19 @@ impl ClientCore {
                 .map(|r| self.write_replica(r, value)),
         )
         .await;
-        writes.into_iter().find(|w| w.is_err()).unwrap_or(Ok(()))
+        let mut failed: Option<FailedWrites> = None;
+        for (r, w) in placement.replicas.iter().zip(writes) {
+            if let Err(error) = w {
+                failed
+                    .get_or_insert(FailedWrites {
+                        error,
+                        segments: Vec::new(),
+                    })
+                    .segments
+                    .push(r.segment_name.clone());
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// The PutEnd of `placement`, asking the leader for the next put's
@@ -163,9 +204,9 @@ impl ClientCore {
     }
 
     /// A put into a placement made ahead: the bytes at once, then one
-    /// PutEnd naming the key. None when that placement did not take the
-    /// object (its write failed, or the commit was refused: too old, say)
-    /// and the put should go the usual way; nothing of it became readable.
+    /// PutEnd naming the key. When that placement did not take the object
+    /// (its write failed, or the commit was refused: too old, say) the put
+    /// should go the usual way; nothing of it became readable.
     async fn put_in_ahead(
         &self,
         key: &str,
@@ -174,12 +215,12 @@ impl ClientCore {
         config: &pb::ReplicateConfig,
         ahead: Ahead,
         next: &mut Option<Next>,
-    ) -> Option<Result<()>> {
+    ) -> AheadPut {
         let placement = &ahead.placement;
-        if let Err(e) = self.write_replicas(placement, value).await {
-            tracing::debug!(key, error = %e, "a write into a placement ahead failed; putting the usual way");
+        if let Err(failed) = self.write_replicas(placement, value).await {
+            tracing::debug!(key, error = %failed.error, "a write into a placement ahead failed; putting the usual way");
             super::ahead::revoke(&self.master, ahead.put_id).await;
-            return None;
+            return AheadPut::WriteFailed(failed);
         }
         let end = self
             .end_put(
@@ -201,16 +242,16 @@ impl ClientCore {
             }) => {}
             // No master answered: the usual way would not fare better.
             Err(e @ MasterRpcError::Unavailable(_)) => {
-                return Some(Err(Error::from_master(e, key)))
+                return AheadPut::Done(Err(Error::from_master(e, key)))
             }
             Err(e) => {
                 tracing::debug!(key, error = %e, "a placement ahead was not committed; putting the usual way");
-                return None;
+                return AheadPut::NotCommitted;
             }
         }
         self.stats.ahead.used.fetch_add(1, Relaxed);
         self.mark_master_ok();
-        Some(Ok(()))
+        AheadPut::Done(Ok(()))
     }
 
     /// Same as [`put`](Self::put): the bytes are sent from the caller's buffer without a copy.
@@ -248,52 +289,76 @@ impl ClientCore {
         Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
     }
 
+    /// A batch through the masters. Items whose placement made ahead did
+    /// not take them go again the usual way; items whose write failed on
+    /// some segment are revoked and go again avoiding the segments that
+    /// failed, as a single put does, at most [`PUT_TRIES`] passes in all.
     pub(super) async fn put_batch_cluster(
         &self,
         items: &[(&str, &[u8])],
         cfg: &ReplicateConfig,
     ) -> Result<Vec<Result<()>>> {
-        let (mut results, again) = self
-            .put_batch_once(items, cfg, self.config.place_ahead)
+        let mut config = self.replicate(cfg);
+        let mut pass = self
+            .put_batch_once(items, &config, self.config.place_ahead)
             .await?;
-        if !again.is_empty() {
-            // Items whose placement made ahead did not take them: the usual
-            // way, as a single put does.
+        let mut results = std::mem::take(&mut pass.results);
+        let mut passes = 1;
+        loop {
+            let mut retry = std::mem::take(&mut pass.again);
             self.stats
                 .ahead
                 .retried
-                .fetch_add(again.len() as u64, Relaxed);
-            let retry: Vec<(&str, &[u8])> = again.iter().map(|&i| items[i]).collect();
-            match self.put_batch_once(&retry, cfg, false).await {
-                Ok((retried, _)) => {
-                    for (i, r) in again.into_iter().zip(retried) {
+                .fetch_add(retry.len() as u64, Relaxed);
+            if passes < PUT_TRIES {
+                self.stats
+                    .puts_retried_elsewhere
+                    .fetch_add(pass.write_failed.len() as u64, Relaxed);
+                retry.append(&mut pass.write_failed);
+            }
+            if retry.is_empty() {
+                return Ok(results);
+            }
+            retry.sort_unstable();
+            retry.dedup();
+            add_avoided(&mut config, std::mem::take(&mut pass.failed_segments));
+            passes += 1;
+            let subset: Vec<(&str, &[u8])> = retry.iter().map(|&i| items[i]).collect();
+            match self.put_batch_once(&subset, &config, false).await {
+                Ok(done) => {
+                    for (&i, r) in retry.iter().zip(done.results) {
                         results[i] = r;
                     }
+                    pass = BatchPass {
+                        results: Vec::new(),
+                        again: done.again.iter().map(|&j| retry[j]).collect(),
+                        write_failed: done.write_failed.iter().map(|&j| retry[j]).collect(),
+                        failed_segments: done.failed_segments,
+                    };
                 }
                 // The rest of the batch is settled: only these failed.
                 Err(e) => {
-                    for i in again {
+                    for i in retry {
                         results[i] = Err(e.clone());
                     }
+                    return Ok(results);
                 }
             }
         }
-        Ok(results)
     }
 
     /// One pass of a batch put: placements made ahead for the items that
     /// have one (with `use_ahead`), one PutStart for the others, the bytes,
     /// one PutEnd (asking for the next batch's placements). The per-item
-    /// results, and the items whose placement ahead did not take them (to
-    /// put again the usual way; their results here are placeholders).
+    /// results, and the items to put again (see [`BatchPass`]).
     async fn put_batch_once(
         &self,
         items: &[(&str, &[u8])],
-        cfg: &ReplicateConfig,
+        config: &pb::ReplicateConfig,
         use_ahead: bool,
-    ) -> Result<(Vec<Result<()>>, Vec<usize>)> {
+    ) -> Result<BatchPass> {
         if items.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(BatchPass::default());
         }
         let mut results: Vec<Option<Result<()>>> = vec![None; items.len()];
         for (i, (_, v)) in items.iter().enumerate() {
@@ -305,13 +370,15 @@ impl ClientCore {
         let idx: Vec<usize> = (0..items.len()).filter(|i| results[*i].is_none()).collect();
         if idx.is_empty() {
             let results = results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
-            return Ok((results, Vec::new()));
+            return Ok(BatchPass {
+                results,
+                ..Default::default()
+            });
         }
-        let config = self.replicate(cfg);
         let (aheads, next) = if use_ahead {
             let sizes: Vec<u64> = idx.iter().map(|&i| items[i].1.len() as u64).collect();
             self.ahead
-                .take_batch(&self.master, &self.stats.ahead, &sizes, &config)
+                .take_batch(&self.master, &self.stats.ahead, &sizes, config)
         } else {
             ((0..idx.len()).map(|_| None).collect(), Vec::new())
         };
@@ -384,6 +451,8 @@ impl ClientCore {
         // segment at the same address, and each exchange carries one segment tag.
         let mut tcp_groups: HashMap<(String, u64), Vec<PendingWrite<'_>>> = HashMap::new();
         let mut direct: Vec<(usize, &pb::ReplicaDescriptor)> = Vec::new();
+        let mut segment_names: HashMap<u64, &str> = HashMap::new();
+        let mut failed_segments: Vec<String> = Vec::new();
         let mut started: Vec<usize> = Vec::new();
         for (pos, (&i, s)) in idx.iter().zip(&starts).enumerate() {
             let key = items[i].0;
@@ -403,6 +472,7 @@ impl ClientCore {
                         }
                         match self.write_route(r) {
                             Route::Tcp(ep) => {
+                                segment_names.insert(r.segment_id, &r.segment_name);
                                 let data = items[i].1;
                                 let grant = Grant::from(r);
                                 for (off, a, b) in chunks(r.offset, data.len()) {
@@ -421,6 +491,7 @@ impl ClientCore {
         for (i, r) in direct {
             if let Err(e) = self.write_replica(r, items[i].1).await {
                 results[i] = Some(Err(e));
+                failed_segments.push(r.segment_name.clone());
             }
         }
         let exchanges = tcp_groups.iter().map(|(group, writes)| async move {
@@ -437,6 +508,9 @@ impl ClientCore {
             if let Err(e) = outcome {
                 self.tcp.forget(&group.0);
                 let e = Error::from_transfer(e);
+                if let Some(name) = segment_names.get(&group.1) {
+                    failed_segments.push(name.to_string());
+                }
                 for (i, _, _, _) in &tcp_groups[group] {
                     results[*i] = Some(Err(e.clone()));
                 }
@@ -445,6 +519,7 @@ impl ClientCore {
         let mut to_end = Vec::new();
         let mut to_revoke = Vec::new();
         let mut again = Vec::new();
+        let mut write_failed = Vec::new();
         for pos in started {
             let i = idx[pos];
             match &results[i] {
@@ -455,13 +530,20 @@ impl ClientCore {
                     super::ahead::give_back(&self.master, &self.stats.ahead, put_ids[i]);
                     again.push(i);
                 }
-                Some(Err(_)) => to_revoke.push((items[i].0.to_string(), put_ids[i])),
+                Some(Err(e)) => {
+                    if matches!(e, Error::Transfer(_)) {
+                        write_failed.push(i);
+                    }
+                    to_revoke.push((items[i].0.to_string(), put_ids[i]));
+                }
                 _ => to_end.push((i, &starts[pos])),
             }
         }
         if !to_revoke.is_empty() {
             if let Err(e) = self.master.batch_put_revoke(to_revoke).await {
                 tracing::warn!(error = %e, "revoke after failed writes also failed; the master will reclaim them");
+                // As for a single put: not tried again, the write's failure stands.
+                write_failed.clear();
             }
         }
         let ends: Vec<pb::PutEndItem> = to_end
@@ -483,7 +565,7 @@ impl ClientCore {
             // Nothing to end: what was asked for ahead is not asked for.
             Ok(Vec::new())
         } else {
-            self.end_batch(ends, config, next).await
+            self.end_batch(ends, config.clone(), next).await
         };
         match ended {
             Ok(statuses) => {
@@ -535,7 +617,12 @@ impl ClientCore {
             }
         }
         let results = results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
-        Ok((results, again))
+        Ok(BatchPass {
+            results,
+            again,
+            write_failed,
+            failed_segments,
+        })
     }
 
     /// The batch's PutEnd, asking the leader for the placements of `next`
@@ -589,6 +676,65 @@ impl ClientCore {
     ) -> Result<Vec<Result<()>>> {
         self.put_batch(items, cfg).await
     }
+}
+
+/// Tries of a put or a batch item, the first included: each try after a
+/// failed write avoids the segments that failed before.
+pub(super) const PUT_TRIES: usize = 3;
+
+/// A try's failed writes: the first error, and every segment that failed.
+struct FailedWrites {
+    error: Error,
+    segments: Vec<String>,
+}
+
+/// Adds the segments of `failed` to those `config` asks the leader to
+/// avoid, when trying elsewhere could help (a transfer failure, not a
+/// refusal another segment would repeat): whether it does.
+fn avoid(config: &mut pb::ReplicateConfig, failed: &FailedWrites) -> bool {
+    let helps = matches!(failed.error, Error::Transfer(_));
+    if helps {
+        add_avoided(config, failed.segments.iter().cloned());
+    }
+    helps
+}
+
+/// Adds `segments` to `config`'s avoided ones, each once, at most
+/// [`crescent_proto::MAX_AVOID_SEGMENTS`] in all (the first failures kept).
+fn add_avoided(config: &mut pb::ReplicateConfig, segments: impl IntoIterator<Item = String>) {
+    for name in segments {
+        if config.avoid_segments.len() >= crescent_proto::MAX_AVOID_SEGMENTS {
+            return;
+        }
+        if !config.avoid_segments.contains(&name) {
+            config.avoid_segments.push(name);
+        }
+    }
+}
+
+/// How a put into a placement made ahead ended.
+enum AheadPut {
+    /// Put (or failed so that the usual way would not fare better).
+    Done(Result<()>),
+    /// Its write failed: put the usual way, avoiding the segments that
+    /// failed if that could help.
+    WriteFailed(FailedWrites),
+    /// Its commit was refused: put the usual way.
+    NotCommitted,
+}
+
+/// What one pass of a batch put did.
+#[derive(Default)]
+struct BatchPass {
+    /// Per item; placeholders for the items to put again.
+    results: Vec<Result<()>>,
+    /// Items whose placement made ahead did not take them.
+    again: Vec<usize>,
+    /// Items revoked after a write failed (their results are that failure,
+    /// kept if no pass is left).
+    write_failed: Vec<usize>,
+    /// Segments whose writes failed.
+    failed_segments: Vec<String>,
 }
 
 /// One write of a batch put: (item index, its grant, remote offset, bytes).

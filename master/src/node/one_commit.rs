@@ -256,6 +256,29 @@ impl MasterNode {
         order
     }
 
+    /// The preferred segments of a put retried after its writes to `avoid`
+    /// failed: `config`'s preferred ones without those, then every other
+    /// live memory segment, rotated at random. Both placement paths (this
+    /// leader's placer, and the state machine for two-commit puts) append
+    /// the segments a list leaves out, so the avoided ones are reached
+    /// only when no other segment has room. The log entry carries the
+    /// resulting order, so apply stays deterministic.
+    pub fn preferred_avoiding(&self, preferred: &[String], avoid: &[String]) -> Vec<String> {
+        let state = self.state();
+        let others: Vec<&str> = state
+            .segments
+            .values()
+            .filter(|s| s.is_live() && !s.is_disk())
+            .map(|s| s.spec.name.as_str())
+            .collect();
+        let start = if others.is_empty() {
+            0
+        } else {
+            rand::random_range(0..others.len())
+        };
+        preference_avoiding(preferred, avoid, &others, start)
+    }
+
     /// Puts of `client` placed for one commit and not finished.
     pub fn one_commit_inflight(&self, client: &str) -> u64 {
         self.placer
@@ -353,5 +376,51 @@ impl MasterNode {
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "retiring reservations not committed"),
         }
+    }
+}
+
+/// `preferred` without `avoid`, then `others` (rotated to begin at
+/// `start`) that are neither; see [`MasterNode::preferred_avoiding`].
+fn preference_avoiding(
+    preferred: &[String],
+    avoid: &[String],
+    others: &[&str],
+    start: usize,
+) -> Vec<String> {
+    let start = start.min(others.len());
+    let rotated = others[start..].iter().chain(&others[..start]).copied();
+    let mut seen: std::collections::HashSet<&str> = avoid.iter().map(String::as_str).collect();
+    preferred
+        .iter()
+        .map(String::as_str)
+        .chain(rotated)
+        .filter(|name| seen.insert(name))
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preference_avoiding;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn avoided_segments_leave_the_list_and_the_rest_follow_the_preferred() {
+        let got = preference_avoiding(
+            &names(&["b", "dead"]),
+            &names(&["dead"]),
+            &["a", "b", "c", "dead"],
+            2,
+        );
+        assert_eq!(got, names(&["b", "c", "a"]));
+        // Nothing preferred: every other segment, from the rotation's start.
+        let got = preference_avoiding(&[], &names(&["a"]), &["a", "b", "c"], 1);
+        assert_eq!(got, names(&["b", "c"]));
+        // Every segment avoided: an empty list, so the placement paths fall
+        // back to their own order over all of them.
+        assert!(preference_avoiding(&[], &names(&["a"]), &["a"], 0).is_empty());
     }
 }
