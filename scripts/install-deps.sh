@@ -8,6 +8,8 @@ need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# libfaketime: the clock-step tests step a master's or a store's wall clock.
+dpkg -s libfaketime >/dev/null 2>&1 || need+=(libfaketime)
 # The store's `rdma` feature builds rdma-core's verbs bindings.
 for pkg in cmake libclang-dev pkg-config libnl-3-dev libnl-route-3-dev libibverbs-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")

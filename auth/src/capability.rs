@@ -188,6 +188,8 @@ pub enum Refusal {
     OutsideRange,
     #[error("segment not mounted yet: no key to check capabilities with")]
     NoKey,
+    #[error("this store's clock differs from the leader's by more than the masters allow (leader minus store: {offset_ms} ms): no grant is honoured until they agree")]
+    ClockOff { offset_ms: i64 },
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crescent_auth::capability::SegmentKey;
 use crescent_proto::pb;
+use crescent_store::clock::{ClockCheck, ClockVerdict};
 use crescent_store::segment::round_to_pages;
 use crescent_store::{Segment, TransferStats};
 use tokio::task::JoinHandle;
@@ -94,6 +95,8 @@ pub struct StoreAgent {
     master: Arc<MasterClient>,
     spec: pb::SegmentSpec,
     server: JoinHandle<()>,
+    /// The server's check of this store's clock against the leader's.
+    clock: Arc<ClockCheck>,
     heartbeat: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -126,6 +129,12 @@ impl AgentError {
 }
 
 impl StoreAgent {
+    /// Whether the server refuses every grant because this process's clock
+    /// is too far from the leader's.
+    pub fn clock_is_off(&self) -> bool {
+        self.clock.is_off()
+    }
+
     /// [`start`](Self::start) of a disk segment, waiting while another
     /// process still holds its file (an overlapping restart, its old
     /// process exiting): up to `attempts` tries, `every` apart.
@@ -277,6 +286,7 @@ impl StoreAgent {
             master,
             spec,
             server,
+            clock: cfg.limits.clock.clone(),
             heartbeat: std::sync::Mutex::new(None),
         });
         let hb = tokio::spawn(registration_loop(agent.clone(), cfg.heartbeat_interval));
@@ -372,6 +382,24 @@ fn disk_file_path(segment: &Segment, shm: bool) -> String {
     }
 }
 
+/// Takes the leader's clock from a heartbeat answer, and says so loudly
+/// when this store starts or stops refusing grants over it.
+fn check_clock(clock: &ClockCheck, sent_ms: u64, leader_ms: u64) {
+    let received_ms = crescent_store::clock::now_ms();
+    match clock.observe(sent_ms, leader_ms, received_ms) {
+        (ClockVerdict::Off, true) => tracing::error!(
+            leader_minus_store_ms = clock.offset_ms(),
+            max_ms = crescent_store::clock::MAX_CLOCK_OFFSET_MS,
+            "this store's clock is too far from the leader's: refusing every grant until they agree (fix the clock, then restart the store)"
+        ),
+        (ClockVerdict::Agrees, true) => tracing::warn!(
+            leader_minus_store_ms = clock.offset_ms(),
+            "this store's clock agrees with the leader's again: grants are honoured"
+        ),
+        _ => {}
+    }
+}
+
 /// Mounts, then heartbeats every `interval`; re-mounts on NEED_REMOUNT.
 async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
     let mut last_error_log = Instant::now() - Duration::from_secs(60);
@@ -399,11 +427,15 @@ async fn registration_loop(agent: Arc<StoreAgent>, interval: Duration) {
             continue;
         };
         // Bounded by the interval, so a store notices a new leader within about one heartbeat.
-        match agent
+        let sent_ms = crescent_store::clock::now_ms();
+        let answer = agent
             .master
             .heartbeat(vec![id], interval.max(Duration::from_millis(200)))
-            .await
-        {
+            .await;
+        if let Ok((_, leader_ms)) = &answer {
+            check_clock(&agent.clock, sent_ms, *leader_ms);
+        }
+        match answer.map(|(result, _)| result) {
             Ok(pb::HeartbeatResult::NeedRemount) => {
                 tracing::warn!(
                     segment_id = id,

@@ -1284,12 +1284,13 @@ impl MasterClient {
         Ok(Self::check(r)?.count)
     }
 
-    /// One heartbeat, given up after `within` (so a store retries every interval).
+    /// One heartbeat, given up after `within` (so a store retries every
+    /// interval): its result, and the leader's clock when it answered.
     pub async fn heartbeat(
         &self,
         segment_ids: Vec<u64>,
         within: Duration,
-    ) -> Result<pb::HeartbeatResult, MasterRpcError> {
+    ) -> Result<(pb::HeartbeatResult, u64), MasterRpcError> {
         let r = self
             .call_leader_within(within, |ch| {
                 let req = pb::HeartbeatRequest {
@@ -1300,7 +1301,9 @@ impl MasterClient {
             })
             .await?;
         let r = Self::check(r)?;
-        Ok(pb::HeartbeatResult::try_from(r.result).unwrap_or(pb::HeartbeatResult::HeartbeatOk))
+        let result =
+            pb::HeartbeatResult::try_from(r.result).unwrap_or(pb::HeartbeatResult::HeartbeatOk);
+        Ok((result, r.leader_time_ms))
     }
 }
 

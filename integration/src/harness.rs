@@ -149,6 +149,12 @@ impl ManagedChild {
         self
     }
 
+    /// Sets (or replaces) an environment variable for the next starts.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_string(), value.to_string()));
+    }
+
     /// Changes the command line of the next start (a restart with other
     /// flags).
     pub fn edit_args(&mut self, edit: impl FnOnce(&mut Vec<String>)) {
@@ -305,6 +311,56 @@ impl MasterProcess {
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
+}
+
+/// A wall clock a test can step, for processes started with its
+/// [`env`](Self::env): libfaketime (Debian's `libfaketime`) preloaded,
+/// reading its offset from a file at most once a second. Only the wall
+/// clock moves, as a real step (NTP, `date -s`) moves it: the monotonic
+/// clock stays true.
+pub struct FakeClock {
+    file: PathBuf,
+}
+
+/// Where Debian's `libfaketime` puts the library.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+impl FakeClock {
+    /// Starts at the true time; the offset file lives in `dir`.
+    pub fn new(dir: &Path) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            Path::new(LIBFAKETIME).is_file(),
+            "{LIBFAKETIME} is missing: install Debian's libfaketime (scripts/install-deps.sh does)"
+        );
+        let clock = Self {
+            file: dir.join("faketime-offset"),
+        };
+        clock.set_offset_secs(0)?;
+        Ok(clock)
+    }
+
+    /// The variables that put a process on this clock.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("LD_PRELOAD", LIBFAKETIME.to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", self.file.display().to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".to_string()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Steps the wall clock of every process on it to the true time plus
+    /// `secs`; they see it within [`FakeClock::SEEN_WITHIN`].
+    pub fn set_offset_secs(&self, secs: i64) -> anyhow::Result<()> {
+        std::fs::write(&self.file, format!("{secs:+}\n"))?;
+        Ok(())
+    }
+
+    /// How long a step takes to reach the processes (libfaketime's cache).
+    pub const SEEN_WITHIN: Duration = Duration::from_millis(1_500);
 }
 
 /// An etcd cluster on loopback (Debian's `etcd-server`) of one or more
@@ -833,6 +889,17 @@ impl LocalCluster {
         self.start_store_at(&self.masters_arg(), segment_size, extra)
     }
 
+    /// [`start_store`](Self::start_store) with environment variables (a
+    /// [`FakeClock`]'s, say).
+    pub fn start_store_env(
+        &mut self,
+        segment_size: &str,
+        extra: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<usize> {
+        self.start_store_with(&self.masters_arg(), segment_size, extra, env)
+    }
+
     /// [`start_store`](Self::start_store) with `--master masters` (an
     /// `etcd://` address, say).
     pub fn start_store_at(
@@ -840,6 +907,16 @@ impl LocalCluster {
         masters: &str,
         segment_size: &str,
         extra: &[String],
+    ) -> anyhow::Result<usize> {
+        self.start_store_with(masters, segment_size, extra, &[])
+    }
+
+    fn start_store_with(
+        &mut self,
+        masters: &str,
+        segment_size: &str,
+        extra: &[String],
+        env: &[(String, String)],
     ) -> anyhow::Result<usize> {
         let binary = find_binary("crescent-store")?;
         let port = free_port()?;
@@ -866,10 +943,14 @@ impl LocalCluster {
             }
         }
         args.extend(extra.iter().cloned());
+        let mut process = ManagedChild::new(binary, args, log_path.clone());
+        for (k, v) in env {
+            process.set_env(k, v);
+        }
         let mut store = StoreProcess {
             endpoint: format!("127.0.0.1:{port}"),
             http: format!("127.0.0.1:{http_port}"),
-            process: ManagedChild::new(binary, args, log_path.clone()),
+            process,
             log_path,
         };
         store.process.start()?;
@@ -1007,6 +1088,12 @@ impl LocalCluster {
     /// Starts a killed master again with the same id, address and data dir.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         self.process(id)?.start()
+    }
+
+    /// Sets an environment variable for master `id`'s next starts.
+    pub fn set_master_env(&mut self, id: u64, key: &str, value: &str) -> anyhow::Result<()> {
+        self.process(id)?.set_env(key, value);
+        Ok(())
     }
 
     /// Waits until some master names a leader that itself says it leads.

@@ -13,8 +13,8 @@ pub mod containers;
 pub mod harness;
 
 pub use harness::{
-    find_binary, free_port, security_flags, tls_flags, wait_listening, write_certs, LocalCluster,
-    LocalEtcd, ManagedChild, MasterProcess, Security, StoreProcess,
+    find_binary, free_port, security_flags, tls_flags, wait_listening, write_certs, FakeClock,
+    LocalCluster, LocalEtcd, ManagedChild, MasterProcess, Security, StoreProcess,
 };
 
 /// Whether every test must run (`CI` set to anything but "", "false" or "0",
@@ -88,4 +88,12 @@ pub async fn http_request(
         .ok_or_else(|| anyhow::anyhow!("bad HTTP answer: {head}"))?;
     // Bodies may be chunked; tests only look for substrings, so strip chunk sizes loosely.
     Ok((status, body.to_string()))
+}
+
+/// One unlabelled sample of the Prometheus text at `http`'s `/metrics`, if
+/// it answers and has it.
+pub async fn metric(http: &str, name: &str) -> Option<f64> {
+    let (_, body) = http_request(http, "GET", "/metrics", &[]).await.ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

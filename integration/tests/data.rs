@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
-use crescent_integration::LocalCluster;
+use crescent_integration::{metric, FakeClock, LocalCluster};
 use crescent_proto::ErrorCode;
 use crescent_store::protocol::{Grant, Status};
 use crescent_store::ShmMapping;
@@ -688,10 +688,24 @@ async fn a_batch_whose_placements_ahead_expired_puts_them_the_usual_way() {
 /// acknowledged, then kA's second half arrives under its still-valid grant.
 /// Before the write fence, the revoke freed kA's range at once, kB was
 /// placed there, and kA's late half overwrote it (CHECKSUM_MISMATCH).
-async fn late_bytes_of_a_revoked_put(put_mode: &str) {
+///
+/// With `clock_step`, the master runs on a [`FakeClock`] whose wall clock
+/// steps an hour forward between the revoke and kB's put: a master that
+/// read its fences on the wall clock freed kA's range at once. Then it
+/// steps two hours back, and puts must still go through.
+async fn late_bytes_of_a_revoked_put(put_mode: &str, clock_step: bool) {
     const LEN: usize = 1 << 20;
     let mut cluster =
         LocalCluster::start(1, &["--put-mode".to_string(), put_mode.to_string()]).unwrap();
+    let clock_dir = tempfile::tempdir().unwrap();
+    let clock = FakeClock::new(clock_dir.path()).unwrap();
+    if clock_step {
+        cluster.kill(1).unwrap();
+        for (k, v) in clock.env() {
+            cluster.set_master_env(1, &k, &v).unwrap();
+        }
+        cluster.restart(1).unwrap();
+    }
     cluster.with_mounted_store("64mb").await.unwrap();
     let c = client(&cluster).await;
     let master = c.master();
@@ -724,6 +738,12 @@ async fn late_bytes_of_a_revoked_put(put_mode: &str) {
     s.write_all(&late[..LEN / 2]).await.unwrap();
 
     master.put_revoke_named("kA", put_id).await.unwrap();
+    if clock_step {
+        clock.set_offset_secs(3_600).unwrap();
+        // The master sees the step, then its once-a-second upkeep and
+        // reclaim run on it.
+        tokio::time::sleep(FakeClock::SEEN_WITHIN + Duration::from_secs(2)).await;
+    }
     c.put("kB", &acknowledged, &replicas(1)).await.unwrap();
 
     // kA's second half arrives; its grant has not expired, so the store
@@ -756,120 +776,75 @@ async fn late_bytes_of_a_revoked_put(put_mode: &str) {
         !c.exists("kA").await.unwrap(),
         "a revoked put is not readable"
     );
+    if clock_step {
+        clock.set_offset_secs(-3_600).unwrap();
+        tokio::time::sleep(FakeClock::SEEN_WITHIN).await;
+        for i in 0..20u8 {
+            let (key, value) = (format!("after-step-{i}"), pattern(4096, i));
+            tokio::time::timeout(Duration::from_secs(5), c.put(&key, &value, &replicas(1)))
+                .await
+                .unwrap_or_else(|_| panic!("{put_mode}: put {key} stalled after a step back"))
+                .unwrap_or_else(|e| panic!("{put_mode}: put {key} after a step back: {e}"));
+            assert_eq!(c.get(&key).await.unwrap(), value, "{put_mode}: {key}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_bytes_of_a_revoked_one_commit_put_do_not_overwrite_a_later_put() {
-    late_bytes_of_a_revoked_put("one-commit").await;
+    late_bytes_of_a_revoked_put("one-commit", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_bytes_of_a_revoked_two_commit_put_do_not_overwrite_a_later_put() {
-    late_bytes_of_a_revoked_put("two-commit").await;
+    late_bytes_of_a_revoked_put("two-commit", false).await;
 }
 
-/// Three stores, one killed: its segment stays listed until its owner's
-/// TTL runs out (the master cannot tell a dead store from a slow one), and
-/// placements on it fail their writes. Single puts and batches go again
-/// on the live segments instead of failing with TRANSFER_FAIL.
-async fn puts_placed_on_a_dead_store_go_to_live_ones(put_mode: &str) {
-    let mut cluster =
-        LocalCluster::start(1, &["--put-mode".to_string(), put_mode.to_string()]).unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_clock_step_frees_no_fenced_range_and_stalls_no_one_commit_put() {
+    late_bytes_of_a_revoked_put("one-commit", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_clock_step_frees_no_fenced_range_and_stalls_no_two_commit_put() {
+    late_bytes_of_a_revoked_put("two-commit", true).await;
+}
+
+/// A store started while its wall clock was an hour behind the masters'
+/// would honour every grant for an hour past its expiry, long after the
+/// masters placed the range again. It learns the leader's clock from its
+/// heartbeats and refuses every grant, loudly, instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_clock_is_an_hour_behind_refuses_grants_loudly() {
+    let mut cluster = LocalCluster::start(1, &[]).unwrap();
     cluster
         .wait_for_leader(Duration::from_secs(15))
         .await
         .unwrap();
-    for _ in 0..3 {
-        cluster.start_store("64mb", &[]).unwrap();
-    }
+    let clock_dir = tempfile::tempdir().unwrap();
+    let clock = FakeClock::new(clock_dir.path()).unwrap();
+    clock.set_offset_secs(-3_600).unwrap();
+    let i = cluster.start_store_env("64mb", &[], &clock.env()).unwrap();
     cluster
-        .wait_for_segments(3, Duration::from_secs(15))
+        .wait_for_segments(1, Duration::from_secs(15))
         .await
         .unwrap();
+    let http = cluster.stores[i].http.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while metric(&http, "store_clock_off").await != Some(1.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store never noticed its clock is an hour behind"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let c = client(&cluster).await;
-    c.put("before", b"ok", &replicas(1)).await.unwrap();
-
-    // The leader honours the segments a retry asks it to avoid.
-    let master = c.master();
-    let mut names: Vec<String> = Vec::new();
-    for i in 0..60 {
-        if names.len() == 3 {
-            break;
-        }
-        let key = format!("probe-{i}");
-        c.put(&key, b"probe", &replicas(1)).await.unwrap();
-        let name = master.get_replica_list(&key).await.unwrap().replicas[0]
-            .segment_name
-            .clone();
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    assert_eq!(names.len(), 3, "{put_mode}: 60 puts used only {names:?}");
-    for i in 0..10 {
-        let (key, put_id) = (format!("avoiding-{i}"), master.new_put_id());
-        let placed = master
-            .put_start_placed(
-                &key,
-                4096,
-                crescent_proto::pb::ReplicateConfig {
-                    replica_num: 1,
-                    avoid_segments: names[..2].to_vec(),
-                    ..Default::default()
-                },
-                put_id,
-            )
-            .await
-            .unwrap();
-        assert_eq!(placed.replicas[0].segment_name, names[2], "{put_mode}");
-        master.put_revoke_named(&key, put_id).await.unwrap();
-    }
-
-    cluster.stores[0].kill();
-    let mut put = Vec::new();
-    for i in 0..24u8 {
-        let (key, value) = (format!("single-{i}"), pattern(10_000, i));
-        let n = 1 + u32::from(i % 2);
-        c.put(&key, &value, &replicas(n))
-            .await
-            .unwrap_or_else(|e| panic!("{put_mode}: put {key} with {n} replicas: {e}"));
-        put.push((key, value));
-    }
-    for round in 0..3u8 {
-        let batch: Vec<(String, Vec<u8>)> = (0..16u8)
-            .map(|i| (format!("batch-{round}-{i}"), pattern(4096, i ^ round)))
-            .collect();
-        let items: Vec<(&str, &[u8])> = batch
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        for (r, (k, _)) in c
-            .put_batch(&items, &replicas(1))
-            .await
-            .unwrap()
-            .iter()
-            .zip(&batch)
-        {
-            assert!(r.is_ok(), "{put_mode}: batch item {k}: {r:?}");
-        }
-        put.extend(batch);
-    }
-    let retried = c.stats.puts_retried_elsewhere.load(Ordering::Relaxed);
+    let put = c.put("k", b"value", &replicas(1)).await;
+    assert!(put.is_err(), "a write under a grant was honoured: {put:?}");
+    assert!(metric(&http, "store_transfer_forbidden_total").await >= Some(1.0));
+    let log = std::fs::read_to_string(&cluster.stores[i].log_path).unwrap();
     assert!(
-        retried > 0,
-        "{put_mode}: no put was placed on the dead store; the test proves nothing"
+        log.contains("too far from the leader's"),
+        "the store's log does not say why it refuses"
     );
-    for (key, value) in &put {
-        assert_eq!(&c.get(key).await.unwrap(), value, "{put_mode}: {key}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_commit_puts_placed_on_a_dead_store_go_to_live_ones() {
-    puts_placed_on_a_dead_store_go_to_live_ones("one-commit").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_commit_puts_placed_on_a_dead_store_go_to_live_ones() {
-    puts_placed_on_a_dead_store_go_to_live_ones("two-commit").await;
 }

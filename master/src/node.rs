@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLockReadGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use crescent_raft::eviction::{
@@ -372,12 +372,9 @@ fn placer_switches(config: &MasterConfig) -> placer::UnsafeSwitches {
     }
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// The masters' clock for entries, fences and grant expiries: the one
+/// stores check grants on, immune to wall-clock steps of a running process.
+pub use crescent_store::clock::now_ms;
 
 pub fn raft_config(cfg: &MasterConfig) -> anyhow::Result<openraft::Config> {
     let c = openraft::Config {

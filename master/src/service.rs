@@ -1840,7 +1840,7 @@ impl MasterService for MasterApi {
                     ErrorCode::InvalidParams,
                     format!("client_id must be 1..={MAX_CLIENT_ID_LEN} bytes"),
                 )),
-                result: 0,
+                ..Default::default()
             });
         }
         let need_remount = match self.node.client_heartbeat(&r.client_id, &r.segment_ids) {
@@ -1848,12 +1848,13 @@ impl MasterService for MasterApi {
             Err(e) => {
                 return ok(pb::HeartbeatResponse {
                     status: Some(node_status(&e)),
-                    result: 0,
+                    ..Default::default()
                 })
             }
         };
         ok(pb::HeartbeatResponse {
             status: Some(pb::Status::ok()),
+            leader_time_ms: crate::node::now_ms(),
             result: if need_remount {
                 pb::HeartbeatResult::NeedRemount as i32
             } else {

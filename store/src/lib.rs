@@ -1,6 +1,6 @@
 //! Crescent's data plane.
 //!
-//! Owns segments ([`segment`]: memory, or a file on local disk whose format
+//! Owns the clock grants are written and checked on ([`clock`]), segments ([`segment`]: memory, or a file on local disk whose format
 //! and opening are in [`disk`]), the transfer wire format ([`protocol`]), the
 //! TCP server that serves a segment ([`server`]), the pooled, pipelined TCP
 //! client ([`transport`]) and the RDMA transport ([`rdma`]: one-sided
@@ -11,6 +11,7 @@
 //! `(segment, offset, length)` ranges it is handed. Registration of a segment
 //! with the masters lives in `crescent-client`.
 
+pub mod clock;
 pub mod disk;
 pub mod protocol;
 pub mod rdma;

@@ -47,6 +47,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::clock::{now_ms, ClockCheck};
 use crate::protocol::{
     CopyTarget, Op, ProtocolError, Request, Response, Status, COPY_TARGET_LEN, FEATURE_COPY,
     REQUEST_LEN,
@@ -160,6 +161,9 @@ pub struct ServeLimits {
     /// Longest a TLS handshake may take (with TLS): a peer that connects
     /// and stalls holds its slot no longer.
     pub handshake_timeout: Duration,
+    /// Whether this store's clock agrees with the leader's (its registration
+    /// keeps it current): while it does not, no grant is honoured.
+    pub clock: Arc<ClockCheck>,
 }
 
 impl Default for ServeLimits {
@@ -171,6 +175,7 @@ impl Default for ServeLimits {
             min_bytes_per_sec: DEFAULT_MIN_BYTES_PER_SEC,
             grant_clock_skew: Duration::from_secs(2),
             handshake_timeout: crescent_auth::tls::HANDSHAKE_TIMEOUT,
+            clock: Arc::default(),
         }
     }
 }
@@ -359,7 +364,7 @@ where
     let mut filled = 0;
     std::future::poll_fn(|cx| {
         while filled < dst.len() {
-            if unix_ms() > until_ms {
+            if now_ms() > until_ms {
                 return std::task::Poll::Ready(Err(ConnError::GrantExpired { until_ms }));
             }
             let mut buf = tokio::io::ReadBuf::new(&mut dst[filled..]);
@@ -512,6 +517,11 @@ fn grant_refusal(
     len: u64,
     limits: &ServeLimits,
 ) -> Option<Refusal> {
+    if limits.clock.is_off() {
+        return Some(Refusal::ClockOff {
+            offset_ms: limits.clock.offset_ms(),
+        });
+    }
     let skew_ms = limits.grant_clock_skew.as_millis() as u64;
     m.signer
         .check(
@@ -521,7 +531,7 @@ fn grant_refusal(
             access,
             offset,
             len,
-            unix_ms(),
+            now_ms(),
             skew_ms,
         )
         .err()
@@ -697,7 +707,7 @@ async fn disk_piece(
             // is written once the grant has expired, because the masters may
             // have given the range to another object since (a demotion's
             // range is freed a while after its write grant expires).
-            DiskOp::Write if unix_ms() > write_until_ms => Err(SegmentError::GrantExpired),
+            DiskOp::Write if now_ms() > write_until_ms => Err(SegmentError::GrantExpired),
             DiskOp::Write => seg.write_at(offset, &buf),
         };
         (moved, buf)
@@ -927,12 +937,12 @@ where
             let piece = &mut buf[..(len - done).min(DISK_PIECE as u64) as usize];
             // As for a disk write, nothing is read or written once a grant
             // has expired: the masters may have given either range away.
-            if stop.load(Ordering::Relaxed) || unix_ms() > read_until_ms {
+            if stop.load(Ordering::Relaxed) || now_ms() > read_until_ms {
                 return Err(SegmentError::GrantExpired);
             }
             from.read_at(from_offset + done, piece)?;
             crc = crc32c::crc32c_append(crc, piece);
-            if stop.load(Ordering::Relaxed) || unix_ms() > write_until_ms {
+            if stop.load(Ordering::Relaxed) || now_ms() > write_until_ms {
                 return Err(SegmentError::GrantExpired);
             }
             into.write_at(to_offset + done, piece)?;
@@ -999,14 +1009,6 @@ impl Drop for CopyInFlight<'_> {
     }
 }
 
-/// The store's wall clock, for grant expiry (0 if before 1970).
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     //! Real sockets on loopback, with small limits so the bounds show within
@@ -1046,6 +1048,7 @@ mod tests {
             min_bytes_per_sec: 1 << 30,
             grant_clock_skew: Duration::ZERO,
             handshake_timeout: Duration::from_millis(300),
+            clock: Arc::default(),
         }
     }
 
@@ -1077,7 +1080,7 @@ mod tests {
 
     /// A request under a valid grant for exactly its range.
     fn request(op: Op, id: u64, offset: u64, len: u64) -> [u8; REQUEST_LEN] {
-        let g = grant(&KEY, op, offset, len, unix_ms() + 60_000);
+        let g = grant(&KEY, op, offset, len, now_ms() + 60_000);
         request_under(op, id, offset, len, g)
     }
 
@@ -1100,13 +1103,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_store_whose_clock_is_off_honours_no_grant() {
+        let clock = Arc::new(ClockCheck::default());
+        let (addr, stats) = start(ServeLimits {
+            max_connections: 64,
+            clock: clock.clone(),
+            ..small_limits()
+        })
+        .await;
+        let write = || request(Op::Write, 1, 0, 8);
+        assert_eq!(status_of(&addr, write(), b"12345678").await, Status::Ok);
+        // The leader answers a heartbeat an hour ahead of this store.
+        let now = now_ms();
+        clock.observe(now, now + 3_600_000, now + 5);
+        for (op, payload) in [(Op::Write, &b"abcdefgh"[..]), (Op::Read, &[][..])] {
+            let st = status_of(&addr, request(op, 2, 0, 8), payload).await;
+            assert_eq!(st, Status::Forbidden, "{op:?} under a valid grant");
+        }
+        assert_eq!(stats.forbidden.load(Ordering::Relaxed), 2);
+        clock.observe(now, now + 1, now + 5);
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&request(Op::Read, 3, 0, 8)).await.unwrap();
+        assert_eq!(answer(&mut s).await.status, Status::Ok);
+        let mut got = [0u8; 8];
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"12345678", "the refused write changed nothing");
+    }
+
+    #[tokio::test]
     async fn only_requests_under_a_valid_grant_are_served() {
         let (addr, stats) = start(ServeLimits {
             max_connections: 64,
             ..small_limits()
         })
         .await;
-        let now = unix_ms();
+        let now = now_ms();
         let later = now + 60_000;
         // A valid write then read of the same range.
         let g = grant(&KEY, Op::Write, 4096, 8, later);
@@ -1264,7 +1295,7 @@ mod tests {
         assert_eq!(stats.disk_bytes_read.load(Ordering::Relaxed), moved);
         assert_eq!(stats.disk_bytes_written.load(Ordering::Relaxed), moved);
         // Without a valid grant: forbidden, as for memory.
-        let foreign = grant(&SegmentKey::generate(), Op::Read, 0, 8, unix_ms() + 60_000);
+        let foreign = grant(&SegmentKey::generate(), Op::Read, 0, 8, now_ms() + 60_000);
         let st = status_of(&addr, request_under(Op::Read, 5, 0, 8, foreign), &[]).await;
         assert_eq!(st, Status::Forbidden);
     }
@@ -1283,7 +1314,7 @@ mod tests {
         )
         .await;
         let len = 2 * piece as u64;
-        let g = grant(&KEY, Op::Write, 0, len, unix_ms() + 1_000);
+        let g = grant(&KEY, Op::Write, 0, len, now_ms() + 1_000);
         let mut s = TcpStream::connect(&addr).await.unwrap();
         s.write_all(&request_under(Op::Write, 1, 0, len, g))
             .await
@@ -1359,7 +1390,7 @@ mod tests {
         // then stale, and only a retry on a new one can succeed.
         let (addr, stats) = start(small_limits()).await;
         let tcp = crate::transport::TcpTransport::new();
-        let expiry = unix_ms() + 60_000;
+        let expiry = now_ms() + 60_000;
         let data = vec![0x5au8; 4096];
         let put = |off: u64| (grant(&KEY, Op::Write, off, 4096, expiry), off, &data[..]);
         tcp.write(&addr, &[put(0)]).await.expect("first write");
@@ -1552,7 +1583,7 @@ mod tests {
     }
 
     fn read_grant(offset: u64, len: u64) -> Grant {
-        grant(&KEY, Op::Read, offset, len, unix_ms() + 60_000)
+        grant(&KEY, Op::Read, offset, len, now_ms() + 60_000)
     }
 
     /// Writes `data` at `offset` and reads it back through `transport`.
@@ -1563,7 +1594,7 @@ mod tests {
         data: &[u8],
     ) -> Result<Vec<u8>, crate::TransferError> {
         let len = data.len() as u64;
-        let w = grant(&KEY, Op::Write, offset, len, unix_ms() + 60_000);
+        let w = grant(&KEY, Op::Write, offset, len, now_ms() + 60_000);
         transport.write(endpoint, &[(w, offset, data)]).await?;
         let mut got = vec![0u8; data.len()];
         transport
@@ -1810,7 +1841,7 @@ mod tests {
         let bytes: Vec<u8> = (0..(7 * DISK_PIECE / 2)).map(|i| (i % 253) as u8).collect();
         let len = bytes.len() as u64;
         memory.write_at(4096, &bytes).unwrap();
-        let later = unix_ms() + 60_000;
+        let later = now_ms() + 60_000;
         let read = grant_in(&KEY, SEGMENT_ID, Access::Read, 4096, len, later);
         let write = grant_in(&disk_key, DISK_ID, Access::Write, 8192, len, later);
         let to_disk = CopyTarget {
@@ -1867,7 +1898,7 @@ mod tests {
                     Access::Write,
                     at,
                     len,
-                    unix_ms() - 1,
+                    now_ms() - 1,
                 )),
                 Status::Forbidden,
             ),
@@ -1913,7 +1944,7 @@ mod tests {
             ),
             (
                 "source grant expired",
-                grant_in(&KEY, SEGMENT_ID, Access::Read, 4096, len, unix_ms() - 1),
+                grant_in(&KEY, SEGMENT_ID, Access::Read, 4096, len, now_ms() - 1),
                 target(write),
                 Status::Forbidden,
             ),
@@ -1996,7 +2027,7 @@ mod tests {
             None,
             local,
         ));
-        let later = unix_ms() + 60_000;
+        let later = now_ms() + 60_000;
         let read = grant_in(&KEY, SEGMENT_ID, Access::Read, 0, LEN, later);
         let target = CopyTarget {
             offset: 0,

@@ -85,6 +85,13 @@ pub fn router(
             "1 while the segment is mounted on the masters.",
             u8::from(a.segment_id().is_some()),
         );
+        sample(
+            &mut out,
+            "store_clock_off",
+            "gauge",
+            "1 while this store's clock is too far from the leader's and it refuses every grant.",
+            u8::from(a.clock_is_off()),
+        );
         out.push_str(&format!("# HELP store_info Segment name.\n# TYPE store_info gauge\nstore_info{{segment=\"{name}\"}} 1\n"));
         s.transfer_latency.render(
             &mut out,

@@ -1,0 +1,139 @@
+//! The clock grant expiries are written and checked on, and a store's check
+//! that its clock agrees with the leader's.
+//!
+//! [`now_ms`] is Unix time in ms read once per process, then advanced by the
+//! monotonic clock: a wall-clock step (an operator's `date -s`, NTP stepping
+//! after a long outage) moves no expiry, fence or deadline of a running
+//! process. NTP's slewing still reaches it, since Linux slews the monotonic
+//! clock at the same rate. A process follows a step only when it restarts;
+//! the masters then learn of its disagreement from its heartbeats, and a
+//! store from the leader's answers ([`ClockCheck`]).
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// How far a store's clock may be from the leader's before it refuses every
+/// grant. The masters' write fence keeps a range `WRITE_FENCE_MARGIN_MS`
+/// (10 s) past its grants' expiry: this offset plus a store's
+/// `--grant-clock-skew` (at most 5 s) fit in it.
+pub const MAX_CLOCK_OFFSET_MS: u64 = 5_000;
+
+/// Unix ms on this process's steady clock (see the module docs).
+pub fn now_ms() -> u64 {
+    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (at, wall) = ANCHOR.get_or_init(|| (Instant::now(), wall_ms()));
+    wall.saturating_add(at.elapsed().as_millis() as u64)
+}
+
+/// The wall clock, 0 before 1970.
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A store's verdict on its clock against the leader's, from the times the
+/// leader puts in heartbeat answers. While the clocks are known to differ
+/// by more than [`MAX_CLOCK_OFFSET_MS`], the store honours no grant: one
+/// behind would honour grants the masters consider expired (and whose
+/// ranges they may have placed again), one ahead refuses them anyway.
+#[derive(Debug, Default)]
+pub struct ClockCheck {
+    off: AtomicBool,
+    /// The last estimate of the leader's clock minus this one, ms.
+    offset_ms: AtomicI64,
+}
+
+/// What a heartbeat answer told about the clocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockVerdict {
+    /// Within [`MAX_CLOCK_OFFSET_MS`] for sure.
+    Agrees,
+    /// Beyond it for sure.
+    Off,
+    /// The round trip was too long to tell: the verdict stands.
+    Unknown,
+}
+
+impl ClockCheck {
+    /// Takes a heartbeat's round trip: sent at `sent_ms`, answered with the
+    /// leader's `leader_ms`, received at `received_ms` (all but the
+    /// leader's on [`now_ms`]). The offset lies between what the two ends
+    /// of the round trip give; only a verdict the whole interval supports
+    /// changes the state. Returns the verdict and whether it changed.
+    pub fn observe(&self, sent_ms: u64, leader_ms: u64, received_ms: u64) -> (ClockVerdict, bool) {
+        if leader_ms == 0 || received_ms < sent_ms {
+            return (ClockVerdict::Unknown, false);
+        }
+        let low = leader_ms as i64 - received_ms as i64;
+        let high = leader_ms as i64 - sent_ms as i64;
+        self.offset_ms.store((low + high) / 2, Ordering::Relaxed);
+        let max = MAX_CLOCK_OFFSET_MS as i64;
+        let verdict = if low > max || high < -max {
+            ClockVerdict::Off
+        } else if low >= -max && high <= max {
+            ClockVerdict::Agrees
+        } else {
+            ClockVerdict::Unknown
+        };
+        let changed = match verdict {
+            ClockVerdict::Off => !self.off.swap(true, Ordering::Relaxed),
+            ClockVerdict::Agrees => self.off.swap(false, Ordering::Relaxed),
+            ClockVerdict::Unknown => false,
+        };
+        (verdict, changed)
+    }
+
+    /// Whether grants are refused now.
+    pub fn is_off(&self) -> bool {
+        self.off.load(Ordering::Relaxed)
+    }
+
+    /// The last estimate of the leader's clock minus this one, ms.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steady_clock_is_near_the_wall_clock_and_never_goes_back() {
+        let a = now_ms();
+        let b = now_ms();
+        assert!(b >= a);
+        assert!(a.abs_diff(wall_ms()) < 1_000);
+    }
+
+    #[test]
+    fn only_a_conclusive_round_trip_changes_the_verdict() {
+        let c = ClockCheck::default();
+        assert!(!c.is_off(), "no heartbeat yet: grants are honoured");
+        // The leader is an hour ahead.
+        assert_eq!(
+            c.observe(1_000, 3_601_000, 1_010),
+            (ClockVerdict::Off, true)
+        );
+        assert!(c.is_off());
+        assert_eq!(c.offset_ms(), 3_599_995);
+        // A round trip of 20 s cannot tell 4 s from 16 s: unchanged.
+        assert_eq!(
+            c.observe(10_000, 30_000, 30_000),
+            (ClockVerdict::Unknown, false)
+        );
+        assert!(c.is_off());
+        assert_eq!(
+            c.observe(40_000, 44_000, 40_010),
+            (ClockVerdict::Agrees, true)
+        );
+        assert!(!c.is_off());
+        // An hour behind, and a master that sends no time.
+        assert_eq!(c.observe(3_600_000, 10, 3_600_001).0, ClockVerdict::Off);
+        assert_eq!(c.observe(5, 0, 6), (ClockVerdict::Unknown, false));
+        assert!(c.is_off());
+    }
+}
