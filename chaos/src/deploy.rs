@@ -92,6 +92,10 @@ pub trait Deployment: Send {
     /// this process.
     fn store_http(&self, idx: usize) -> String;
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()>;
+    /// SIGSTOP store `idx`: it keeps its sockets (the kernel still queues
+    /// what clients send it) but runs no code.
+    fn pause_store(&mut self, idx: usize) -> anyhow::Result<()>;
+    fn resume_store(&mut self, idx: usize) -> anyhow::Result<()>;
     /// Starts store `idx` again with the same flags: the same disk
     /// directory, so its disk segment (and objects) come back.
     fn start_store(&mut self, idx: usize) -> anyhow::Result<()>;
@@ -291,6 +295,20 @@ impl Deployment for ProcessDeployment {
             .get_mut(idx)
             .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
             .restart()
+    }
+    fn pause_store(&mut self, idx: usize) -> anyhow::Result<()> {
+        self.cluster
+            .stores
+            .get(idx)
+            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
+            .pause()
+    }
+    fn resume_store(&mut self, idx: usize) -> anyhow::Result<()> {
+        self.cluster
+            .stores
+            .get(idx)
+            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
+            .resume()
     }
     fn etcd_members(&self) -> usize {
         self.etcd.len()
@@ -647,6 +665,12 @@ impl Deployment for ContainerDeployment {
     }
     fn start_store(&mut self, idx: usize) -> anyhow::Result<()> {
         block(self.net.restart(&self.store_name(idx)))
+    }
+    fn pause_store(&mut self, idx: usize) -> anyhow::Result<()> {
+        block(self.net.signal(&self.store_name(idx), "SIGSTOP"))
+    }
+    fn resume_store(&mut self, idx: usize) -> anyhow::Result<()> {
+        block(self.net.signal(&self.store_name(idx), "SIGCONT"))
     }
     fn etcd_members(&self) -> usize {
         3

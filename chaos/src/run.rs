@@ -35,7 +35,7 @@ pub enum ModeChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScheduleKind {
-    /// The fixed CI mix (10 leader kills, 2 pauses, 2 leader partitions ...).
+    /// The fixed CI mix (10 leader kills, 2 pauses, 2 leader partitions, a paused store ...).
     Ci,
     /// Weighted random faults until --duration is up.
     Soak,
@@ -522,6 +522,24 @@ async fn inject(
             dep.isolate_master(id)?;
             tokio::time::sleep(fault.hold).await;
             dep.heal_master(id)?;
+        }
+        FaultKind::PauseStore => {
+            // The workers put hot values (one size) throughout, so writes
+            // stalled in the paused store's kernel and the puts that follow
+            // them elsewhere are the same size.
+            target = "store 1".into();
+            let focus = focus_file(dir);
+            std::fs::write(&focus, b"focus")?;
+            let paused = dep.pause_store(1);
+            if paused.is_ok() {
+                tokio::time::sleep(fault.hold).await;
+            }
+            let resumed = dep.resume_store(1);
+            // Time for the bytes it had queued to land, and be read over.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let _ = std::fs::remove_file(&focus);
+            paused?;
+            resumed?;
         }
         FaultKind::KillStore => {
             // Only the second store: every object keeps a replica on the

@@ -70,10 +70,15 @@ pub enum FaultKind {
     /// A leader that placed the revoked ranges again lets those late bytes
     /// overwrite acknowledged objects (see [`crate::stall`]).
     LateWriteAfterRevoke,
+    /// SIGSTOP the second store for 6-10 s while the workers put values
+    /// of one size, then SIGCONT. Writes to it time out and go elsewhere;
+    /// their bytes, queued in its kernel, land when it resumes, in ranges
+    /// that must still be fenced.
+    PauseStore,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -89,6 +94,7 @@ impl FaultKind {
         FaultKind::RestartStoreWithDisk,
         FaultKind::TearMasterLog,
         FaultKind::LateWriteAfterRevoke,
+        FaultKind::PauseStore,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,6 +114,7 @@ impl FaultKind {
             FaultKind::RestartStoreWithDisk => "restart store with disk",
             FaultKind::TearMasterLog => "kill master, tear its log",
             FaultKind::LateWriteAfterRevoke => "late write after revoke",
+            FaultKind::PauseStore => "pause store",
         }
     }
 
@@ -146,6 +153,7 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
     let hold_ms = match kind {
         // Longer than the 300 ms maximum election timeout, several times over.
         FaultKind::PauseMaster => rng.random_range(1_000..2_500),
+        FaultKind::PauseStore => rng.random_range(6_000..10_000),
         FaultKind::PartitionLeader | FaultKind::PartitionFollower => rng.random_range(2_000..5_000),
         FaultKind::RollingRestart => 0,
         FaultKind::BigBatch | FaultKind::ConnectionFlood => rng.random_range(2_000..5_000),
@@ -164,7 +172,7 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// controlled), a store kill, an etcd member kill, a rolling restart, 2
 /// leader kills amid removes, a big batch, a connection flood, a stalled
 /// writer across a failover, a store restart with its disk tier, a
-/// master killed with a torn write left in its log, in a seeded order, then
+/// master killed with a torn write left in its log, a paused store, in a seeded order, then
 /// a late write after a revoke.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -185,6 +193,7 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::StalledWriterAcrossFailover);
     kinds.push(FaultKind::RestartStoreWithDisk);
     kinds.push(FaultKind::TearMasterLog);
+    kinds.push(FaultKind::PauseStore);
     kinds.shuffle(&mut rng);
     // Last, after the shuffle: a seed's other faults keep their order and
     // parameters.
@@ -265,6 +274,7 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::RestartStoreWithDisk, 2),
         (FaultKind::TearMasterLog, 2),
         (FaultKind::LateWriteAfterRevoke, 2),
+        (FaultKind::PauseStore, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -308,7 +318,8 @@ mod tests {
         assert_eq!(count(FaultKind::RestartStoreWithDisk), 1);
         assert_eq!(count(FaultKind::TearMasterLog), 1);
         assert_eq!(count(FaultKind::LateWriteAfterRevoke), 1);
-        assert_eq!(a.len(), 28);
+        assert_eq!(count(FaultKind::PauseStore), 1);
+        assert_eq!(a.len(), 29);
         // Every kind is in the CI schedule.
         for kind in FaultKind::ALL {
             assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
