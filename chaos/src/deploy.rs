@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crescent_integration::containers::{self, Bind, ContainerNet};
-use crescent_integration::{find_binary, LocalCluster, LocalEtcd, ManagedChild, Security};
+use crescent_integration::{
+    find_binary, FakeClock, LocalCluster, LocalEtcd, ManagedChild, Security,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -86,6 +88,12 @@ pub trait Deployment: Send {
     }
     fn pause_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn resume_master(&mut self, id: u64) -> anyhow::Result<()>;
+    /// Steps master `id`'s wall clock to the true time plus `secs` (0: back
+    /// to true). False where wall clocks cannot be stepped (containers, or
+    /// no libfaketime here).
+    fn step_master_clock(&mut self, _id: u64, _secs: i64) -> anyhow::Result<bool> {
+        Ok(false)
+    }
     fn isolate_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn heal_master(&mut self, id: u64) -> anyhow::Result<()>;
     /// Store `idx`'s HTTP (metrics and /health) address, reachable from
@@ -194,18 +202,61 @@ pub struct ProcessDeployment {
     etcd: LocalEtcd,
     cluster: LocalCluster,
     workers: Vec<ManagedChild>,
+    /// Each master's wall clock, when libfaketime is here.
+    clocks: Option<MasterClocks>,
+}
+
+/// A [`FakeClock`] per master, their offset files in `_dir`.
+struct MasterClocks {
+    _dir: tempfile::TempDir,
+    by_id: Vec<(u64, FakeClock)>,
+}
+
+impl MasterClocks {
+    /// None, with a word, without libfaketime.
+    fn new(ids: &[u64]) -> anyhow::Result<Option<Self>> {
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-chaos-clocks-")
+            .tempdir()?;
+        let mut by_id = Vec::new();
+        for id in ids {
+            let sub = dir.path().join(format!("master-{id}"));
+            std::fs::create_dir_all(&sub)?;
+            match FakeClock::new(&sub) {
+                Ok(clock) => by_id.push((*id, clock)),
+                Err(e) => {
+                    println!("chaos: masters' wall clocks cannot be stepped: {e}");
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(Self { _dir: dir, by_id }))
+    }
+
+    fn get(&self, id: u64) -> Option<&FakeClock> {
+        self.by_id.iter().find(|(i, _)| *i == id).map(|(_, c)| c)
+    }
 }
 
 impl ProcessDeployment {
     /// `store_flags` are added to every store's (the test-only switches).
     pub fn start(master_flags: &[String], store_flags: &[String]) -> anyhow::Result<Self> {
         let etcd = LocalEtcd::start_cluster(3)?;
-        let mut cluster = LocalCluster::start_with_etcd_as(
+        let clocks = MasterClocks::new(&[1, 2, 3])?;
+        let env = |id: u64| {
+            clocks
+                .as_ref()
+                .and_then(|c| c.get(id))
+                .map(FakeClock::env)
+                .unwrap_or_default()
+        };
+        let mut cluster = LocalCluster::start_with_etcd_env(
             3,
             &etcd.endpoints(),
             "chaos",
             master_flags,
             Security::Tokens,
+            &env,
         )?;
         for i in 0..2 {
             let dir = cluster.root.join(format!("store-{i}-disk"));
@@ -224,6 +275,7 @@ impl ProcessDeployment {
             etcd,
             cluster,
             workers: Vec::new(),
+            clocks,
         })
     }
 }
@@ -264,6 +316,15 @@ impl Deployment for ProcessDeployment {
     }
     fn pause_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.pause(id)
+    }
+    fn step_master_clock(&mut self, id: u64, secs: i64) -> anyhow::Result<bool> {
+        match self.clocks.as_ref().and_then(|c| c.get(id)) {
+            Some(clock) => {
+                clock.set_offset_secs(secs)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
     fn resume_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.resume(id)

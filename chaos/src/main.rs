@@ -35,6 +35,7 @@ enum Cmd {
         /// stalled-writers: only stalled writers across failovers;
         /// disk-restarts: only store restarts with the disk tier;
         /// late-writes: only late writes after revokes;
+        /// clock-steps: only late writes across steps of the leader's wall clock;
         /// rolling-restarts: only rolling restarts until --duration.
         #[arg(
             long,
@@ -106,6 +107,13 @@ enum Cmd {
         /// run must then fail (use --schedule rolling-restarts).
         #[arg(long, hide = true)]
         unsafe_resume_leadership: bool,
+        /// TEST ONLY: start masters and stores with --unsafe-wall-clock:
+        /// they read the wall clock for fences and grants, and stores do
+        /// not compare theirs with the leader's, so a step of the leader's
+        /// wall clock frees ranges still writable; the run must then fail
+        /// (use --schedule clock-steps, processes mode).
+        #[arg(long, hide = true)]
+        unsafe_wall_clock: bool,
     },
     /// Re-check a recorded run directory.
     Check { dir: PathBuf },
@@ -186,6 +194,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_forget_disk_on_restart,
             unsafe_exclusive_promotion,
             unsafe_resume_leadership,
+            unsafe_wall_clock,
         } => {
             let seed = seed.unwrap_or_else(rand::random);
             // Short put timeouts: with the defaults (30 s, 600 s) an earlier
@@ -256,6 +265,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             let mut store_flags = Vec::new();
             if unsafe_forget_disk_on_restart {
                 store_flags.push("--unsafe-forget-disk-on-restart".to_string());
+            }
+            if unsafe_wall_clock {
+                master_flags.push("--unsafe-wall-clock".into());
+                store_flags.push("--unsafe-wall-clock".to_string());
             }
             let report = crescent_chaos::run::run(RunConfig {
                 mode,

@@ -19,8 +19,8 @@ use crate::disk::{restart_store_with_disk, DiskChecker, DISK_CHECKS};
 use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
 use crate::schedule::{
-    ci_schedule, disk_restart_schedule, late_write_schedule, rolling_restart_schedule,
-    soak_schedule, stalled_writer_schedule, Fault, FaultKind,
+    ci_schedule, clock_step_schedule, disk_restart_schedule, late_write_schedule,
+    rolling_restart_schedule, soak_schedule, stalled_writer_schedule, Fault, FaultKind,
 };
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
@@ -48,6 +48,9 @@ pub enum ScheduleKind {
     /// Only late writes after revokes, several of them (the test of
     /// --unsafe-reuse-revoked-ranges).
     LateWrites,
+    /// Only late writes across a step of the leader's wall clock, several of
+    /// them (the test of --unsafe-wall-clock; processes mode).
+    ClockSteps,
     /// Only rolling restarts until --duration is up (a reproducer for
     /// leaders that start with a trailing state machine).
     RollingRestarts,
@@ -62,6 +65,7 @@ impl ScheduleKind {
             ScheduleKind::StalledWriters => "stalled-writers",
             ScheduleKind::DiskRestarts => "disk-restarts",
             ScheduleKind::LateWrites => "late-writes",
+            ScheduleKind::ClockSteps => "clock-steps",
             ScheduleKind::RollingRestarts => "rolling-restarts",
         }
     }
@@ -365,6 +369,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         ScheduleKind::StalledWriters => Box::new(stalled_writer_schedule(cfg.seed).into_iter()),
         ScheduleKind::DiskRestarts => Box::new(disk_restart_schedule(cfg.seed).into_iter()),
         ScheduleKind::LateWrites => Box::new(late_write_schedule(cfg.seed).into_iter()),
+        ScheduleKind::ClockSteps => Box::new(clock_step_schedule(cfg.seed).into_iter()),
         ScheduleKind::RollingRestarts => Box::new(rolling_restart_schedule(cfg.seed)),
     };
     let deadline = Instant::now() + cfg.duration;
@@ -472,11 +477,12 @@ async fn inject(
             let _ = std::fs::remove_file(&focus);
             target = format!("master {}", killed?);
         }
-        FaultKind::LateWriteAfterRevoke => {
+        FaultKind::LateWriteAfterRevoke | FaultKind::LateWriteAcrossClockStep => {
             // The workers put hot values (the late puts' size) throughout.
             let focus = focus_file(dir);
             std::fs::write(&focus, b"focus")?;
-            let leader = late_write_after_revoke(probe, stall).await;
+            let step = fault.kind == FaultKind::LateWriteAcrossClockStep;
+            let leader = late_write_after_revoke(dep, probe, stall, step).await;
             let _ = std::fs::remove_file(&focus);
             target = format!("master {}", leader?);
         }
@@ -683,19 +689,42 @@ async fn stalled_writer_across_failover(
 /// [`WORKERS_PUT_FOR`], then the held halves delivered (their grants still
 /// valid), and every replica of the keys involved read back. Returns the
 /// leader the puts were placed by.
-async fn late_write_after_revoke(probe: &Prober, stall: &StalledWriter) -> anyhow::Result<u64> {
+///
+/// With `clock_step` ([`FaultKind::LateWriteAcrossClockStep`]), the leader's
+/// wall clock steps an hour forward right after the revokes, and back when
+/// the late halves are delivered: a master that fenced on its wall clock
+/// frees the revoked ranges at its next upkeep.
+async fn late_write_after_revoke(
+    dep: &mut dyn Deployment,
+    probe: &Prober,
+    stall: &StalledWriter,
+    clock_step: bool,
+) -> anyhow::Result<u64> {
     let (id, term) = probe.leader_term(Duration::from_secs(20)).await?;
     let mut round = stall.round();
     let placed = round.place_stalled().await;
     let late = round.start_late_writes(&placed).await;
     round.revoke_placed(placed).await;
     let revoked = Instant::now();
+    let stepped = clock_step && dep.step_master_clock(id, 3_600)?;
+    if stepped {
+        // The step reaches the leader within 1.5 s; its upkeep runs each second.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    }
     round.put_victims(WORKERS_PUT_FOR).await;
     tokio::time::sleep(WORKERS_PUT_FOR.saturating_sub(revoked.elapsed())).await;
     round.deliver_late(late).await;
+    if stepped {
+        dep.step_master_clock(id, 0)?;
+    }
     round.read_back().await;
+    let clock = match (clock_step, stepped) {
+        (false, _) => "",
+        (true, true) => ", its wall clock an hour ahead from the revokes to the late halves",
+        (true, false) => ", its wall clock not stepped (no libfaketime, or containers)",
+    };
     println!(
-        "chaos:      late writes (leader {id} of term {term}): {} replica writes held, {} landed late; {}",
+        "chaos:      late writes (leader {id} of term {term}{clock}): {} replica writes held, {} landed late; {}",
         round.summary.late_writes, round.summary.late_landed, round.summary
     );
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -70,6 +70,13 @@ pub enum FaultKind {
     /// A leader that placed the revoked ranges again lets those late bytes
     /// overwrite acknowledged objects (see [`crate::stall`]).
     LateWriteAfterRevoke,
+    /// [`LateWriteAfterRevoke`], with the leader's wall clock stepped an
+    /// hour forward from the revokes until the late halves are delivered
+    /// (processes mode with libfaketime; elsewhere not stepped). A master
+    /// that fenced ranges on its wall clock frees them at once.
+    ///
+    /// [`LateWriteAfterRevoke`]: FaultKind::LateWriteAfterRevoke
+    LateWriteAcrossClockStep,
     /// SIGSTOP the second store for 6-10 s while the workers put values
     /// of one size, then SIGCONT. Writes to it time out and go elsewhere;
     /// their bytes, queued in its kernel, land when it resumes, in ranges
@@ -78,7 +85,7 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -94,6 +101,7 @@ impl FaultKind {
         FaultKind::RestartStoreWithDisk,
         FaultKind::TearMasterLog,
         FaultKind::LateWriteAfterRevoke,
+        FaultKind::LateWriteAcrossClockStep,
         FaultKind::PauseStore,
     ];
 
@@ -114,6 +122,7 @@ impl FaultKind {
             FaultKind::RestartStoreWithDisk => "restart store with disk",
             FaultKind::TearMasterLog => "kill master, tear its log",
             FaultKind::LateWriteAfterRevoke => "late write after revoke",
+            FaultKind::LateWriteAcrossClockStep => "late write across clock step",
             FaultKind::PauseStore => "pause store",
         }
     }
@@ -173,7 +182,7 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// leader kills amid removes, a big batch, a connection flood, a stalled
 /// writer across a failover, a store restart with its disk tier, a
 /// master killed with a torn write left in its log, a paused store, in a seeded order, then
-/// a late write after a revoke.
+/// a late write after a revoke and one across a step of the leader's clock.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -198,6 +207,7 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     // Last, after the shuffle: a seed's other faults keep their order and
     // parameters.
     kinds.push(FaultKind::LateWriteAfterRevoke);
+    kinds.push(FaultKind::LateWriteAcrossClockStep);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
 
@@ -231,6 +241,15 @@ pub const LATE_WRITE_FAULTS: usize = 6;
 /// are valid to be caught (the test of `--unsafe-reuse-revoked-ranges`).
 pub fn late_write_schedule(seed: u64) -> Vec<Fault> {
     repeated(seed, FaultKind::LateWriteAfterRevoke, LATE_WRITE_FAULTS)
+}
+
+/// How many faults [`clock_step_schedule`] has.
+pub const CLOCK_STEP_FAULTS: usize = 6;
+
+/// Only late writes across steps of the leader's wall clock,
+/// [`CLOCK_STEP_FAULTS`] of them (the test of `--unsafe-wall-clock`).
+pub fn clock_step_schedule(seed: u64) -> Vec<Fault> {
+    repeated(seed, FaultKind::LateWriteAcrossClockStep, CLOCK_STEP_FAULTS)
 }
 
 /// How many faults [`disk_restart_schedule`] has.
@@ -275,6 +294,7 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::TearMasterLog, 2),
         (FaultKind::LateWriteAfterRevoke, 2),
         (FaultKind::PauseStore, 2),
+        (FaultKind::LateWriteAcrossClockStep, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -319,7 +339,8 @@ mod tests {
         assert_eq!(count(FaultKind::TearMasterLog), 1);
         assert_eq!(count(FaultKind::LateWriteAfterRevoke), 1);
         assert_eq!(count(FaultKind::PauseStore), 1);
-        assert_eq!(a.len(), 29);
+        assert_eq!(count(FaultKind::LateWriteAcrossClockStep), 1);
+        assert_eq!(a.len(), 30);
         // Every kind is in the CI schedule.
         for kind in FaultKind::ALL {
             assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
@@ -340,6 +361,16 @@ mod tests {
         assert!(a
             .iter()
             .all(|f| f.kind == FaultKind::StalledWriterAcrossFailover));
+    }
+
+    #[test]
+    fn the_clock_step_schedule_repeats_that_fault() {
+        let a = clock_step_schedule(5);
+        assert_eq!(a, clock_step_schedule(5));
+        assert_eq!(a.len(), CLOCK_STEP_FAULTS);
+        assert!(a
+            .iter()
+            .all(|f| f.kind == FaultKind::LateWriteAcrossClockStep));
     }
 
     #[test]

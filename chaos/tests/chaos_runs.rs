@@ -29,6 +29,13 @@
 //!   once; over a schedule of late writes after revokes, bytes delivered
 //!   under the revoked puts' still-valid grants must overwrite acknowledged
 //!   objects and the checker must fail the run.
+//! - `reading_the_wall_clock_is_caught`: masters and stores started with
+//!   the test-only `--unsafe-wall-clock` fence ranges and check grants on
+//!   their wall clocks, and stores do not compare theirs with the leader's;
+//!   over a schedule of late writes across an hour's step of the leader's
+//!   wall clock (libfaketime), the step frees the revoked ranges, the late
+//!   bytes must overwrite acknowledged objects and the checker must fail
+//!   the run. (The honest run of the same fault is in the soak schedule.)
 //! - `resuming_leadership_after_a_restart_is_caught`: masters started with
 //!   the test-only `--unsafe-resume-leadership` lead again in their old term
 //!   when restarted, with only a commit hint up to 1,024 transactions old;
@@ -323,6 +330,20 @@ fn reusing_revoked_ranges_is_caught() {
     assert!(
         counts.contains_key("wrong_bytes"),
         "expected reads of objects the late writes overwrote to see wrong bytes, got {counts:?}"
+    );
+}
+
+#[test]
+fn reading_the_wall_clock_is_caught() {
+    let counts = broken_run(
+        "chaos-wall-clock",
+        "clock-steps",
+        "17",
+        "--unsafe-wall-clock",
+    );
+    assert!(
+        counts.contains_key("wrong_bytes"),
+        "expected reads of objects the late writes overwrote after the leader's clock stepped to see wrong bytes, got {counts:?}"
     );
 }
 

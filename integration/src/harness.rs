@@ -322,6 +322,11 @@ pub struct FakeClock {
     file: PathBuf,
 }
 
+/// No extra environment, for [`LocalCluster`]'s constructors.
+fn no_env(_id: u64) -> Vec<(String, String)> {
+    Vec::new()
+}
+
 /// Where Debian's `libfaketime` puts the library.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -713,7 +718,7 @@ impl LocalCluster {
             .prefix("crescent-cluster-")
             .tempdir()?;
         let root = dir.path().to_path_buf();
-        let mut c = Self::start_mode(&root, n, extra, true, security)?;
+        let mut c = Self::start_mode(&root, n, extra, true, security, &no_env)?;
         c._dir = Some(dir);
         Ok(c)
     }
@@ -737,6 +742,19 @@ impl LocalCluster {
         extra: &[String],
         security: Security,
     ) -> anyhow::Result<Self> {
+        Self::start_with_etcd_env(n, etcd, cluster, extra, security, &no_env)
+    }
+
+    /// [`start_with_etcd_as`](Self::start_with_etcd_as), master `id` started
+    /// with the environment variables `env(id)` (a [`FakeClock`]'s, say).
+    pub fn start_with_etcd_env(
+        n: usize,
+        etcd: &str,
+        cluster: &str,
+        extra: &[String],
+        security: Security,
+        env: &dyn Fn(u64) -> Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
         let mut args = vec![
             "--etcd".to_string(),
             etcd.to_string(),
@@ -748,7 +766,7 @@ impl LocalCluster {
             .prefix("crescent-cluster-")
             .tempdir()?;
         let root = dir.path().to_path_buf();
-        let mut c = Self::start_mode(&root, n, &args, false, security)?;
+        let mut c = Self::start_mode(&root, n, &args, false, security, env)?;
         c._dir = Some(dir);
         Ok(c)
     }
@@ -784,14 +802,14 @@ impl LocalCluster {
             "--etcd-tls".into(),
         ];
         args.extend(extra.iter().cloned());
-        let mut c = Self::start_mode(&root, n, &args, false, Security::TokensAndTls)?;
+        let mut c = Self::start_mode(&root, n, &args, false, Security::TokensAndTls, &no_env)?;
         c._dir = Some(dir);
         Ok(c)
     }
 
     /// Like [`start`](Self::start) in a directory that is kept afterwards.
     pub fn start_in(root: &Path, n: usize, extra: &[String]) -> anyhow::Result<Self> {
-        Self::start_mode(root, n, extra, true, Security::Insecure)
+        Self::start_mode(root, n, extra, true, Security::Insecure, &no_env)
     }
 
     fn start_mode(
@@ -800,6 +818,7 @@ impl LocalCluster {
         extra: &[String],
         static_peers: bool,
         security: Security,
+        env: &dyn Fn(u64) -> Vec<(String, String)>,
     ) -> anyhow::Result<Self> {
         let binary = find_binary("crescent-master")?;
         let tokens = match security {
@@ -844,7 +863,11 @@ impl LocalCluster {
                 flags.extend(tls_flags(dir, true));
             }
             flags.extend(extra.iter().cloned());
-            masters.push(MasterProcess::new(&binary, root, id, port, http, flags)?);
+            let mut master = MasterProcess::new(&binary, root, id, port, http, flags)?;
+            for (k, v) in env(id) {
+                master.process.set_env(&k, &v);
+            }
+            masters.push(master);
         }
         let mut cluster = Self {
             masters,

@@ -331,6 +331,14 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_UNSAFE_ADOPT_FOREIGN_RESERVATIONS", hide = true)]
     pub unsafe_adopt_foreign_reservations: bool,
 
+    /// TEST ONLY; breaks the write fence under clock steps. The master
+    /// reads the wall clock for entries, fences and grants, so a step of
+    /// the leader's wall clock frees fenced ranges at once. The chaos suite
+    /// shows its checker catches that. Hidden from --help; never set it in
+    /// production.
+    #[arg(long, env = "CRESCENT_UNSAFE_WALL_CLOCK", hide = true)]
+    pub unsafe_wall_clock: bool,
+
     /// TEST ONLY; breaks the write fence. The leader places a revoked
     /// one-commit put's range again at once, while bytes sent under its
     /// grants may still reach the store and overwrite the next put placed

@@ -8,6 +8,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let config = MasterConfig::load()?;
+    if config.unsafe_wall_clock {
+        crescent_store::clock::read_the_wall_clock_unsafely();
+    }
     crescent_runtime::init_server_logging(
         &config.log_format,
         "info,openraft=warn,h2=warn,tower=warn",

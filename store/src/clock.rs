@@ -19,8 +19,22 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// `--grant-clock-skew` (at most 5 s) fit in it.
 pub const MAX_CLOCK_OFFSET_MS: u64 = 5_000;
 
+/// Set by the test-only `--unsafe-wall-clock`: see [`read_the_wall_clock_unsafely`].
+static WALL_CLOCK_UNSAFELY: AtomicBool = AtomicBool::new(false);
+
+/// TEST ONLY: from now on [`now_ms`] reads the wall clock, and a
+/// [`ClockCheck`] never finds the clocks off, as before this module: a
+/// step of a master's wall clock then frees fenced ranges early. The
+/// chaos suite shows its checker catches that.
+pub fn read_the_wall_clock_unsafely() {
+    WALL_CLOCK_UNSAFELY.store(true, Ordering::Relaxed);
+}
+
 /// Unix ms on this process's steady clock (see the module docs).
 pub fn now_ms() -> u64 {
+    if WALL_CLOCK_UNSAFELY.load(Ordering::Relaxed) {
+        return wall_ms();
+    }
     static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
     let (at, wall) = ANCHOR.get_or_init(|| (Instant::now(), wall_ms()));
     wall.saturating_add(at.elapsed().as_millis() as u64)
@@ -64,7 +78,7 @@ impl ClockCheck {
     /// of the round trip give; only a verdict the whole interval supports
     /// changes the state. Returns the verdict and whether it changed.
     pub fn observe(&self, sent_ms: u64, leader_ms: u64, received_ms: u64) -> (ClockVerdict, bool) {
-        if leader_ms == 0 || received_ms < sent_ms {
+        if leader_ms == 0 || received_ms < sent_ms || WALL_CLOCK_UNSAFELY.load(Ordering::Relaxed) {
             return (ClockVerdict::Unknown, false);
         }
         let low = leader_ms as i64 - received_ms as i64;

@@ -123,6 +123,12 @@ struct Args {
     /// notices disk objects lost across a store restart.
     #[arg(long, hide = true)]
     unsafe_forget_disk_on_restart: bool,
+    /// TEST ONLY: read the wall clock for grant expiry and never refuse
+    /// grants for a clock far from the leader's, so a master whose wall
+    /// clock steps gets its stale grants honoured. The chaos suite uses it
+    /// to prove its checker notices.
+    #[arg(long, hide = true)]
+    unsafe_wall_clock: bool,
     /// Log format: text or json. Filter with RUST_LOG.
     #[arg(long, env = "CRESCENT_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -130,6 +136,9 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.unsafe_wall_clock {
+        crescent_store::clock::read_the_wall_clock_unsafely();
+    }
     crescent_runtime::init_server_logging(&args.log_format, "info,h2=warn,tower=warn");
     anyhow::ensure!(
         args.grant_clock_skew.as_millis() <= u128::from(crescent_proto::MAX_GRANT_CLOCK_SKEW_MS),
