@@ -715,6 +715,7 @@ async fn late_write_after_revoke(
     tokio::time::sleep(WORKERS_PUT_FOR.saturating_sub(revoked.elapsed())).await;
     round.deliver_late(late).await;
     if stepped {
+        // Nothing between the steps returns early, so the clock comes back.
         dep.step_master_clock(id, 0)?;
     }
     round.read_back().await;

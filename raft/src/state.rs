@@ -1,7 +1,8 @@
 //! The replicated metadata state machine: pure and deterministic.
 //!
 //! [`MetaState::apply`] reads no clock and draws no randomness: the leader
-//! stamps every [`Command`] with its wall-clock time and a random seed, and
+//! stamps every [`Command`] with its clock (Unix ms that wall-clock steps do
+//! not move, `crescent_store::clock`) and a random seed, and
 //! every master applies the same commands to the same state with the same
 //! result. Leader-only knowledge (read leases, heartbeats, access times) is
 //! deliberately absent: it lives in the master's memory and reaches this state
@@ -50,7 +51,8 @@ pub fn write_fence_until(discard_at_ms: u64, release_at_ms: u64) -> u64 {
 /// One Raft log entry's application payload.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Command {
-    /// Leader wall clock (ms since the Unix epoch) when it proposed this entry.
+    /// The leader's clock (Unix ms, `crescent_store::clock::now_ms`) when it
+    /// proposed this entry.
     pub now_ms: u64,
     /// Leader-drawn randomness (replica placement).
     pub seed: u64,
@@ -184,19 +186,14 @@ pub enum Op {
     },
     /// Frees space of abandoned puts whose release deadline has passed.
     ReclaimStalePuts,
-    Remove {
+    /// The Remove of logs written before a forced remove left puts in
+    /// flight alone (bincode encodes the variant's position, so it keeps
+    /// this one): applied as it was then, taking unfinished puts when
+    /// forced. Never proposed now.
+    RemoveTakingUnfinished {
         keys: Vec<String>,
         force: bool,
-        /// Keys the leader could not rule out being under a read lease when it
-        /// proposed (leases are leader memory): answered OBJECT_HAS_LEASE
-        /// unless forced. The verdict travels in the entry, not in a reply
-        /// sent before proposing, so a retry of the same request gets the
-        /// first attempt's answer from the dedup table whichever leader
-        /// judged it.
         leased: BTreeSet<String>,
-        /// How long a removed object's space stays unallocated (the leader's
-        /// lease TTL): a reader leased before the removal may still be
-        /// reading, and must find the old bytes, not the next put's.
         hold_ms: u64,
     },
     /// PutStart, PutEnd and PutRevoke with the writer's put id (key, size or
@@ -328,6 +325,22 @@ pub enum Op {
     /// stays: the choice was made before that put was acknowledged.
     EvictObjects {
         items: Vec<(String, ObjectStamp)>,
+    },
+    /// Removes finished objects; a put in flight is refused, forced or not.
+    Remove {
+        keys: Vec<String>,
+        force: bool,
+        /// Keys the leader could not rule out being under a read lease when it
+        /// proposed (leases are leader memory): answered OBJECT_HAS_LEASE
+        /// unless forced. The verdict travels in the entry, not in a reply
+        /// sent before proposing, so a retry of the same request gets the
+        /// first attempt's answer from the dedup table whichever leader
+        /// judged it.
+        leased: BTreeSet<String>,
+        /// How long a removed object's space stays unallocated (the leader's
+        /// lease TTL): a reader leased before the removal may still be
+        /// reading, and must find the old bytes, not the next put's.
+        hold_ms: u64,
     },
 }
 
@@ -1094,14 +1107,13 @@ impl MetaState {
                 force,
                 leased,
                 hold_ms,
-            } => {
-                let hold_until = now.saturating_add(*hold_ms);
-                Response::Items(
-                    keys.iter()
-                        .map(|k| self.remove(now, k, *force, leased.contains(k), hold_until, false))
-                        .collect(),
-                )
-            }
+            } => self.remove_keys(now, keys, *force, leased, *hold_ms, false),
+            Op::RemoveTakingUnfinished {
+                keys,
+                force,
+                leased,
+                hold_ms,
+            } => self.remove_keys(now, keys, *force, leased, *hold_ms, true),
             Op::Evict { keys } => Response::Count(self.evict(keys.iter().map(|k| (k, None)))),
             Op::EvictObjects { items } => {
                 Response::Count(self.evict(items.iter().map(|(k, stamp)| (k, Some(stamp)))))
@@ -1495,6 +1507,33 @@ impl MetaState {
             }
         }
         Ok(())
+    }
+
+    /// [`remove`](Self::remove) of each key, its space held `hold_ms`.
+    fn remove_keys(
+        &mut self,
+        now: u64,
+        keys: &[String],
+        force: bool,
+        leased: &BTreeSet<String>,
+        hold_ms: u64,
+        unfinished_too: bool,
+    ) -> Response {
+        let hold_until = now.saturating_add(hold_ms);
+        Response::Items(
+            keys.iter()
+                .map(|k| {
+                    self.remove(
+                        now,
+                        k,
+                        force,
+                        leased.contains(k),
+                        hold_until,
+                        unfinished_too,
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// `leased`: the leader could not rule out a read lease on `key`; kept

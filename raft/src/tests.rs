@@ -541,6 +541,28 @@ fn a_remove_from_an_older_log_still_decodes_and_frees_at_once() {
     assert_eq!(s.total_allocated(), 0);
 }
 
+/// A forced remove from a log written before puts in flight were left
+/// alone still takes one, as it did when that log was written: masters
+/// replaying it and masters that applied it then agree.
+#[test]
+fn a_forced_remove_from_an_older_log_still_takes_a_put_in_flight() {
+    let mut s = MetaState::new();
+    mount(&mut s, 0, "a", "oa", 4 * MB);
+    first_item(&put(&mut s, 10, "w", 1, "k", 4000, 1)).unwrap();
+    let remove = |force| Op::RemoveTakingUnfinished {
+        keys: vec!["k".into()],
+        force,
+        leased: Default::default(),
+        hold_ms: 0,
+    };
+    assert_eq!(
+        first_item(&s.apply(&cmd(20, "x", 1, remove(false)))),
+        Err(MetaError::ReplicaNotReady("k".into()))
+    );
+    first_item(&s.apply(&cmd(30, "x", 2, remove(true)))).unwrap();
+    assert!(s.lookup("k").is_err(), "taken as then");
+}
+
 #[test]
 fn put_end_and_revoke_check_the_writer() {
     let mut s = MetaState::new();
