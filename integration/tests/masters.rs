@@ -605,16 +605,32 @@ async fn lease_reads_stop_when_no_quorum_acknowledges_the_leader() {
     }
 }
 
-/// Put ids against real masters (issue 12): after a forced remove, a later
-/// put of the same key by the same client cannot be finished or revoked by
-/// the earlier put's PutEnd or PutRevoke (the soak's CHECKSUM_MISMATCH), and
-/// a batch revoke whose ids do not match its keys changes nothing.
+/// Put ids against real masters: once a later put of the same key by the
+/// same client took over the first (past the first's discard time), the
+/// earlier put's PutEnd or PutRevoke can neither finish nor revoke it (the
+/// soak's CHECKSUM_MISMATCH), and a batch revoke whose ids do not match its
+/// keys changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_put_end_cannot_finish_a_later_put_of_the_same_key() {
-    let (_cluster, client) = mounted_cluster(3, &[]).await;
+    let timeouts = [
+        "--put-start-discard-timeout",
+        "1s",
+        "--put-start-release-timeout",
+        "11s",
+    ]
+    .map(String::from);
+    let (_cluster, client) = mounted_cluster(3, &timeouts).await;
     let (old, new) = (client.new_put_id(), client.new_put_id());
     client.put_start_named("k", 64, cfg(1), old).await.unwrap();
-    client.remove("k", true).await.unwrap();
+    let e = client.remove("k", true).await.unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            ErrorCode::ReplicaIsNotReady | ErrorCode::ObjectNotFound
+        ),
+        "a forced remove leaves a put in flight alone: {e}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     client.put_start_named("k", 64, cfg(1), new).await.unwrap();
     let e = client.put_end_named("k", 11, old).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidWrite, "{e}");
