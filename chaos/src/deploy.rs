@@ -284,6 +284,13 @@ impl ProcessDeployment {
     fn master(&self, id: u64) -> Option<&crescent_integration::MasterProcess> {
         self.cluster.masters.iter().find(|m| m.id == id)
     }
+
+    fn store(&mut self, idx: usize) -> anyhow::Result<&mut crescent_integration::StoreProcess> {
+        self.cluster
+            .stores
+            .get_mut(idx)
+            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))
+    }
 }
 
 impl Deployment for ProcessDeployment {
@@ -343,33 +350,17 @@ impl Deployment for ProcessDeployment {
             .unwrap_or_default()
     }
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()> {
-        self.cluster
-            .stores
-            .get_mut(idx)
-            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
-            .kill();
+        self.store(idx)?.kill();
         Ok(())
     }
     fn start_store(&mut self, idx: usize) -> anyhow::Result<()> {
-        self.cluster
-            .stores
-            .get_mut(idx)
-            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
-            .restart()
+        self.store(idx)?.restart()
     }
     fn pause_store(&mut self, idx: usize) -> anyhow::Result<()> {
-        self.cluster
-            .stores
-            .get(idx)
-            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
-            .pause()
+        self.store(idx)?.pause()
     }
     fn resume_store(&mut self, idx: usize) -> anyhow::Result<()> {
-        self.cluster
-            .stores
-            .get(idx)
-            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?
-            .resume()
+        self.store(idx)?.resume()
     }
     fn etcd_members(&self) -> usize {
         self.etcd.len()

@@ -354,31 +354,36 @@ mod tests {
     }
 
     #[test]
-    fn the_stalled_writer_schedule_repeats_that_fault() {
-        let a = stalled_writer_schedule(5);
-        assert_eq!(a, stalled_writer_schedule(5));
-        assert_eq!(a.len(), STALLED_WRITER_FAULTS);
-        assert!(a
-            .iter()
-            .all(|f| f.kind == FaultKind::StalledWriterAcrossFailover));
-    }
-
-    #[test]
-    fn the_clock_step_schedule_repeats_that_fault() {
-        let a = clock_step_schedule(5);
-        assert_eq!(a, clock_step_schedule(5));
-        assert_eq!(a.len(), CLOCK_STEP_FAULTS);
-        assert!(a
-            .iter()
-            .all(|f| f.kind == FaultKind::LateWriteAcrossClockStep));
-    }
-
-    #[test]
-    fn the_late_write_schedule_repeats_that_fault() {
-        let a = late_write_schedule(5);
-        assert_eq!(a, late_write_schedule(5));
-        assert_eq!(a.len(), LATE_WRITE_FAULTS);
-        assert!(a.iter().all(|f| f.kind == FaultKind::LateWriteAfterRevoke));
+    fn each_one_kind_schedule_repeats_its_fault() {
+        type Schedule = fn(u64) -> Vec<Fault>;
+        let schedules: [(Schedule, usize, FaultKind); 4] = [
+            (
+                stalled_writer_schedule,
+                STALLED_WRITER_FAULTS,
+                FaultKind::StalledWriterAcrossFailover,
+            ),
+            (
+                clock_step_schedule,
+                CLOCK_STEP_FAULTS,
+                FaultKind::LateWriteAcrossClockStep,
+            ),
+            (
+                late_write_schedule,
+                LATE_WRITE_FAULTS,
+                FaultKind::LateWriteAfterRevoke,
+            ),
+            (
+                disk_restart_schedule,
+                DISK_RESTART_FAULTS,
+                FaultKind::RestartStoreWithDisk,
+            ),
+        ];
+        for (schedule, n, kind) in schedules {
+            let a = schedule(5);
+            assert_eq!(a, schedule(5), "{kind:?}");
+            assert_eq!(a.len(), n, "{kind:?}");
+            assert!(a.iter().all(|f| f.kind == kind), "{kind:?}");
+        }
     }
 
     #[test]
@@ -386,14 +391,6 @@ mod tests {
         let a: Vec<Fault> = rolling_restart_schedule(5).take(6).collect();
         assert_eq!(a, rolling_restart_schedule(5).take(6).collect::<Vec<_>>());
         assert!(a.iter().all(|f| f.kind == FaultKind::RollingRestart));
-    }
-
-    #[test]
-    fn the_disk_restart_schedule_repeats_that_fault() {
-        let a = disk_restart_schedule(5);
-        assert_eq!(a, disk_restart_schedule(5));
-        assert_eq!(a.len(), DISK_RESTART_FAULTS);
-        assert!(a.iter().all(|f| f.kind == FaultKind::RestartStoreWithDisk));
     }
 
     #[test]
