@@ -98,6 +98,62 @@ pub(crate) struct DiskFile {
     pub(crate) file: File,
     pub(crate) path: PathBuf,
     pub(crate) identity: DiskIdentity,
+    pub(crate) syncs: SyncLedger,
+}
+
+/// Which writes a failed sync may have cost. The kernel reports a failed
+/// writeback to one `fsync` of the file (each open file sees a writeback
+/// error once), and every write of the store goes through one open file:
+/// after one writer's sync failed, the next writer's sync succeeds although
+/// its pages may have been among those lost. So every failed sync is
+/// counted, and a write is durable only when its own sync succeeded and no
+/// sync failed between the start of its write and the end of its sync.
+/// A sync that failed before the write began cannot have held its pages.
+#[derive(Debug, Default)]
+pub struct SyncLedger {
+    failures: std::sync::atomic::AtomicU64,
+    /// Held across a sync and the counting of its failure: a writer whose
+    /// sync succeeded right after another's failed must see that failure
+    /// counted.
+    syncing: std::sync::Mutex<()>,
+}
+
+/// Taken before a write's first byte goes to the file; settled by
+/// [`SyncLedger::sync`] with that write's sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteTicket(u64);
+
+impl SyncLedger {
+    pub fn begin(&self) -> WriteTicket {
+        WriteTicket(self.failures.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Runs the sync of the write `ticket` was taken for. A failed sync is
+    /// counted and stands; a successful one stands only if no sync failed
+    /// since the ticket.
+    pub fn sync(
+        &self,
+        ticket: WriteTicket,
+        sync: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        use std::sync::atomic::Ordering;
+        let failures = {
+            // A panic elsewhere while holding it leaves nothing to repair.
+            let _one_at_a_time = self.syncing.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = sync() {
+                self.failures.fetch_add(1, Ordering::SeqCst);
+                return Err(e);
+            }
+            self.failures.load(Ordering::SeqCst)
+        };
+        if failures != ticket.0 {
+            return Err(io::Error::other(format!(
+                "{} sync(s) of this disk segment failed while this write's bytes were unsynced; they may be lost",
+                failures.wrapping_sub(ticket.0)
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A read-only view of a same-host store's disk segment file, for a client
@@ -272,6 +328,7 @@ pub(crate) fn open(
                     file,
                     path,
                     identity,
+                    syncs: SyncLedger::default(),
                 };
                 return Ok((disk, DiskOpened::Reused));
             }
@@ -301,6 +358,7 @@ pub(crate) fn open(
         file,
         path,
         identity,
+        syncs: SyncLedger::default(),
     };
     Ok((disk, opened))
 }
@@ -538,6 +596,29 @@ fn array<const N: usize>(b: &[u8]) -> [u8; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_is_durable_only_if_no_sync_failed_while_it_was_unsynced() {
+        let ledger = SyncLedger::default();
+        let eio = || Err(io::Error::from_raw_os_error(libc::EIO));
+        let ok = || Ok(());
+        let a = ledger.begin();
+        let b = ledger.begin();
+        // B's sync is the one the kernel tells of the failed writeback ...
+        assert!(ledger.sync(b, eio).is_err());
+        // ... and A's sync then succeeds, though A's pages were as unsynced.
+        let e = ledger.sync(a, ok).unwrap_err();
+        assert!(e.to_string().contains("may be lost"), "{e}");
+        // A write begun after the failure is judged by its own sync alone.
+        let c = ledger.begin();
+        assert!(ledger.sync(c, ok).is_ok());
+        let d = ledger.begin();
+        assert!(ledger.sync(d, eio).is_err());
+        assert!(ledger.sync(ledger.begin(), ok).is_ok());
+        // A ticket of another ledger (a misuse) is a failure, not a panic.
+        let other = SyncLedger::default();
+        assert!(other.sync(ledger.begin(), ok).is_err());
+    }
 
     #[test]
     fn header_round_trips_and_detects_corruption() {

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use crescent_proto::units::size_value;
 use memmap2::{MmapMut, MmapOptions};
 
-use crate::disk::{DiskFile, DiskIdentity, DiskOpened, OtherCapacity, HEADER_LEN};
+use crate::disk::{DiskFile, DiskIdentity, DiskOpened, OtherCapacity, WriteTicket, HEADER_LEN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
@@ -423,12 +423,23 @@ impl Segment {
         Ok(())
     }
 
-    /// Makes a disk segment's written bytes durable (`fdatasync`: the data
-    /// and the extents a first write into pre-allocated space converts);
-    /// nothing to do for memory.
-    pub fn sync_disk(&self) -> Result<(), SegmentError> {
+    /// To be taken before a disk write's first byte, for
+    /// [`Self::sync_disk`] (see [`crate::disk::SyncLedger`]).
+    pub fn disk_write_ticket(&self) -> WriteTicket {
+        match &self.backing {
+            Backing::Disk(d) => d.syncs.begin(),
+            Backing::Memory { .. } => WriteTicket::default(),
+        }
+    }
+
+    /// Makes the bytes of the disk write `ticket` was taken for durable
+    /// (`fdatasync`: the data and the extents a first write into
+    /// pre-allocated space converts), or says they may be lost: its sync
+    /// failed, or another writer's did meanwhile. Nothing to do for memory.
+    pub fn sync_disk(&self, ticket: WriteTicket) -> Result<(), SegmentError> {
         if let Backing::Disk(d) = &self.backing {
-            d.file.sync_data().map_err(|source| SegmentError::DiskIo {
+            let synced = d.syncs.sync(ticket, || d.file.sync_data());
+            synced.map_err(|source| SegmentError::DiskIo {
                 op: "sync",
                 path: d.path.clone(),
                 source,

@@ -812,6 +812,7 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
+    let ticket = segment.disk_write_ticket();
     let mut buf = Vec::new();
     let mut done = 0u64;
     while done < req.len {
@@ -835,7 +836,7 @@ where
     // once its write is answered, and a restarted store's disk objects are
     // taken back on the strength of its file's identity alone.
     let seg = segment.clone();
-    let synced = tokio::task::spawn_blocking(move || seg.sync_disk()).await;
+    let synced = tokio::task::spawn_blocking(move || seg.sync_disk(ticket)).await;
     let failure = match synced {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e.to_string()),
@@ -929,6 +930,7 @@ where
     };
     let stop = in_flight.stop.clone();
     let copied = tokio::task::spawn_blocking(move || {
+        let ticket = into.disk_write_ticket();
         let mut buf = vec![0u8; len.min(DISK_PIECE as u64) as usize];
         let mut crc = 0u32;
         let mut done = 0u64;
@@ -949,7 +951,7 @@ where
             done += piece.len() as u64;
         }
         // Durable before it is answered, as a disk write (see there).
-        into.sync_disk()?;
+        into.sync_disk(ticket)?;
         Ok(crc)
     })
     .await;
