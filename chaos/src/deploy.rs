@@ -94,12 +94,43 @@ pub trait Deployment: Send {
     fn step_master_clock(&mut self, _id: u64, _secs: i64) -> anyhow::Result<bool> {
         Ok(false)
     }
+    /// Sets store `idx`'s wall clock to the true time plus `secs`, from
+    /// its next start (a store reads the wall clock once, at start; with
+    /// the test-only `--unsafe-wall-clock` it reads it live, and sees the
+    /// change within [`FakeClock::SEEN_WITHIN`]). False
+    /// where it cannot be set (containers, no libfaketime, or a store
+    /// started without a settable clock).
+    fn set_store_clock(&mut self, _idx: usize, _secs: i64) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+    /// Starts one more master, `id` (never used before), waiting to be
+    /// added to the membership; returns its address. `None` where masters
+    /// cannot be added (containers).
+    fn start_joining_master(&mut self, _id: u64) -> anyhow::Result<Option<String>> {
+        Ok(None)
+    }
+    /// Stops master `id` for good and forgets it (after its removal from
+    /// the membership).
+    fn drop_master(&mut self, _id: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// The admin token's file in token mode, for membership changes.
+    fn admin_token_file(&self) -> Option<PathBuf> {
+        None
+    }
     fn isolate_master(&mut self, id: u64) -> anyhow::Result<()>;
     fn heal_master(&mut self, id: u64) -> anyhow::Result<()>;
     /// Store `idx`'s HTTP (metrics and /health) address, reachable from
     /// this process.
     fn store_http(&self, idx: usize) -> String;
     fn kill_store(&mut self, idx: usize) -> anyhow::Result<()>;
+    /// Drops every packet sent to store `idx`'s data ports (`cut`), or
+    /// lets them through again: senders' kernels keep what they sent and
+    /// retransmit it when the cut heals, as after a network partition.
+    /// False where it cannot be done (containers, or no iptables).
+    fn cut_store(&mut self, _idx: usize, _cut: bool) -> anyhow::Result<bool> {
+        Ok(false)
+    }
     /// SIGSTOP store `idx`: it keeps its sockets (the kernel still queues
     /// what clients send it) but runs no code.
     fn pause_store(&mut self, idx: usize) -> anyhow::Result<()>;
@@ -202,54 +233,82 @@ pub struct ProcessDeployment {
     etcd: LocalEtcd,
     cluster: LocalCluster,
     workers: Vec<ManagedChild>,
-    /// Each master's wall clock, when libfaketime is here.
-    clocks: Option<MasterClocks>,
+    /// The run's flags for every master, for masters added later (without
+    /// `--etcd`: the leader's etcd loop would add a member it finds there
+    /// back after its removal).
+    master_flags: Vec<String>,
+    /// Each store's data ports (memory and disk segments), pinned so a
+    /// restarted store keeps them.
+    store_ports: Vec<[u16; 2]>,
+    /// The firewall rules [`Deployment::cut_store`] holds now, removed at
+    /// teardown at the latest.
+    cuts: Vec<u16>,
+    /// Each master's and the second store's wall clock, when libfaketime
+    /// is here.
+    clocks: Option<WallClocks>,
 }
 
-/// A [`FakeClock`] per master, their offset files in `_dir`.
-struct MasterClocks {
+/// The store whose wall clock can be set (the one the store faults target).
+pub const CLOCKED_STORE: usize = 1;
+
+/// A [`FakeClock`] per process name (`master-<id>`, `store-<idx>`), their
+/// offset files in `_dir`.
+struct WallClocks {
     _dir: tempfile::TempDir,
-    by_id: Vec<(u64, FakeClock)>,
+    by_name: Vec<(String, FakeClock)>,
 }
 
-impl MasterClocks {
+impl WallClocks {
     /// None, with a word, without libfaketime.
-    fn new(ids: &[u64]) -> anyhow::Result<Option<Self>> {
+    fn new(names: &[String]) -> anyhow::Result<Option<Self>> {
         let dir = tempfile::Builder::new()
             .prefix("crescent-chaos-clocks-")
             .tempdir()?;
-        let mut by_id = Vec::new();
-        for id in ids {
-            let sub = dir.path().join(format!("master-{id}"));
+        let mut by_name = Vec::new();
+        for name in names {
+            let sub = dir.path().join(name);
             std::fs::create_dir_all(&sub)?;
             match FakeClock::new(&sub) {
-                Ok(clock) => by_id.push((*id, clock)),
+                Ok(clock) => by_name.push((name.clone(), clock)),
                 Err(e) => {
-                    println!("chaos: masters' wall clocks cannot be stepped: {e}");
+                    println!("chaos: wall clocks cannot be stepped: {e}");
                     return Ok(None);
                 }
             }
         }
-        Ok(Some(Self { _dir: dir, by_id }))
+        Ok(Some(Self { _dir: dir, by_name }))
     }
 
-    fn get(&self, id: u64) -> Option<&FakeClock> {
-        self.by_id.iter().find(|(i, _)| *i == id).map(|(_, c)| c)
+    fn get(&self, name: &str) -> Option<&FakeClock> {
+        self.by_name.iter().find(|(n, _)| n == name).map(|(_, c)| c)
     }
+
+    fn env(clocks: &Option<Self>, name: &str) -> Vec<(String, String)> {
+        clocks
+            .as_ref()
+            .and_then(|c| c.get(name))
+            .map(FakeClock::env)
+            .unwrap_or_default()
+    }
+}
+
+fn master_clock(id: u64) -> String {
+    format!("master-{id}")
+}
+
+fn store_clock(idx: usize) -> String {
+    format!("store-{idx}")
 }
 
 impl ProcessDeployment {
     /// `store_flags` are added to every store's (the test-only switches).
     pub fn start(master_flags: &[String], store_flags: &[String]) -> anyhow::Result<Self> {
+        remove_stale_rules();
         let etcd = LocalEtcd::start_cluster(3)?;
-        let clocks = MasterClocks::new(&[1, 2, 3])?;
-        let env = |id: u64| {
-            clocks
-                .as_ref()
-                .and_then(|c| c.get(id))
-                .map(FakeClock::env)
-                .unwrap_or_default()
-        };
+        let mut names: Vec<String> = [1, 2, 3].map(master_clock).to_vec();
+        names.push(store_clock(CLOCKED_STORE));
+        let clocks = WallClocks::new(&names)?;
+        let env = |id: u64| WallClocks::env(&clocks, &master_clock(id));
         let mut cluster = LocalCluster::start_with_etcd_env(
             3,
             &etcd.endpoints(),
@@ -258,9 +317,14 @@ impl ProcessDeployment {
             Security::Tokens,
             &env,
         )?;
+        let mut store_ports = Vec::new();
         for i in 0..2 {
             let dir = cluster.root.join(format!("store-{i}-disk"));
-            let mut flags = disk_flags(&dir.display().to_string(), None);
+            let disk_port = crescent_integration::free_port()?;
+            let mut flags = disk_flags(
+                &dir.display().to_string(),
+                Some(format!("127.0.0.1:{disk_port}")),
+            );
             // The workers run on the stores' host: they read store 1's
             // memory through /dev/shm and its disk replicas from its file
             // (store 1 is the one the store faults kill and restart), and
@@ -269,12 +333,25 @@ impl ProcessDeployment {
                 flags.push("--shm".into());
             }
             flags.extend(store_flags.iter().cloned());
-            cluster.start_store(MEMORY_SEGMENT, &flags)?;
+            let idx = cluster.start_store_env(
+                MEMORY_SEGMENT,
+                &flags,
+                &WallClocks::env(&clocks, &store_clock(i)),
+            )?;
+            let data_port = cluster.stores[idx]
+                .endpoint
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .ok_or_else(|| anyhow::anyhow!("store {idx} has no port"))?;
+            store_ports.push([data_port, disk_port]);
         }
         Ok(Self {
             etcd,
             cluster,
             workers: Vec::new(),
+            master_flags: master_flags.to_vec(),
+            store_ports,
+            cuts: Vec::new(),
             clocks,
         })
     }
@@ -283,6 +360,17 @@ impl ProcessDeployment {
 impl ProcessDeployment {
     fn master(&self, id: u64) -> Option<&crescent_integration::MasterProcess> {
         self.cluster.masters.iter().find(|m| m.id == id)
+    }
+
+    /// Sets the named process's wall clock; false without libfaketime.
+    fn set_clock(&self, name: &str, secs: i64) -> anyhow::Result<bool> {
+        match self.clocks.as_ref().and_then(|c| c.get(name)) {
+            Some(clock) => {
+                clock.set_offset_secs(secs)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn store(&mut self, idx: usize) -> anyhow::Result<&mut crescent_integration::StoreProcess> {
@@ -325,13 +413,43 @@ impl Deployment for ProcessDeployment {
         self.cluster.pause(id)
     }
     fn step_master_clock(&mut self, id: u64, secs: i64) -> anyhow::Result<bool> {
-        match self.clocks.as_ref().and_then(|c| c.get(id)) {
-            Some(clock) => {
-                clock.set_offset_secs(secs)?;
-                Ok(true)
+        self.set_clock(&master_clock(id), secs)
+    }
+    fn set_store_clock(&mut self, idx: usize, secs: i64) -> anyhow::Result<bool> {
+        self.set_clock(&store_clock(idx), secs)
+    }
+    fn cut_store(&mut self, idx: usize, cut: bool) -> anyhow::Result<bool> {
+        let ports = *self
+            .store_ports
+            .get(idx)
+            .ok_or_else(|| anyhow::anyhow!("no store {idx}"))?;
+        for port in ports {
+            if cut {
+                if let Err(e) = drop_rule("-I", port) {
+                    println!("chaos: store {idx} cannot be cut off: {e}");
+                    self.heal_cuts();
+                    return Ok(false);
+                }
+                self.cuts.push(port);
+            } else if let Some(at) = self.cuts.iter().position(|p| *p == port) {
+                drop_rule("-D", port)?;
+                self.cuts.remove(at);
             }
-            None => Ok(false),
         }
+        Ok(true)
+    }
+    fn start_joining_master(&mut self, id: u64) -> anyhow::Result<Option<String>> {
+        Ok(Some(
+            self.cluster.add_joining_master(id, &self.master_flags)?,
+        ))
+    }
+    fn drop_master(&mut self, id: u64) -> anyhow::Result<()> {
+        self.cluster.kill(id)?;
+        self.cluster.masters.retain(|m| m.id != id);
+        Ok(())
+    }
+    fn admin_token_file(&self) -> Option<PathBuf> {
+        self.cluster.admin_token_file()
     }
     fn resume_master(&mut self, id: u64) -> anyhow::Result<()> {
         self.cluster.resume(id)
@@ -441,6 +559,90 @@ impl Deployment for ProcessDeployment {
     fn teardown(&mut self) {
         for w in &mut self.workers {
             let _ = w.kill();
+        }
+        self.heal_cuts();
+    }
+}
+
+impl ProcessDeployment {
+    /// Removes every rule [`Deployment::cut_store`] added.
+    fn heal_cuts(&mut self) {
+        for port in std::mem::take(&mut self.cuts) {
+            if let Err(e) = drop_rule("-D", port) {
+                println!("chaos: the rule dropping packets to port {port} stays: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for ProcessDeployment {
+    fn drop(&mut self) {
+        // A run that ends early must not leave the host dropping packets to
+        // a port a later process may get.
+        self.heal_cuts();
+    }
+}
+
+/// The comment on this process's iptables rules: a run killed before its
+/// teardown leaves them, and the next run removes them by it.
+const RULE_TAG: &str = "crescent-chaos-";
+
+/// Adds (`-I`) or deletes (`-D`) the iptables rule that drops TCP packets
+/// to `port` (loopback included), tagged with this process's id.
+fn drop_rule(action: &str, port: u16) -> anyhow::Result<()> {
+    let port = port.to_string();
+    let tag = format!("{RULE_TAG}{}", std::process::id());
+    let args = [
+        "-p",
+        "tcp",
+        "--dport",
+        &port,
+        "-m",
+        "comment",
+        "--comment",
+        &tag,
+        "-j",
+        "DROP",
+    ];
+    iptables(action, &args)
+}
+
+fn iptables(action: &str, rule: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("iptables")
+        .args(["-w", "5", action, "INPUT"])
+        .args(rule)
+        .output()
+        .map_err(|e| anyhow::anyhow!("iptables: {e}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "iptables {action} INPUT {}: {}",
+        rule.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Deletes the rules of chaos runs that are no longer running (killed
+/// before their teardown). Quiet where iptables is missing.
+fn remove_stale_rules() {
+    let Ok(out) = std::process::Command::new("iptables")
+        .args(["-w", "5", "-S", "INPUT"])
+        .output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let owner = words
+            .iter()
+            .find_map(|w| w.strip_prefix(RULE_TAG))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let stale = owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+        if stale && words.len() > 2 && words[0] == "-A" {
+            match iptables("-D", &words[2..]) {
+                Ok(()) => println!("chaos: removed a dead run's rule: {line}"),
+                Err(e) => println!("chaos: a dead run's rule stays: {e}"),
+            }
         }
     }
 }

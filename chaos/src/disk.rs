@@ -365,6 +365,15 @@ impl DiskChecker {
         }
     }
 
+    /// Waits until store `http` (just restarted) has its memory segment
+    /// mounted and the masters list no other memory segment than the live
+    /// ones (`memory_bytes` in all), so new placements name its new
+    /// segment; false if that did not happen in time.
+    pub async fn store_back(&self, http: &str, memory_bytes: u64) -> bool {
+        let (_, mounted) = Self::wait_for_health(http, |h| h.memory_mounted).await;
+        mounted && self.old_memory_segments_gone(memory_bytes).await
+    }
+
     /// Puts fillers until the leader has demoted every object that was
     /// only in memory (at least [`WANT_DEMOTIONS`], or [`MAX_FILLERS`], or
     /// [`FILL_WITHIN`]), waits for those demotions a while, removes the

@@ -17,6 +17,7 @@ pub mod checker;
 pub mod deploy;
 pub mod disk;
 pub mod history;
+pub mod membership;
 pub mod report;
 pub mod run;
 pub mod schedule;

@@ -66,6 +66,12 @@ enum Cmd {
         /// (process ids are 100 × worker + task, so at most 99).
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..100))]
         tasks: u32,
+        /// The masters' --put-mode (one-commit, their default, or
+        /// two-commit). Two-commit puts are placed by best fit over the
+        /// whole segment, so a freed range goes to the next put of its size;
+        /// one-commit puts go into reservations that fill and rotate.
+        #[arg(long, value_parser = ["one-commit", "two-commit"])]
+        put_mode: Option<String>,
         /// Pass a run whose linearizability search gave up on some keys
         /// (they are still listed); without it such a run fails.
         #[arg(long)]
@@ -110,8 +116,9 @@ enum Cmd {
         /// TEST ONLY: start masters and stores with --unsafe-wall-clock:
         /// they read the wall clock for fences and grants, and stores do
         /// not compare theirs with the leader's, so a step of the leader's
-        /// wall clock frees ranges still writable; the run must then fail
-        /// (use --schedule clock-steps, processes mode).
+        /// wall clock frees ranges still writable, and a store whose clock
+        /// is behind honours expired grants; the run must then fail (use
+        /// --schedule clock-steps or store-skews, processes mode).
         #[arg(long, hide = true)]
         unsafe_wall_clock: bool,
     },
@@ -187,6 +194,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             workers,
             tasks,
             allow_inconclusive,
+            put_mode,
             unsafe_ack_before_commit,
             unsafe_forget_leases,
             unsafe_adopt_foreign_reservations,
@@ -238,6 +246,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             ]
             .map(String::from)
             .to_vec();
+
             if unsafe_ack_before_commit {
                 master_flags.push("--unsafe-ack-before-commit".into());
             }
@@ -248,7 +257,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 // by two-commit puts: with one commit the broken run rarely
                 // hands a leased object's space to a new put and passes.
                 // Two commits reuse it at once, as the bug class needs.
-                master_flags.extend(["--put-mode".to_string(), "two-commit".to_string()]);
+            }
+            let put_mode = put_mode.or(unsafe_forget_leases.then(|| "two-commit".to_string()));
+            if let Some(mode) = put_mode {
+                master_flags.extend(["--put-mode".to_string(), mode]);
             }
             if unsafe_adopt_foreign_reservations {
                 master_flags.push("--unsafe-adopt-foreign-reservations".into());

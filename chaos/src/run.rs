@@ -13,14 +13,15 @@ use serde::Serialize;
 use crate::checker::{self, CheckResult};
 use crate::deploy::{
     container_mode_blocker, focus_file, ContainerDeployment, Deployment, Mode, ProcessDeployment,
-    WorkerExit, WorkerPlan,
+    WorkerExit, WorkerPlan, CLOCKED_STORE,
 };
 use crate::disk::{restart_store_with_disk, DiskChecker, DISK_CHECKS};
 use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
 use crate::schedule::{
     ci_schedule, clock_step_schedule, disk_restart_schedule, late_write_schedule,
-    rolling_restart_schedule, soak_schedule, stalled_writer_schedule, Fault, FaultKind,
+    rolling_restart_schedule, soak_schedule, stalled_writer_schedule, store_skew_schedule, Fault,
+    FaultKind,
 };
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
@@ -51,6 +52,9 @@ pub enum ScheduleKind {
     /// Only late writes across a step of the leader's wall clock, several of
     /// them (the test of --unsafe-wall-clock; processes mode).
     ClockSteps,
+    /// Only late requests to a store whose clock is an hour behind (the
+    /// test of the stores' --unsafe-wall-clock; processes mode).
+    StoreSkews,
     /// Only rolling restarts until --duration is up (a reproducer for
     /// leaders that start with a trailing state machine).
     RollingRestarts,
@@ -66,6 +70,7 @@ impl ScheduleKind {
             ScheduleKind::DiskRestarts => "disk-restarts",
             ScheduleKind::LateWrites => "late-writes",
             ScheduleKind::ClockSteps => "clock-steps",
+            ScheduleKind::StoreSkews => "store-skews",
             ScheduleKind::RollingRestarts => "rolling-restarts",
         }
     }
@@ -370,6 +375,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         ScheduleKind::DiskRestarts => Box::new(disk_restart_schedule(cfg.seed).into_iter()),
         ScheduleKind::LateWrites => Box::new(late_write_schedule(cfg.seed).into_iter()),
         ScheduleKind::ClockSteps => Box::new(clock_step_schedule(cfg.seed).into_iter()),
+        ScheduleKind::StoreSkews => Box::new(store_skew_schedule(cfg.seed).into_iter()),
         ScheduleKind::RollingRestarts => Box::new(rolling_restart_schedule(cfg.seed)),
     };
     let deadline = Instant::now() + cfg.duration;
@@ -486,6 +492,16 @@ async fn inject(
             let _ = std::fs::remove_file(&focus);
             target = format!("master {}", leader?);
         }
+        FaultKind::LateRequestToSkewedStore => {
+            // Without the workers' focus: their hot values have the late
+            // requests' size and would take the freed ranges before the
+            // victims, and remove them before they are read back.
+            late_request_to_skewed_store(dep, stall, disk).await?;
+            target = format!("store {CLOCKED_STORE}");
+        }
+        FaultKind::AddAndRemoveMaster => {
+            target = crate::membership::add_and_remove_master(dep, fault.hold).await?;
+        }
         FaultKind::KillLeader | FaultKind::KillRandomMaster => {
             let id = if fault.kind == FaultKind::KillLeader {
                 probe.leader(Duration::from_secs(20)).await?
@@ -546,6 +562,28 @@ async fn inject(
             let _ = std::fs::remove_file(&focus);
             paused?;
             resumed?;
+        }
+        FaultKind::PartitionStore => {
+            // As PauseStore, with the bytes held in the senders' kernels:
+            // they arrive when TCP retransmits them after the heal.
+            target = "store 1".into();
+            let focus = focus_file(dir);
+            std::fs::write(&focus, b"focus")?;
+            let cut = dep.cut_store(1, true);
+            if matches!(cut, Ok(true)) {
+                tokio::time::sleep(fault.hold).await;
+            } else {
+                println!(
+                    "chaos:      store 1 not cut off (processes mode as root, with iptables, only)"
+                );
+            }
+            let healed = dep.cut_store(1, false);
+            // Retransmissions back off exponentially: the next one after
+            // the heal may come about as long after it as the cut lasted.
+            tokio::time::sleep(fault.hold.max(Duration::from_secs(4))).await;
+            let _ = std::fs::remove_file(&focus);
+            cut?;
+            healed?;
         }
         FaultKind::KillStore => {
             // Only the second store: every object keeps a replica on the
@@ -730,6 +768,89 @@ async fn late_write_after_revoke(
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(id)
+}
+
+/// How far behind the true time [`FaultKind::LateRequestToSkewedStore`]
+/// sets the wall clock of store [`CLOCKED_STORE`] (the second: as for the
+/// store faults, every object keeps a replica on the first).
+const STORE_SKEW_SECS: i64 = -3_600;
+
+/// [`FaultKind::LateRequestToSkewedStore`]: store [`CLOCKED_STORE`]
+/// restarted with its wall clock an hour behind; puts placed by the leader,
+/// each replica's whole write request built and held, the puts revoked;
+/// once every revoked range is past its write fence (grant expiry plus
+/// margin, and an upkeep), victims of the same size put, then the held
+/// requests delivered under their expired grants and every replica of the
+/// keys involved read back; the store restarted with a true clock, also
+/// when a step failed. A store that judged grants by its own clock, an
+/// hour behind, writes the late requests over the victims.
+async fn late_request_to_skewed_store(
+    dep: &mut dyn Deployment,
+    stall: &StalledWriter,
+    disk: &DiskChecker,
+) -> anyhow::Result<()> {
+    let skewed = dep.set_store_clock(CLOCKED_STORE, STORE_SKEW_SECS)?;
+    let memory = crescent_proto::units::parse_size(crate::deploy::MEMORY_SEGMENT)?;
+    let played = async {
+        dep.kill_store(CLOCKED_STORE)?;
+        dep.start_store(CLOCKED_STORE)?;
+        let http = dep.store_http(CLOCKED_STORE);
+        // Placements must name its new segment, not the killed one's.
+        let back = disk.store_back(&http, 2 * memory).await;
+        // Its first heartbeat answer carries the leader's clock.
+        let loud =
+            skewed && metric_reaches(&http, "store_clock_off", 1.0, Duration::from_secs(8)).await;
+        let mut round = stall.round();
+        let placed = round.place_stalled().await;
+        let (held, expiry_ms) = round.hold_requests(&placed);
+        round.revoke_placed(placed).await;
+        // Past every revoked range's fence, and the leader's next upkeep.
+        let fenced_until_ms = expiry_ms
+            .saturating_add(crescent_raft::state::WRITE_FENCE_MARGIN_MS)
+            .saturating_add(1_500);
+        let wait_ms = fenced_until_ms.saturating_sub(now_us() / 1_000).min(60_000);
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        round.put_victims(Duration::from_secs(4)).await;
+        round.deliver_held(held).await;
+        round.read_back().await;
+        anyhow::Ok((back, loud, wait_ms, round.summary))
+    }
+    .await;
+    if skewed {
+        dep.set_store_clock(CLOCKED_STORE, 0)?;
+    }
+    dep.kill_store(CLOCKED_STORE)?;
+    dep.start_store(CLOCKED_STORE)?;
+    let (back, loud, wait_ms, summary) = played?;
+    let clock = match (skewed, loud) {
+        (true, true) => "an hour behind, reported off (store_clock_off 1)",
+        (true, false) => "an hour behind, NOT reported off",
+        (false, _) => "not skewed (no settable clock in this mode)",
+    };
+    let back = if back {
+        ""
+    } else {
+        " (its old segment was still listed)"
+    };
+    println!(
+        "chaos:      late requests (store {CLOCKED_STORE}'s clock {clock}{back}, {wait_ms} ms past the revokes): \
+         {} replica requests held, {} landed late; {summary}",
+        summary.late_writes, summary.late_landed
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Whether metric `name` at `http` reads `want` within `within`.
+async fn metric_reaches(http: &str, name: &str, want: f64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if crescent_integration::metric(http, name).await == Some(want) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
 }
 
 async fn sample_roles(probe: Prober, out: Arc<Mutex<Vec<RoleSample>>>) {

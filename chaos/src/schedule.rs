@@ -82,10 +82,34 @@ pub enum FaultKind {
     /// their bytes, queued in its kernel, land when it resumes, in ranges
     /// that must still be fenced.
     PauseStore,
+    /// Drop every packet to the second store's data ports for 6-10 s while
+    /// the workers put values of one size, then let them through (iptables,
+    /// processes mode; elsewhere nothing happens). Writes to it time out
+    /// and go elsewhere; the clients' kernels retransmit what they had sent
+    /// when the cut heals, so those bytes land late, in ranges that must
+    /// still be fenced.
+    PartitionStore,
+    /// The second store restarted with its wall clock an hour behind; a
+    /// client of the chaos process has the leader place a few puts and
+    /// holds each replica's whole write request (as a partition holds a
+    /// request that TCP delivers when it heals), revokes the puts, waits
+    /// until their ranges are past the write fence and victims of the same
+    /// size are put, then delivers the held requests under their expired
+    /// grants; the store restarts with a true clock. A store that judged
+    /// grants by a clock an hour behind would write them over acknowledged
+    /// objects; it must refuse every grant while its clock is that far off
+    /// (see [`crate::stall`]). Without a settable clock (containers) the
+    /// store is not skewed and the expired requests are still delivered.
+    LateRequestToSkewedStore,
+    /// A fourth master (a new id each time) is started, added to the
+    /// membership as a learner and then a voter while the workers run,
+    /// kept for `hold`, then removed and stopped: two joint-consensus
+    /// changes under load. Processes mode only; elsewhere nothing happens.
+    AddAndRemoveMaster,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -103,6 +127,9 @@ impl FaultKind {
         FaultKind::LateWriteAfterRevoke,
         FaultKind::LateWriteAcrossClockStep,
         FaultKind::PauseStore,
+        FaultKind::PartitionStore,
+        FaultKind::LateRequestToSkewedStore,
+        FaultKind::AddAndRemoveMaster,
     ];
 
     pub fn name(self) -> &'static str {
@@ -124,6 +151,9 @@ impl FaultKind {
             FaultKind::LateWriteAfterRevoke => "late write after revoke",
             FaultKind::LateWriteAcrossClockStep => "late write across clock step",
             FaultKind::PauseStore => "pause store",
+            FaultKind::PartitionStore => "partition store",
+            FaultKind::LateRequestToSkewedStore => "late request to a skewed store",
+            FaultKind::AddAndRemoveMaster => "add and remove a master",
         }
     }
 
@@ -162,9 +192,10 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
     let hold_ms = match kind {
         // Longer than the 300 ms maximum election timeout, several times over.
         FaultKind::PauseMaster => rng.random_range(1_000..2_500),
-        FaultKind::PauseStore => rng.random_range(6_000..10_000),
+        FaultKind::PauseStore | FaultKind::PartitionStore => rng.random_range(6_000..10_000),
         FaultKind::PartitionLeader | FaultKind::PartitionFollower => rng.random_range(2_000..5_000),
-        FaultKind::RollingRestart => 0,
+        FaultKind::RollingRestart | FaultKind::LateRequestToSkewedStore => 0,
+        FaultKind::AddAndRemoveMaster => rng.random_range(2_000..5_000),
         FaultKind::BigBatch | FaultKind::ConnectionFlood => rng.random_range(2_000..5_000),
         _ => rng.random_range(500..2_500),
     };
@@ -181,8 +212,10 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// controlled), a store kill, an etcd member kill, a rolling restart, 2
 /// leader kills amid removes, a big batch, a connection flood, a stalled
 /// writer across a failover, a store restart with its disk tier, a
-/// master killed with a torn write left in its log, a paused store, in a seeded order, then
-/// a late write after a revoke and one across a step of the leader's clock.
+/// master killed with a torn write left in its log, a paused store, in a
+/// seeded order, then a late write after a revoke, one across a step of
+/// the leader's clock, a store cut off, a master added and removed, and a
+/// late request to a store whose clock is an hour behind.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -208,6 +241,9 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     // parameters.
     kinds.push(FaultKind::LateWriteAfterRevoke);
     kinds.push(FaultKind::LateWriteAcrossClockStep);
+    kinds.push(FaultKind::PartitionStore);
+    kinds.push(FaultKind::AddAndRemoveMaster);
+    kinds.push(FaultKind::LateRequestToSkewedStore);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
 
@@ -250,6 +286,16 @@ pub const CLOCK_STEP_FAULTS: usize = 6;
 /// [`CLOCK_STEP_FAULTS`] of them (the test of `--unsafe-wall-clock`).
 pub fn clock_step_schedule(seed: u64) -> Vec<Fault> {
     repeated(seed, FaultKind::LateWriteAcrossClockStep, CLOCK_STEP_FAULTS)
+}
+
+/// How many faults [`store_skew_schedule`] has.
+pub const STORE_SKEW_FAULTS: usize = 2;
+
+/// Only late requests to a store whose clock is an hour behind,
+/// [`STORE_SKEW_FAULTS`] of them (the test of the stores'
+/// `--unsafe-wall-clock`, which skips the comparison with the leader's).
+pub fn store_skew_schedule(seed: u64) -> Vec<Fault> {
+    repeated(seed, FaultKind::LateRequestToSkewedStore, STORE_SKEW_FAULTS)
 }
 
 /// How many faults [`disk_restart_schedule`] has.
@@ -295,6 +341,9 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::LateWriteAfterRevoke, 2),
         (FaultKind::PauseStore, 2),
         (FaultKind::LateWriteAcrossClockStep, 2),
+        (FaultKind::PartitionStore, 2),
+        (FaultKind::LateRequestToSkewedStore, 1),
+        (FaultKind::AddAndRemoveMaster, 2),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -340,7 +389,23 @@ mod tests {
         assert_eq!(count(FaultKind::LateWriteAfterRevoke), 1);
         assert_eq!(count(FaultKind::PauseStore), 1);
         assert_eq!(count(FaultKind::LateWriteAcrossClockStep), 1);
-        assert_eq!(a.len(), 30);
+        assert_eq!(count(FaultKind::LateRequestToSkewedStore), 1);
+        assert_eq!(count(FaultKind::AddAndRemoveMaster), 1);
+        assert_eq!(count(FaultKind::PartitionStore), 1);
+        assert_eq!(a.len(), 33);
+        // Kinds added after the shuffle come last, so a seed's shuffled
+        // part stays as it was.
+        let tail: Vec<FaultKind> = a[a.len() - 5..].iter().map(|f| f.kind).collect();
+        assert_eq!(
+            tail,
+            [
+                FaultKind::LateWriteAfterRevoke,
+                FaultKind::LateWriteAcrossClockStep,
+                FaultKind::PartitionStore,
+                FaultKind::AddAndRemoveMaster,
+                FaultKind::LateRequestToSkewedStore
+            ]
+        );
         // Every kind is in the CI schedule.
         for kind in FaultKind::ALL {
             assert!(count(kind) >= 1, "{kind:?} is missing from the CI schedule");
@@ -356,7 +421,7 @@ mod tests {
     #[test]
     fn each_one_kind_schedule_repeats_its_fault() {
         type Schedule = fn(u64) -> Vec<Fault>;
-        let schedules: [(Schedule, usize, FaultKind); 4] = [
+        let schedules: [(Schedule, usize, FaultKind); 5] = [
             (
                 stalled_writer_schedule,
                 STALLED_WRITER_FAULTS,
@@ -376,6 +441,11 @@ mod tests {
                 disk_restart_schedule,
                 DISK_RESTART_FAULTS,
                 FaultKind::RestartStoreWithDisk,
+            ),
+            (
+                store_skew_schedule,
+                STORE_SKEW_FAULTS,
+                FaultKind::LateRequestToSkewedStore,
             ),
         ];
         for (schedule, n, kind) in schedules {

@@ -115,6 +115,13 @@ pub struct LateWrite {
     streams: Vec<(tokio::net::TcpStream, Vec<u8>)>,
 }
 
+/// A put's whole write request to one replica's store, built but not sent
+/// (as a partition holds a request that TCP delivers when it heals).
+pub struct HeldRequest {
+    endpoint: String,
+    bytes: Vec<u8>,
+}
+
 /// What one round did, for the run's output.
 #[derive(Debug, Default)]
 pub struct RoundSummary {
@@ -263,6 +270,21 @@ fn put_failure(e: MasterRpcError) -> Outcome {
     }
 }
 
+/// Sends `bytes` (the rest of a write request) and reads the store's
+/// answer: whether it answered OK within [`STEP_TIMEOUT`].
+async fn send_for_ok(s: &mut tokio::net::TcpStream, bytes: &[u8]) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answered = tokio::time::timeout(STEP_TIMEOUT, async {
+        s.write_all(bytes).await?;
+        let mut answer = [0u8; crescent_store::protocol::RESPONSE_LEN];
+        s.read_exact(&mut answer).await?;
+        std::io::Result::Ok(answer)
+    })
+    .await;
+    matches!(answered, Ok(Ok(answer)) if crescent_store::protocol::Response::decode(&answer)
+        .is_ok_and(|r| r.status == crescent_store::protocol::Status::Ok))
+}
+
 async fn step<T>(
     f: impl std::future::Future<Output = Result<T, MasterRpcError>>,
 ) -> Result<T, MasterRpcError> {
@@ -402,6 +424,51 @@ impl Round<'_> {
         late
     }
 
+    /// Builds each placed put's replica write requests (header and whole
+    /// payload) without sending a byte. Returns them and the latest grant
+    /// expiry among them (the leader's Unix ms).
+    pub fn hold_requests(&mut self, placed: &[Placed]) -> (Vec<HeldRequest>, u64) {
+        let mut held = Vec::new();
+        let mut latest_expiry_ms = 0;
+        for p in placed {
+            let payload = value_bytes(p.value, STALLED_VALUE_LEN);
+            for (n, r) in p.placement.replicas.iter().enumerate() {
+                let grant = Grant::from(r);
+                latest_expiry_ms = latest_expiry_ms.max(grant.expiry_ms);
+                let header = crescent_store::protocol::Request {
+                    op: crescent_store::protocol::Op::Write,
+                    request_id: n as u64 + 1,
+                    offset: r.offset,
+                    len: r.length,
+                    grant,
+                };
+                let mut bytes = header.encode().to_vec();
+                bytes.extend_from_slice(&payload);
+                held.push(HeldRequest {
+                    endpoint: r.endpoint.clone(),
+                    bytes,
+                });
+                self.summary.late_writes += 1;
+            }
+        }
+        (held, latest_expiry_ms)
+    }
+
+    /// Sends each held request whole on a connection of its own and reads
+    /// the store's answer.
+    pub async fn deliver_held(&mut self, held: Vec<HeldRequest>) {
+        for h in held {
+            let connected =
+                tokio::time::timeout(STEP_TIMEOUT, tokio::net::TcpStream::connect(&h.endpoint))
+                    .await;
+            if let Ok(Ok(mut s)) = connected {
+                if send_for_ok(&mut s, &h.bytes).await {
+                    self.summary.late_landed += 1;
+                }
+            }
+        }
+    }
+
     /// The writer gives up on its placed puts: each is revoked (it never
     /// sends a PutEnd, so none can become readable) and recorded as failed.
     pub async fn revoke_placed(&mut self, placed: Vec<Placed>) {
@@ -440,22 +507,10 @@ impl Round<'_> {
 
     /// Sends the held halves and reads the stores' answers.
     pub async fn deliver_late(&mut self, late: Vec<LateWrite>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         for w in late {
             for (mut s, rest) in w.streams {
-                let answered = tokio::time::timeout(STEP_TIMEOUT, async {
-                    s.write_all(&rest).await?;
-                    let mut answer = [0u8; crescent_store::protocol::RESPONSE_LEN];
-                    s.read_exact(&mut answer).await?;
-                    std::io::Result::Ok(answer)
-                })
-                .await;
-                if let Ok(Ok(answer)) = answered {
-                    if crescent_store::protocol::Response::decode(&answer)
-                        .is_ok_and(|r| r.status == crescent_store::protocol::Status::Ok)
-                    {
-                        self.summary.late_landed += 1;
-                    }
+                if send_for_ok(&mut s, &rest).await {
+                    self.summary.late_landed += 1;
                 }
             }
         }

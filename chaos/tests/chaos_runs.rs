@@ -5,9 +5,11 @@
 //!   partitions and a follower partition in container mode, a store kill, an
 //!   etcd member kill, a rolling restart, 2 leader kills amid removes, a big
 //!   batch, a connection flood, a stalled writer across a failover, a
-//!   store restart with its disk tier, a master killed with a torn log and a
-//!   late write after a revoke) must end with 0 violations, twice into the same `--out` (issue 17: a
-//!   second run once found the first run's stop file and ran no workload).
+//!   store restart with its disk tier, a master killed with a torn log, a
+//!   paused store, a store cut off, a master added and removed, and late
+//!   writes and requests) must end with 0 violations, twice into the same
+//!   `--out` (the second run must not take the first run's stop file for
+//!   its own and run no workload).
 //!   Container mode when a Docker engine answers and `make images` built
 //!   `$CRESCENT_CHAOS_IMAGE` (default crescent:latest); otherwise processes
 //!   mode, and it says so.
@@ -36,6 +38,14 @@
 //!   wall clock (libfaketime), the step frees the revoked ranges, the late
 //!   bytes must overwrite acknowledged objects and the checker must fail
 //!   the run. (The honest run of the same fault is in the soak schedule.)
+//! - `a_store_trusting_its_own_clock_is_caught`: the same switch; over a
+//!   schedule of late requests to a store restarted with its wall clock an
+//!   hour behind, that store honours grants past their expiry, so requests
+//!   held until their ranges were freed and reused must overwrite
+//!   acknowledged objects, and the checker must fail the run (masters in
+//!   two-commit mode, so the freed ranges go to the next puts). (The honest
+//!   store refuses every grant while its clock is off; that run is in the
+//!   soak schedule.)
 //! - `resuming_leadership_after_a_restart_is_caught`: masters started with
 //!   the test-only `--unsafe-resume-leadership` lead again in their old term
 //!   when restarted, with only a commit hint up to 1,024 transactions old;
@@ -344,6 +354,25 @@ fn reading_the_wall_clock_is_caught() {
     assert!(
         counts.contains_key("wrong_bytes"),
         "expected reads of objects the late writes overwrote after the leader's clock stepped to see wrong bytes, got {counts:?}"
+    );
+}
+
+#[test]
+fn a_store_trusting_its_own_clock_is_caught() {
+    // Two commits: best fit over the whole segment gives a freed range to
+    // the next put of its size (one-commit reservations fill and rotate in
+    // the 20 s the fence lasts). Seed 19 gave 6 wrong_bytes (3 per fault),
+    // the honest run of it none.
+    let counts = broken_run_with(
+        "chaos-store-skew",
+        "store-skews",
+        "19",
+        "--unsafe-wall-clock",
+        &["--put-mode", "two-commit"],
+    );
+    assert!(
+        counts.contains_key("wrong_bytes"),
+        "expected reads of objects the late requests overwrote on the skewed store to see wrong bytes, got {counts:?}"
     );
 }
 
