@@ -810,6 +810,112 @@ async fn a_master_clock_step_frees_no_fenced_range_and_stalls_no_two_commit_put(
     late_bytes_of_a_revoked_put("two-commit", true).await;
 }
 
+/// Three stores, one killed: its segment stays listed until its owner's
+/// TTL runs out (the master cannot tell a dead store from a slow one), and
+/// placements on it fail their writes. Single puts and batches go again
+/// on the live segments instead of failing with TRANSFER_FAIL.
+async fn puts_placed_on_a_dead_store_go_to_live_ones(put_mode: &str) {
+    let mut cluster =
+        LocalCluster::start(1, &["--put-mode".to_string(), put_mode.to_string()]).unwrap();
+    cluster
+        .wait_for_leader(Duration::from_secs(15))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        cluster.start_store("64mb", &[]).unwrap();
+    }
+    cluster
+        .wait_for_segments(3, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let c = client(&cluster).await;
+    c.put("before", b"ok", &replicas(1)).await.unwrap();
+
+    // The leader honours the segments a retry asks it to avoid.
+    let master = c.master();
+    let mut names: Vec<String> = Vec::new();
+    for i in 0..60 {
+        if names.len() == 3 {
+            break;
+        }
+        let key = format!("probe-{i}");
+        c.put(&key, b"probe", &replicas(1)).await.unwrap();
+        let name = master.get_replica_list(&key).await.unwrap().replicas[0]
+            .segment_name
+            .clone();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    assert_eq!(names.len(), 3, "{put_mode}: 60 puts used only {names:?}");
+    for i in 0..10 {
+        let (key, put_id) = (format!("avoiding-{i}"), master.new_put_id());
+        let placed = master
+            .put_start_placed(
+                &key,
+                4096,
+                crescent_proto::pb::ReplicateConfig {
+                    replica_num: 1,
+                    avoid_segments: names[..2].to_vec(),
+                    ..Default::default()
+                },
+                put_id,
+            )
+            .await
+            .unwrap();
+        assert_eq!(placed.replicas[0].segment_name, names[2], "{put_mode}");
+        master.put_revoke_named(&key, put_id).await.unwrap();
+    }
+
+    cluster.stores[0].kill();
+    let mut put = Vec::new();
+    for i in 0..24u8 {
+        let (key, value) = (format!("single-{i}"), pattern(10_000, i));
+        let n = 1 + u32::from(i % 2);
+        c.put(&key, &value, &replicas(n))
+            .await
+            .unwrap_or_else(|e| panic!("{put_mode}: put {key} with {n} replicas: {e}"));
+        put.push((key, value));
+    }
+    for round in 0..3u8 {
+        let batch: Vec<(String, Vec<u8>)> = (0..16u8)
+            .map(|i| (format!("batch-{round}-{i}"), pattern(4096, i ^ round)))
+            .collect();
+        let items: Vec<(&str, &[u8])> = batch
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        for (r, (k, _)) in c
+            .put_batch(&items, &replicas(1))
+            .await
+            .unwrap()
+            .iter()
+            .zip(&batch)
+        {
+            assert!(r.is_ok(), "{put_mode}: batch item {k}: {r:?}");
+        }
+        put.extend(batch);
+    }
+    let retried = c.stats.puts_retried_elsewhere.load(Ordering::Relaxed);
+    assert!(
+        retried > 0,
+        "{put_mode}: no put was placed on the dead store; the test proves nothing"
+    );
+    for (key, value) in &put {
+        assert_eq!(&c.get(key).await.unwrap(), value, "{put_mode}: {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_puts_placed_on_a_dead_store_go_to_live_ones() {
+    puts_placed_on_a_dead_store_go_to_live_ones("one-commit").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_commit_puts_placed_on_a_dead_store_go_to_live_ones() {
+    puts_placed_on_a_dead_store_go_to_live_ones("two-commit").await;
+}
+
 /// A store started while its wall clock was an hour behind the masters'
 /// would honour every grant for an hour past its expiry, long after the
 /// masters placed the range again. It learns the leader's clock from its
