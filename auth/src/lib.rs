@@ -1,4 +1,4 @@
-//! Who may call what on a Crescent cluster (token mode of issue 13).
+//! Who may call what on a Crescent cluster in token mode.
 //!
 //! Owns the three roles — client (engines and stores), admin (operators and
 //! `crescentctl`), peer (the other masters) — the bearer tokens that prove

@@ -587,7 +587,7 @@ async fn inject(
         }
         FaultKind::KillStore => {
             // Only the second store: every object keeps a replica on the
-            // first (see the README's guarantees: a store's memory is its data).
+            // first (see docs/guarantees.md: a store's memory is its data).
             target = "store 1".into();
             dep.kill_store(1)?;
             tokio::time::sleep(fault.hold).await;

@@ -94,7 +94,7 @@ pub struct ClientConfig {
     /// (`CRESCENT_DESCRIPTOR_CACHE`, JSON `descriptor_cache`; off by
     /// default). The cost: a key removed with `force` (which ignores read
     /// leases) or lost with its store, and put again meanwhile, may be read
-    /// with its previous value until that lease ends. See the README.
+    /// with its previous value until that lease ends. See docs/guarantees.md.
     pub descriptor_cache: bool,
     /// While a put runs, ask the leader to place the next put of the same
     /// size and config, so that put writes its bytes at once and needs one

@@ -107,7 +107,6 @@ has_status!(
     pb::TransferLeaderResponse,
 );
 
-/// Splits `host:port,host:port` into addresses.
 /// Where a put was placed: its replicas (with write grants), and whether
 /// the placement is pending (made without a commit; the PutEnd records it).
 /// How long a placement ahead (or its revoke) is tried: it only saves a
@@ -119,11 +118,13 @@ const AHEAD_DEADLINE: Duration = Duration::from_secs(2);
 pub struct Placement {
     pub replicas: Vec<pb::ReplicaDescriptor>,
     pub pending: bool,
-    /// Made ahead of its put, before its key was known
-    /// ([`MasterClient::put_start_ahead`]); always pending.
+    /// Made ahead of its put, before its key was known (asked for by the
+    /// PutEnd before it, [`MasterClient::put_end_placing_next`]); always
+    /// pending.
     pub ahead: bool,
 }
 
+/// Splits `host:port,host:port` into addresses.
 pub fn parse_master_list(spec: &str) -> Result<Vec<String>, MasterRpcError> {
     let addrs: Vec<String> = spec
         .split(',')

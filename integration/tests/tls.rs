@@ -365,7 +365,7 @@ async fn a_sighup_rotates_the_certificates_masters_serve_with() {
     // trusts only the new CA is served now. Masters and the store trust
     // both CAs since step 1's SIGHUP, so Raft and the store open new
     // connections freely; the writer, an engine that reads its files only
-    // when it connects, runs over connections opened before (the README's
+    // when it connects, runs over connections opened before (docs/security.md's
     // procedure restarts engines after step 1; this test does not).
     for f in ["node.pem", "node.key"] {
         std::fs::copy(next.path().join(f), certs.join(f)).unwrap();

@@ -40,7 +40,7 @@ fn main() -> anyhow::Result<()> {
         );
         let mut master = RunningMaster::start(config, listener).await?;
         // SIGHUP re-reads the token files (a rotation lists the new token
-        // first and the old one second; see the README's Security section).
+        // first and the old one second; see docs/security.md).
         let node = master.node.clone();
         crescent_runtime::on_hangup(move || node.reload_credentials());
         tokio::select! {

@@ -2,7 +2,8 @@
 //!
 //! Metadata goes to the masters ([`MasterClient`]); bytes go straight to the
 //! stores: the client's own segment first (a memcpy), then a same-host store's
-//! shared memory, then TCP (mutual TLS with `data_tls`).
+//! shared memory or disk file (`pread`), then TCP (mutual TLS with
+//! `data_tls`).
 //! Every object carries a crc32c recorded at PutEnd;
 //! a get verifies it and falls back to another replica on mismatch, so a get
 //! never returns bytes that differ from what was put.
@@ -205,7 +206,7 @@ impl Client {
         };
         // With `data_tls` the segments' transfer ports are mutual TLS with
         // this client's files, as every store's is with its own: its
-        // certificate must then be fit to serve (see the README).
+        // certificate must then be fit to serve (see docs/security.md).
         let serving_tls = match data_tls.filter(|_| contributes) {
             Some(files) => Some(Arc::new(
                 crescent_auth::tls::ServingTls::new(files)

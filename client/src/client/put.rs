@@ -20,7 +20,7 @@ use super::*;
 impl ClientCore {
     /// Stores `value` under `key`. A key that already exists counts as success
     /// (objects are immutable, as in Mooncake). In degraded mode the value goes
-    /// to the bounded local cache only (not replicated: see the README); use
+    /// to the bounded local cache only (not replicated: see docs/guarantees.md); use
     /// [`put_placed`](Self::put_placed) to learn which happened.
     pub async fn put(&self, key: &str, value: &[u8], cfg: &ReplicateConfig) -> Result<()> {
         self.put_placed(key, value, cfg).await.map(|_| ())

@@ -64,7 +64,7 @@ class MooncakeDistributedStore:
     # new size and discards them).
     # CRESCENT_DESCRIPTOR_CACHE=1 reads a key looked up before with no
     # master call while its read lease lasts (not linearizable against a
-    # forced remove; see the README's Guarantees).
+    # forced remove; see docs/guarantees.md).
     def setup(
         self,
         local_hostname: Union[str, dict[str, Any], None] = None,
