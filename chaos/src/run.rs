@@ -790,6 +790,12 @@ async fn late_request_to_skewed_store(
     disk: &DiskChecker,
 ) -> anyhow::Result<()> {
     let skewed = dep.set_store_clock(CLOCKED_STORE, STORE_SKEW_SECS)?;
+    if !skewed {
+        // Unskewed, it would test only that a store refuses an expired
+        // grant, which the store's own tests cover: not worth a minute.
+        println!("chaos:      store {CLOCKED_STORE}'s clock cannot be set in this mode; not run");
+        return Ok(());
+    }
     let memory = crescent_proto::units::parse_size(crate::deploy::MEMORY_SEGMENT)?;
     let played = async {
         dep.kill_store(CLOCKED_STORE)?;
@@ -798,8 +804,7 @@ async fn late_request_to_skewed_store(
         // Placements must name its new segment, not the killed one's.
         let back = disk.store_back(&http, 2 * memory).await;
         // Its first heartbeat answer carries the leader's clock.
-        let loud =
-            skewed && metric_reaches(&http, "store_clock_off", 1.0, Duration::from_secs(8)).await;
+        let loud = metric_reaches(&http, "store_clock_off", 1.0, Duration::from_secs(8)).await;
         let mut round = stall.round();
         let placed = round.place_stalled().await;
         let (held, expiry_ms) = round.hold_requests(&placed);
@@ -816,16 +821,14 @@ async fn late_request_to_skewed_store(
         anyhow::Ok((back, loud, wait_ms, round.summary))
     }
     .await;
-    if skewed {
-        dep.set_store_clock(CLOCKED_STORE, 0)?;
-    }
+    dep.set_store_clock(CLOCKED_STORE, 0)?;
     dep.kill_store(CLOCKED_STORE)?;
     dep.start_store(CLOCKED_STORE)?;
     let (back, loud, wait_ms, summary) = played?;
-    let clock = match (skewed, loud) {
-        (true, true) => "an hour behind, reported off (store_clock_off 1)",
-        (true, false) => "an hour behind, NOT reported off",
-        (false, _) => "not skewed (no settable clock in this mode)",
+    let clock = if loud {
+        "an hour behind, reported off (store_clock_off 1)"
+    } else {
+        "an hour behind, NOT reported off"
     };
     let back = if back {
         ""

@@ -98,8 +98,8 @@ pub enum FaultKind {
     /// grants; the store restarts with a true clock. A store that judged
     /// grants by a clock an hour behind would write them over acknowledged
     /// objects; it must refuse every grant while its clock is that far off
-    /// (see [`crate::stall`]). Without a settable clock (containers) the
-    /// store is not skewed and the expired requests are still delivered.
+    /// (see [`crate::stall`]). Without a settable clock (containers) it is
+    /// not run.
     LateRequestToSkewedStore,
     /// A fourth master (a new id each time) is started, added to the
     /// membership as a learner and then a voter while the workers run,
