@@ -1,4 +1,4 @@
-//! Data-plane capabilities (issue 13, item 4): what lets a store serve a
+//! Data-plane capabilities: what lets a store serve a
 //! read or a write without asking the master.
 //!
 //! A store generates a random [`SegmentKey`] for each segment it mounts and

@@ -1,4 +1,4 @@
-//! Mutual TLS for every gRPC connection (issue 13 item 1).
+//! Mutual TLS for every gRPC connection.
 //!
 //! One set of three PEM files per process — its certificate, its private key
 //! and the cluster's CA — gives both sides of a connection: a server that

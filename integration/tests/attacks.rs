@@ -14,7 +14,7 @@
 //! false "stored" (`cli.rs`). Not replayed, because not fixed yet: puts
 //! started and never finished (no per-client quota; leader memory grows
 //! with them until `--put-start-release-timeout`), and the attacks that need
-//! authentication (issue 13).
+//! authentication.
 //!
 //! Needs `cargo build --bins` first (`make test` does it).
 

@@ -121,8 +121,8 @@ async fn crescentctl_put_get_rm_exists() {
 
 /// With no master answering, `crescentctl put` fails and says so. The CLI
 /// never goes local-only: the value would live only in the memory of a
-/// process about to exit, so "stored" would be a false success (issue 11:
-/// it printed "stored" while the leader was out of file descriptors).
+/// process about to exit, so "stored" would be a false success (it once
+/// printed "stored" while the leader was out of file descriptors).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crescentctl_put_fails_when_no_master_answers() {
     let mut cluster = LocalCluster::start(3, &[]).unwrap();

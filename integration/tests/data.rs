@@ -488,7 +488,7 @@ async fn a_put_racing_an_unfinished_put_is_not_ready_not_acknowledged() {
 /// client id only), and the 30-minute soak caught a PutEnd completing the
 /// other put's object with its checksum; 9520544 kept one put per key in
 /// flight in the client, and now every put carries a put id the master
-/// checks (issue 12; `raft` test
+/// checks (`raft` test
 /// `a_put_end_or_revoke_finishes_only_the_put_it_names`), so the client
 /// guard is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -526,7 +526,7 @@ async fn concurrent_puts_of_one_key_from_one_client_never_mix() {
 }
 
 /// A batch put that repeats the sizes of the last one asks the leader for
-/// the next batch's placements in its PutEnd (issue 12); the next batch
+/// the next batch's placements in its PutEnd; the next batch
 /// writes into them and sends only its PutEnd. Bytes, keys that exist,
 /// batches larger than what is ready and placements grown too old all
 /// come out right.

@@ -241,7 +241,7 @@ async fn client_degrades_to_local_only_and_recovers() {
     })
     .await
     .unwrap();
-    // The library says where each put went (issue 11): in the cluster now...
+    // The library says where each put went: in the cluster now...
     let placed = client
         .put_placed("cluster-object", b"in the pool", &one())
         .await

@@ -1,5 +1,5 @@
-//! Limits against hostile or oversized input on real master processes
-//! (issue 11): absurd segment capacities, segment quotas, and allocation
+//! Limits against hostile or oversized input on real master processes:
+//! absurd segment capacities, segment quotas, and allocation
 //! requests no eviction could satisfy. Each refusal changes nothing.
 //! Needs `cargo build --bins` first (`make test` does it).
 

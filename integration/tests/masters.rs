@@ -547,7 +547,7 @@ async fn lookup_at(client: &MasterClient, addr: &str, key: &str) -> Result<Error
     Ok(r.status.map_or(ErrorCode::Ok, |s| s.error_code()))
 }
 
-/// Lease reads (issue 12): the leader answers reads with no quorum round
+/// Lease reads: the leader answers reads with no quorum round
 /// while a quorum acknowledged it within the lease, and stops once it
 /// cannot have been acknowledged (both followers frozen). The control run
 /// with `--unsafe-lease-reads-ignore-expiry` answers from the cut-off
@@ -886,7 +886,7 @@ async fn refused_end(
         .code()
 }
 
-/// Placements ahead (issue 12) against real masters: a PutEnd asks the
+/// Placements ahead against real masters: a PutEnd asks the
 /// leader to place the writer's next put, which commits under the key its
 /// own PutEnd names, by its put id only, also through the next leader
 /// (which never places in the dead leader's reservation meanwhile); an
@@ -1014,7 +1014,7 @@ async fn a_placement_ahead_commits_under_the_key_its_put_end_names() {
     );
 }
 
-/// Placements ahead of a batch (issue 12) against real masters: a
+/// Placements ahead of a batch against real masters: a
 /// BatchPutEnd asks the leader to place the writer's next batch, which
 /// commits under the keys its own BatchPutEnd names, each by its put id; a
 /// retry gets the same placements; too many asked changes nothing.

@@ -1,4 +1,4 @@
-//! Mutual TLS (issue 13 item 1) against real processes: three masters, a
+//! Mutual TLS against real processes: three masters, a
 //! store and the clients all speak TLS with certificates `crescentctl certs
 //! init` wrote. Raft, mounts, puts and gets work; a client in clear text, a
 //! client without a certificate, a client whose certificate another CA
@@ -693,7 +693,7 @@ async fn refused_at_the_data_port(
     );
 }
 
-/// The stores' data port over mutual TLS (issue 13 item 1), against real
+/// The stores' data port over mutual TLS, against real
 /// processes. A client with the cluster's certificate puts and gets 1 MiB
 /// and 4 KiB values through a crescent-store's data port (TCP: the store
 /// has no shared memory). A raw clear-text connection sending a READ under

@@ -985,7 +985,7 @@ impl MasterNode {
     /// re-mount (one of them is gone, expired, or another client's). Only
     /// owners' liveness is recorded (their segments expire without it);
     /// recording every made-up client id grew leader memory without bound
-    /// (issue 11: 100 k ids, never pruned).
+    /// (100 k ids, never pruned).
     pub fn client_heartbeat(
         &self,
         client_id: &str,

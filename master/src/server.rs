@@ -37,8 +37,8 @@ pub async fn serve(
     let raft = RaftServiceServer::new(node.raft_service())
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
-    // At most --max-connections connections, silent ones closed (issue 11:
-    // idle connections exhausted the leader's file descriptors).
+    // At most --max-connections connections, silent ones closed (idle
+    // connections once exhausted the leader's file descriptors).
     let incoming = CappedListener::new(
         listener,
         node.config().max_connections,
@@ -47,13 +47,13 @@ pub async fn serve(
     let router = tonic::transport::Server::builder()
         // Dead or vanished peers are noticed and their connections dropped;
         // no request runs unbounded; one connection cannot queue unbounded
-        // work (issue 11: nothing bounded the gRPC server).
+        // work (nothing bounded the gRPC server).
         .tcp_keepalive(Some(Duration::from_secs(60)))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .timeout(GRPC_REQUEST_TIMEOUT)
         .concurrency_limit_per_connection(GRPC_CONCURRENCY_PER_CONNECTION)
-        // Before any service: each method's role (issue 13: without it an
+        // Before any service: each method's role (without it an
         // outsider could wipe keys, forge Raft traffic and take over).
         .layer(crate::auth_layer::AuthLayer::new(node.verifier().clone()))
         .add_service(master)

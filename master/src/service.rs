@@ -247,7 +247,7 @@ impl MasterApi {
     }
 
     /// Refuses a mount that would add a segment beyond `--max-segments` in
-    /// all or `--max-segments-per-client` for `owner` (issue 11: 1,000
+    /// all or `--max-segments-per-client` for `owner` (1,000
     /// segments from 1,000 made-up clients mounted in 0.4 s). A re-mount of a
     /// name adds nothing and always passes. Checked before proposing, so
     /// concurrent mounts may overshoot by the few in flight.
@@ -294,7 +294,7 @@ impl MasterApi {
 
     /// Refuses a PutStart that would take its client past
     /// `--max-objects-per-client`, `--max-unfinished-puts-per-client` or
-    /// `--max-key-bytes-per-client` (issue 11: 82 k unfinished puts with 1 KiB
+    /// `--max-key-bytes-per-client` (82 k unfinished puts with 1 KiB
     /// keys from one client id took the leader to 850 MB). Counted against
     /// what the state machine holds now, so concurrent batches of one client
     /// may overshoot by what is in flight. A retry of a request that was

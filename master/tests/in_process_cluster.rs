@@ -4,8 +4,8 @@
 //!   check the new leader holds every committed object, restart the old
 //!   leader and check it catches up.
 //! - `a_retried_remove_gets_the_answer_of_its_first_attempt` and
-//!   `a_new_leader_honours_its_predecessors_leases`: issue 18, where a 30-minute
-//!   chaos soak lost acknowledged writes because a remove answered
+//!   `a_new_leader_honours_its_predecessors_leases`: a 30-minute chaos soak
+//!   once lost acknowledged writes because a remove answered
 //!   OBJECT_HAS_LEASE took effect.
 
 use std::time::{Duration, Instant};
@@ -556,7 +556,7 @@ async fn a_new_leader_evicts_nothing_during_its_lease_grace() {
     cluster.stop().await;
 }
 
-/// A Raft message with an absurd term (issue 11: a Vote with term u64::MAX
+/// A Raft message with an absurd term (a Vote with term u64::MAX
 /// was granted and persisted by the leader, whose next election then
 /// panicked on `term + 1`, on every restart) is refused before openraft sees
 /// it: the leader keeps its term and leadership, and the next election,

@@ -1,10 +1,10 @@
 //! One master in this process, over real gRPC on loopback: a single-object
 //! RPC is its batch core with one item, so what the core counts, checks and
-//! switches on applies to both (issue 14: BatchExist did not count
+//! switches on applies to both (BatchExist did not count
 //! `exist_requests`, only single Remove counted `remove_requests`, and
 //! `--unsafe-ack-before-commit` acted on single PutEnd only). Also the
 //! node's lease, heartbeat and doom bookkeeping, which the handlers reach
-//! through one method each (issue 14: it was handler code).
+//! through one method each (it was handler code).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

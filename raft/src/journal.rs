@@ -7,7 +7,7 @@
 //! in advance, then one `fdatasync`. Overwriting written blocks leaves the
 //! file's size and block map alone, so the sync writes the data and nothing
 //! else: about half of what a redb commit cost here (5-6 scattered pages, a
-//! header and a sync; docs/benchmarks.md, stop 42), and a replicated put
+//! header and a sync; docs/benchmarks-history.md), and a replicated put
 //! waits for two of these flushes in series.
 //!
 //! Layout: a 16-byte file header, then batches, each at an 8-byte-aligned
@@ -46,7 +46,7 @@
 //! then only carries over the batches it wrote meanwhile and renames. So a
 //! compaction holds the writer up for that short catch-up, not for the
 //! whole copy (0.3-0.9 s for a 64-107 MB file in a soak on a 2-vCPU VM,
-//! when it ran on the writer: docs/benchmarks.md, stop 43).
+//! when it ran on the writer: docs/benchmarks-history.md).
 //!
 //! After a failed write or sync the journal refuses every later write: the
 //! kernel may have dropped the failed pages, so what is on disk is no longer

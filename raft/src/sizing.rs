@@ -3,7 +3,7 @@
 //!
 //! openraft 0.9 sends up to `max_payload_entries` entries per AppendEntries
 //! and gives the call only the heartbeat interval (50 ms) to be answered,
-//! then retries the same range (issue 11: a 16 MB entry could never reach a
+//! then retries the same range (a 16 MB entry could never reach a
 //! follower, which then stayed behind for good; a 61 MB one cost the leader
 //! its term). So:
 //!

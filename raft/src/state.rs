@@ -657,7 +657,7 @@ pub struct ClientRequests {
 
 /// What one writer (client id) holds in `objects`: the leader refuses its
 /// PutStarts beyond the per-client quotas, so one client cannot fill the
-/// leader's memory with objects, keys or puts it never finishes (issue 11).
+/// leader's memory with objects, keys or puts it never finishes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriterUsage {
     pub objects: u64,
@@ -1041,7 +1041,7 @@ impl MetaState {
                 }
                 // A sequence number far ahead would push the window past the
                 // client's real requests, which would then all be refused as
-                // too old (issue 11). Not recorded, so it moves nothing.
+                // too old. Not recorded, so it moves nothing.
                 let highest = prev
                     .results
                     .last_key_value()
@@ -1295,7 +1295,7 @@ impl MetaState {
         if replicas.is_empty() {
             // Only a failure eviction could cure asks for an eviction round:
             // a size no live segment could hold even empty evicted 85 of 100
-            // objects of a nearly empty pool when repeated (issue 11). Asked
+            // objects of a nearly empty pool when repeated. Asked
             // for also when the put goes to disk below: memory is full, and
             // the next puts want it.
             if self.fits_some_empty_live_segment(size) {
@@ -1639,7 +1639,7 @@ impl MetaState {
         }
         if spec.capacity > MAX_SEGMENT_CAPACITY {
             // A capacity near 2^64 wrapped the total capacity to 1 KiB, and
-            // eviction started on a nearly empty pool (issue 11).
+            // eviction started on a nearly empty pool.
             return Err(MetaError::InvalidParams(format!(
                 "segment capacity {} is above the maximum of {MAX_SEGMENT_CAPACITY} bytes (256 TiB)",
                 spec.capacity

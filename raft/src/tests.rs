@@ -441,7 +441,7 @@ fn remove_verdict_is_replicated_and_a_retry_gets_the_first_answer() {
     assert!(!s.exists("a"));
 }
 
-/// The soak's wrong_bytes (issue 18): a forced remove freed the space of an
+/// A soak's wrong_bytes: a forced remove freed the space of an
 /// object a reader had just looked up under a lease; the next put took that
 /// range and the reader's bytes failed their checksum. A forced removal of a
 /// possibly-leased object now parks its space until the lease has run out.
@@ -1058,7 +1058,7 @@ mod durability {
         }
     }
 
-    /// A persisted vote with an absurd term (issue 11: a forged Vote with
+    /// A persisted vote with an absurd term (a forged Vote with
     /// term u64::MAX was saved, then openraft panicked at every start's
     /// election) is refused when the store opens, with a clear error.
     #[tokio::test]

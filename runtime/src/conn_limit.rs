@@ -1,4 +1,4 @@
-//! Caps on the connections a server's listeners hold (issue 11: ~20 k idle
+//! Caps on the connections a server's listeners hold (~20 k idle
 //! connections exhausted the leader's file descriptors; its clients went
 //! degraded and no failover happened, because the leader still answered
 //! its peers).

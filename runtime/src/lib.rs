@@ -123,7 +123,7 @@ pub fn raise_open_file_limit(needed: u64) -> Option<u64> {
 /// 30 % of the masters' time in that zeroing; with THP off, six
 /// alternating runs of 3-node batch-128 puts averaged 69 k objects/s
 /// against 55 k, p99 median 24 ms against 48, and single puts were
-/// unchanged (docs/benchmarks.md, stop 41). Returns whether this call
+/// unchanged (docs/benchmarks-history.md). Returns whether this call
 /// turned it off.
 pub fn disable_transparent_huge_pages() -> bool {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {

@@ -10,7 +10,7 @@
 //!   magic u32 | status u8 | 0 u8 x3 | request_id u64 | len u64 | value u64
 //!   [+ len bytes for READ]
 //! ```
-//! COPY (issue 15) asks a store to copy `[offset, offset+len)` of the
+//! COPY asks a store to copy `[offset, offset+len)` of the
 //! segment it is sent to into another segment *the same process* serves
 //! (a demotion from memory to disk, a promotion back), under a read grant
 //! for the source and a write grant for the target: the bytes never leave

@@ -15,10 +15,10 @@
 //! long between requests, when one request (header, payload and answer)
 //! moves slower than a floor rate, and connections beyond a cap are closed
 //! as soon as they are accepted. A trickling or silent peer holds neither a
-//! task nor a file descriptor for long (issue 11: 20 k idle connections
+//! task nor a file descriptor for long (20 k idle connections
 //! exhausted the store's descriptors, and truncated frames were held forever).
 //!
-//! With TLS ([`serve_tls`], issue 13), every connection is mutual TLS: a
+//! With TLS ([`serve_tls`]), every connection is mutual TLS: a
 //! peer without a certificate the CA signed is refused at the handshake,
 //! before a byte of the protocol is read, and a peer speaking clear text is
 //! sent a TLS alert and closed. The handshake holds one of the capped

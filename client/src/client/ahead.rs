@@ -1,4 +1,4 @@
-//! Placements ahead (issue 12): a put's PutEnd also asks the leader to
+//! Placements ahead: a put's PutEnd also asks the leader to
 //! place this client's next put of the same size and config, while the
 //! commit waits on the log's fsyncs. That next put then writes its bytes at
 //! once and sends only its own PutEnd: one master request per put instead

@@ -40,7 +40,7 @@ pub use error::{Error, Result};
 use renewal::Remembered;
 use routing::Route;
 
-/// Where a put left its bytes (issue 11: `crescentctl put` printed "stored"
+/// Where a put left its bytes (`crescentctl put` once printed "stored"
 /// while no master answered).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {

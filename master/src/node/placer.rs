@@ -1,5 +1,5 @@
 //! Where the leader puts one-commit puts: inside reservations of its own
-//! term, without a Raft commit per placement (issue 12, item 1; the argument
+//! term, without a Raft commit per placement (the argument
 //! is in docs/one-commit-puts.md).
 //!
 //! Owns the leader-memory half of one-commit puts: which ranges of its own

@@ -552,7 +552,7 @@ async fn run_one(
     for op in ["put", "get"] {
         // Read buffers are allocated and faulted in before the clock starts:
         // at 16 MiB x 128 they are 2 GiB per client, and allocating them in
-        // the timed part once halved the batch-128 rows (issue 12's "cliff").
+        // the timed part once halved the batch-128 rows.
         let mut client_bufs: Vec<Vec<Vec<u8>>> = (0..handles.len())
             .map(|_| {
                 if op == "get" {
@@ -910,7 +910,7 @@ fn print(
 }
 
 /// Each secured run next to the same run against the insecure cluster
-/// (same transport, size, batch and clients), over TCP. Targets (issue 13):
+/// (same transport, size, batch and clients), over TCP. Targets:
 /// TLS + grants cost <= 10 % of 1 MiB get throughput and <= 15 % of a
 /// single put's latency.
 fn print_security_cost(rows: &[Row]) {

@@ -29,7 +29,7 @@ impl Floor {
                "put_floor_ms": self.put_ms(), "serial_flush_put_floor_ms": self.serial_flush_put_ms()})
     }
 
-    /// A put's latency as a ratio of the floor, against issue 12's targets.
+    /// A put's latency as a ratio of the floor, against its targets.
     pub fn put_line(&self, what: &str, p50_ms: f64, p99_ms: f64) -> String {
         format!(
             "  {what} p50 {p50_ms:.3} ms = {:.2}x floor (target 1.5x), p99 {p99_ms:.3} ms = {:.2}x floor (target 4x)",
@@ -72,8 +72,8 @@ impl Floor {
         )
     }
 
-    /// A read's latency as a ratio of one round trip, against issue 12's
-    /// target for it (`target` round trips).
+    /// A read's latency as a ratio of one round trip, against its target
+    /// (`target` round trips).
     pub fn get_line(&self, what: &str, p50_ms: f64, target: f64) -> String {
         format!(
             "  {what} p50 {p50_ms:.3} ms = {:.2}x one gRPC round trip (target {target}x)",

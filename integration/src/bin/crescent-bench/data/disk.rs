@@ -17,11 +17,11 @@
 //!   once untimed, dropped from the page cache and read again timed; the
 //!   same-size range of the ceiling's file likewise, in the same run.
 //!
-//! (Until stop 38 the `get` rows read every key once, cold, against a
-//! ceiling read just before them. That compared bytes last touched seconds
-//! earlier with a file read a moment before, and measured the storage's
-//! memory of them: the same looked-up gets read in runs as above ran 2.4x
-//! faster at batch 1, as fast as the cached ones; docs/benchmarks.md.)
+//! (Reading every key once, cold, against a ceiling read just before them
+//! would compare bytes last touched seconds earlier with a file read a
+//! moment before, and measure the storage's memory of them: the same
+//! looked-up gets read in runs as above ran 2.4x faster at batch 1, as fast
+//! as the cached ones; docs/benchmarks-history.md.)
 //!
 //! Both are measured cold: before each measurement both files' dirty pages
 //! are written back (fdatasync, so no writeback competes with the reads)
