@@ -804,7 +804,13 @@ async fn late_request_to_skewed_store(
         // Placements must name its new segment, not the killed one's.
         let back = disk.store_back(&http, 2 * memory).await;
         // Its first heartbeat answer carries the leader's clock.
-        let loud = metric_reaches(&http, "store_clock_off", 1.0, Duration::from_secs(8)).await;
+        let loud = crescent_integration::metric_reaches(
+            &http,
+            "store_clock_off",
+            1.0,
+            Duration::from_secs(8),
+        )
+        .await;
         let mut round = stall.round();
         let placed = round.place_stalled().await;
         let (held, expiry_ms) = round.hold_requests(&placed);
@@ -842,18 +848,6 @@ async fn late_request_to_skewed_store(
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(())
-}
-
-/// Whether metric `name` at `http` reads `want` within `within`.
-async fn metric_reaches(http: &str, name: &str, want: f64, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if crescent_integration::metric(http, name).await == Some(want) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    false
 }
 
 async fn sample_roles(probe: Prober, out: Arc<Mutex<Vec<RoleSample>>>) {

@@ -8,6 +8,7 @@
 //! from. Test and benchmark plumbing only: no production binary links it.
 
 use std::process::Command;
+use std::time::Duration;
 
 pub mod containers;
 pub mod harness;
@@ -96,4 +97,17 @@ pub async fn metric(http: &str, name: &str) -> Option<f64> {
     let (_, body) = http_request(http, "GET", "/metrics", &[]).await.ok()?;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Whether [`metric`] `name` at `http` reads `want` within `within`
+/// (polled every 200 ms).
+pub async fn metric_reaches(http: &str, name: &str, want: f64, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if metric(http, name).await == Some(want) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
-use crescent_integration::{metric, FakeClock, LocalCluster};
+use crescent_integration::{metric, metric_reaches, FakeClock, LocalCluster};
 use crescent_proto::ErrorCode;
 use crescent_store::protocol::{Grant, Status};
 use crescent_store::ShmMapping;
@@ -936,14 +936,10 @@ async fn a_store_whose_clock_is_an_hour_behind_refuses_grants_loudly() {
         .await
         .unwrap();
     let http = cluster.stores[i].http.clone();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while metric(&http, "store_clock_off").await != Some(1.0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the store never noticed its clock is an hour behind"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    assert!(
+        metric_reaches(&http, "store_clock_off", 1.0, Duration::from_secs(15)).await,
+        "the store never noticed its clock is an hour behind"
+    );
     let c = client(&cluster).await;
     let put = c.put("k", b"value", &replicas(1)).await;
     assert!(put.is_err(), "a write under a grant was honoured: {put:?}");
