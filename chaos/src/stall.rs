@@ -270,6 +270,18 @@ fn put_failure(e: MasterRpcError) -> Outcome {
     }
 }
 
+/// The header of a WRITE of replica `r` (the `n`th of its put) under its
+/// grant, as a client sends it.
+fn write_request(n: usize, r: &pb::ReplicaDescriptor) -> crescent_store::protocol::Request {
+    crescent_store::protocol::Request {
+        op: crescent_store::protocol::Op::Write,
+        request_id: n as u64 + 1,
+        offset: r.offset,
+        len: r.length,
+        grant: Grant::from(r),
+    }
+}
+
 /// Sends `bytes` (the rest of a write request) and reads the store's
 /// answer: whether it answered OK within [`STEP_TIMEOUT`].
 async fn send_for_ok(s: &mut tokio::net::TcpStream, bytes: &[u8]) -> bool {
@@ -400,13 +412,7 @@ impl Round<'_> {
             let half = bytes.len() / 2;
             let mut streams = Vec::new();
             for (n, r) in p.placement.replicas.iter().enumerate() {
-                let header = crescent_store::protocol::Request {
-                    op: crescent_store::protocol::Op::Write,
-                    request_id: n as u64 + 1,
-                    offset: r.offset,
-                    len: r.length,
-                    grant: Grant::from(r),
-                };
+                let header = write_request(n, r);
                 let started = tokio::time::timeout(STEP_TIMEOUT, async {
                     let mut s = tokio::net::TcpStream::connect(&r.endpoint).await?;
                     s.write_all(&header.encode()).await?;
@@ -433,15 +439,8 @@ impl Round<'_> {
         for p in placed {
             let payload = value_bytes(p.value, STALLED_VALUE_LEN);
             for (n, r) in p.placement.replicas.iter().enumerate() {
-                let grant = Grant::from(r);
-                latest_expiry_ms = latest_expiry_ms.max(grant.expiry_ms);
-                let header = crescent_store::protocol::Request {
-                    op: crescent_store::protocol::Op::Write,
-                    request_id: n as u64 + 1,
-                    offset: r.offset,
-                    len: r.length,
-                    grant,
-                };
+                let header = write_request(n, r);
+                latest_expiry_ms = latest_expiry_ms.max(header.grant.expiry_ms);
                 let mut bytes = header.encode().to_vec();
                 bytes.extend_from_slice(&payload);
                 held.push(HeldRequest {
