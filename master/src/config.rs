@@ -355,6 +355,14 @@ pub struct MasterConfig {
     #[arg(long, env = "CRESCENT_UNSAFE_EXCLUSIVE_PROMOTION", hide = true)]
     pub unsafe_exclusive_promotion: bool,
 
+    /// TEST ONLY; breaks the disk tier's failure handling. A demotion
+    /// whose copy the target disk failed evicts the object, and the disk is
+    /// not passed over, so a failing disk drops objects another disk had
+    /// room for. The chaos suite (`--schedule failing-disks`) shows its
+    /// checker catches that. Hidden from --help; never set it in production.
+    #[arg(long, env = "CRESCENT_UNSAFE_EVICT_ON_FAILED_COPY", hide = true)]
+    pub unsafe_evict_on_failed_copy: bool,
+
     /// TEST ONLY; breaks linearizable reads. A restarted master whose last
     /// vote was its own committed one leads again at once in its old term,
     /// as openraft 0.9 would have it, with only its persisted commit hint,

@@ -118,7 +118,11 @@ async fn eviction_loop(node: Arc<MasterNode>) {
         // there instead of being dropped, and a promoted object (on disk
         // already) only loses its memory copy; neither is evicted, so their
         // doom marks are taken back at once (reads go on). What cannot be
-        // moved after all is evicted, as without a disk tier.
+        // moved after all is evicted, as without a disk tier, except an
+        // object whose copy its target segment failed (a disk answering
+        // I/O errors): it stays whole in memory, and that segment is
+        // passed over for a while, so the next round moves it elsewhere or,
+        // with no other room, evicts it.
         // The stamps of the objects chosen: a failed demotion evicts the
         // object chosen, never a later put of its key.
         let stamps: HashMap<String, ObjectStamp> = victims.iter().cloned().collect();
@@ -145,6 +149,7 @@ async fn eviction_loop(node: Arc<MasterNode>) {
                 demoted,
                 chosen,
                 failed = round.failed.len(),
+                target_failed = round.target_failed.len(),
                 usage_before = format!("{usage_before:.3}"),
                 usage_after = format!("{:.3}", usage(&node)),
                 "demotion round"

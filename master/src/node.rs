@@ -25,7 +25,7 @@ use crescent_raft::lease::{lease_holds, LeaseClock};
 use crescent_raft::network::{ContactBook, GrpcNetworkFactory, RaftGrpcServer};
 use crescent_raft::sizing;
 use crescent_raft::state::{
-    Command, MetaError, MetaState, ObjectStamp, ObjectView, Op, Origin, Tier,
+    Command, MetaError, MetaState, ObjectStamp, ObjectView, Op, Origin, SegmentId, Tier,
 };
 use crescent_raft::store::{SharedState, SmData};
 use crescent_raft::{BasicNode, NodeId, Raft, Response};
@@ -129,7 +129,16 @@ pub struct LeaderMemory {
     seen_alloc_failures: u64,
     /// Lookups of objects only on disk, and those due for promotion.
     disk_reads: promotion::DiskReads,
+    /// Segments a copy between tiers failed to write, and until when they
+    /// are not picked as copy targets (see [`COPY_TARGET_BACKOFF`]).
+    failed_copy_targets: HashMap<SegmentId, Instant>,
 }
+
+/// How long a segment that failed a copy between tiers (a disk answering
+/// I/O errors, say) is passed over as a copy target: its victims go to
+/// another segment meanwhile, or are evicted when none has room, rather
+/// than fail against it every round.
+pub const COPY_TARGET_BACKOFF: Duration = Duration::from_secs(30);
 
 impl LeaderMemory {
     fn new(term: u64, seen_alloc_failures: u64) -> Self {
@@ -142,6 +151,7 @@ impl LeaderMemory {
             doomed: HashMap::new(),
             seen_alloc_failures,
             disk_reads: promotion::DiskReads::new(0, Duration::ZERO),
+            failed_copy_targets: HashMap::new(),
         }
     }
 
@@ -1138,8 +1148,36 @@ impl MasterNode {
     /// Eviction `victims` split by what frees their memory: see
     /// [`plan_eviction`].
     pub fn split_for_demotion(&self, victims: Vec<(String, ObjectStamp)>) -> EvictionPlan {
+        let avoided = self.avoided_copy_targets();
         let sm = self.shared.sm.read().expect("state lock poisoned");
-        plan_eviction(&sm.state, victims, crate::tier_move::MAX_MOVED_SIZE)
+        plan_eviction(
+            &sm.state,
+            victims,
+            crate::tier_move::MAX_MOVED_SIZE,
+            &avoided,
+        )
+    }
+
+    /// Passes over `segments` as copy targets for [`COPY_TARGET_BACKOFF`]:
+    /// a copy failed to write to each.
+    pub fn avoid_copy_targets(&self, segments: &BTreeSet<SegmentId>) {
+        if segments.is_empty() {
+            return;
+        }
+        let until = Instant::now() + COPY_TARGET_BACKOFF;
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        for s in segments {
+            mem.failed_copy_targets.insert(*s, until);
+        }
+        tracing::warn!(?segments, backoff = ?COPY_TARGET_BACKOFF, "copies between tiers failed to write to these segments; passing them over");
+    }
+
+    /// The segments not to copy to now (see [`avoid_copy_targets`](Self::avoid_copy_targets)).
+    pub fn avoided_copy_targets(&self) -> BTreeSet<SegmentId> {
+        let now = Instant::now();
+        let mut mem = self.leader_mem.lock().expect("lock poisoned");
+        mem.failed_copy_targets.retain(|_, until| *until > now);
+        mem.failed_copy_targets.keys().copied().collect()
     }
 
     /// Up to `max` keys due for promotion (looked up often enough while

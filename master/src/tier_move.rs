@@ -37,7 +37,7 @@
 //! and is never sent again: a store whose deadline cut a copy short may
 //! still be running it, until its write grant expires.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -125,23 +125,41 @@ impl Copier {
 enum CopyOutcome {
     /// Read, checked and written: the target range holds the object.
     Done,
-    /// Nothing was written (the read failed, or the bytes did not match
-    /// the object's checksum): the target range can be freed now.
-    NotWritten,
+    /// Nothing was written (the read failed, the bytes did not match the
+    /// object's checksum, or the target refused the write): the target
+    /// range can be freed now.
+    NotWritten { target_failed: bool },
     /// The write may have reached the store or not: leave the range to
     /// the copy's release time.
-    Unknown,
+    Unknown { target_failed: bool },
+}
+
+impl CopyOutcome {
+    /// Whether the target segment is to blame: it refused or failed the
+    /// write (a disk answering I/O errors, say), not the source's read.
+    fn target_failed(self) -> bool {
+        matches!(
+            self,
+            CopyOutcome::NotWritten {
+                target_failed: true
+            } | CopyOutcome::Unknown {
+                target_failed: true
+            }
+        )
+    }
 }
 
 /// The segment of tier `to` for an object whose source replica is on
-/// `source`, among the live ones with room: one of the same store process
-/// (its other tier), else one on the same host (no network hop for a
-/// store-local copy later), else the one with the most free space.
+/// `source`, among the live ones with room and not `avoided`: one of the
+/// same store process (its other tier), else one on the same host (no
+/// network hop for a store-local copy later), else the one with the most
+/// free space.
 pub fn pick_segment(
     state: &MetaState,
     to: Tier,
     source: SegmentId,
     size: u64,
+    avoided: &BTreeSet<SegmentId>,
 ) -> Option<SegmentId> {
     let len = crescent_raft::alloc::aligned_len(size)?;
     let source = state.segments.get(&source);
@@ -150,7 +168,7 @@ pub fn pick_segment(
     let candidates = state
         .segments
         .values()
-        .filter(|s| s.is_live() && s.tier == to)
+        .filter(|s| s.is_live() && s.tier == to && !avoided.contains(&s.id))
         .filter_map(|s| state.allocator(s.id).map(|a| (s, a)))
         .filter(|(_, a)| a.largest_free() >= len);
     candidates
@@ -219,6 +237,12 @@ pub struct Moved {
     /// copy, a changed object). A demotion's caller evicts them as it
     /// would have without a disk tier; a promotion's leaves them on disk.
     pub failed: Vec<String>,
+    /// Keys whose copy failed at its target segment, which is passed over
+    /// for a while (see [`COPY_TARGET_BACKOFF`]): the object is whole
+    /// where it was, and the next round may copy it elsewhere.
+    ///
+    /// [`COPY_TARGET_BACKOFF`]: crate::node::COPY_TARGET_BACKOFF
+    pub target_failed: Vec<String>,
 }
 
 /// Moves `keys` to disk (at most [`MAX_MOVES_PER_ROUND`] of them),
@@ -249,13 +273,14 @@ async fn move_to(
 ) -> Moved {
     let timeout = node.config().demotion_timeout;
     let mut out = Moved::default();
+    let avoided = node.avoided_copy_targets();
     let items: Vec<(String, SegmentId)> = {
         let state = node.state();
         keys.into_iter()
             .filter_map(|key| {
                 let target = state.objects.get(&key).and_then(|obj| {
                     let source = obj.replicas.iter().find(|r| state.live_in(r, to.other()))?;
-                    pick_segment(&state, to, source.segment_id, obj.size)
+                    pick_segment(&state, to, source.segment_id, obj.size, &avoided)
                 });
                 match target {
                     Some(t) => Some((key, t)),
@@ -309,11 +334,15 @@ async fn move_to(
             let left = Duration::from_millis(expiry.saturating_sub(now_ms()));
             let started = std::time::Instant::now();
             let outcome = if left.is_zero() {
-                CopyOutcome::NotWritten
+                CopyOutcome::NotWritten {
+                    target_failed: false,
+                }
             } else {
                 tokio::time::timeout(left, copy(&node, &copier, &d, expiry))
                     .await
-                    .unwrap_or(CopyOutcome::Unknown)
+                    .unwrap_or(CopyOutcome::Unknown {
+                        target_failed: false,
+                    })
             };
             if outcome == CopyOutcome::Done {
                 node.counters().tier_copy_latency.observe(started.elapsed());
@@ -327,25 +356,42 @@ async fn move_to(
     let (objects, bytes, failures) = counters(node.counters(), to);
     let mut ends: Vec<(TierMoveId, bool)> = Vec::new();
     let mut ended: Vec<(String, bool)> = Vec::new();
+    let mut failed_targets = BTreeSet::new();
+    let mut target_failed_keys = std::collections::HashSet::new();
     for (d, outcome) in copies {
+        if outcome.target_failed() {
+            failed_targets.insert(d.target.segment_id);
+            target_failed_keys.insert(d.key.clone());
+        }
         match outcome {
             CopyOutcome::Done => {
                 bytes.fetch_add(d.size, Ordering::Relaxed);
                 ends.push((d.id, true));
                 ended.push((d.key, true));
             }
-            CopyOutcome::NotWritten => {
+            CopyOutcome::NotWritten { .. } => {
                 failures.fetch_add(1, Ordering::Relaxed);
                 ends.push((d.id, false));
                 ended.push((d.key, false));
             }
-            CopyOutcome::Unknown => {
+            CopyOutcome::Unknown { target_failed } => {
                 // Not reported: its range waits for the release time.
                 failures.fetch_add(1, Ordering::Relaxed);
-                out.failed.push(d.key);
+                if target_failed {
+                    out.target_failed.push(d.key);
+                } else {
+                    out.failed.push(d.key);
+                }
             }
         }
     }
+    if node.config().unsafe_evict_on_failed_copy {
+        // A failing target is blamed like any other failure.
+        failed_targets.clear();
+        target_failed_keys.clear();
+        out.failed.append(&mut out.target_failed);
+    }
+    node.avoid_copy_targets(&failed_targets);
     if ends.is_empty() {
         return out;
     }
@@ -385,6 +431,8 @@ async fn move_to(
             for ((key, copied), r) in ended.into_iter().zip(results) {
                 if copied && r.is_ok() {
                     out.moved += 1;
+                } else if !copied && target_failed_keys.contains(&key) {
+                    out.target_failed.push(key);
                 } else {
                     out.failed.push(key);
                 }
@@ -419,7 +467,9 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
         )
     };
     let (Some((src_endpoint, src_key)), Some((dst_endpoint, dst_key))) = (source, target) else {
-        return CopyOutcome::NotWritten;
+        return CopyOutcome::NotWritten {
+            target_failed: false,
+        };
     };
     let read_grant = grant(
         &src_key,
@@ -463,7 +513,9 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
                 );
                 // Answered, so every write is done; but see the module
                 // comment: the range waits for its release time.
-                return CopyOutcome::Unknown;
+                return CopyOutcome::Unknown {
+                    target_failed: false,
+                };
             }
             // Refused before a byte was written, or never sent: copy here.
             Err(
@@ -478,7 +530,9 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
                 // binary took the segment over): ask before the next one.
                 copier.forget(d.source.segment_id);
                 tracing::debug!(key = d.key, error = %e, "copy on the store failed");
-                return CopyOutcome::Unknown;
+                return CopyOutcome::Unknown {
+                    target_failed: true,
+                };
             }
         }
     }
@@ -509,7 +563,9 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
         if let Err(e) = read {
             // Every write so far was answered: none is in flight.
             tracing::debug!(key = d.key, error = %e, "tier copy read failed");
-            return CopyOutcome::NotWritten;
+            return CopyOutcome::NotWritten {
+                target_failed: false,
+            };
         }
         crc = crc32c::crc32c_append(crc, piece);
         // Also one retry on a fresh connection: writing the same bytes to
@@ -538,11 +594,15 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
                 | TransferError::Tls { .. }),
             ) => {
                 tracing::debug!(key = d.key, error = %e, "tier copy write refused");
-                return CopyOutcome::NotWritten;
+                return CopyOutcome::NotWritten {
+                    target_failed: true,
+                };
             }
             Err(e) => {
                 tracing::debug!(key = d.key, error = %e, "tier copy write failed");
-                return CopyOutcome::Unknown;
+                return CopyOutcome::Unknown {
+                    target_failed: true,
+                };
             }
         }
         done += n as u64;
@@ -552,7 +612,9 @@ async fn copy(node: &MasterNode, copier: &Copier, d: &TierMove, expiry: u64) -> 
             key = d.key,
             "copy between tiers read bytes that do not match the object's checksum; not copied"
         );
-        return CopyOutcome::NotWritten;
+        return CopyOutcome::NotWritten {
+            target_failed: false,
+        };
     }
     CopyOutcome::Done
 }

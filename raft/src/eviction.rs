@@ -6,7 +6,9 @@
 //! hard-pinned objects and unfinished puts. Access times and leases are the
 //! leader's memory, passed in as a function so this stays deterministic.
 
-use crate::state::{MetaState, Object, ObjectStamp, Tier};
+use std::collections::BTreeSet;
+
+use crate::state::{MetaState, Object, ObjectStamp, SegmentId, Tier};
 
 /// What the leader knows about one key that the replicated state does not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,13 +57,15 @@ pub struct EvictionPlan {
 /// released; a disk replica on an expired segment too, which comes back
 /// with its store, so the object must not be evicted), those being copied
 /// between tiers already (left alone: see [`EvictionPlan::busy`]), those
-/// up to `max_moved_size` a live disk segment has room for (demoted), those
+/// up to `max_moved_size` a live disk segment has room for (demoted; not
+/// counting the `avoided` segments, whose copies failed lately), those
 /// whose key names another object now or none ([`EvictionPlan::gone`]), and
 /// the rest (evicted).
 pub fn plan_eviction(
     state: &MetaState,
     victims: Vec<(String, ObjectStamp)>,
     max_moved_size: u64,
+    avoided: &BTreeSet<SegmentId>,
 ) -> EvictionPlan {
     let mut plan = EvictionPlan::default();
     for (key, stamp) in victims {
@@ -73,7 +77,7 @@ pub fn plan_eviction(
             plan.busy.push(key);
         } else if state.has_disk_replica(o) {
             plan.drop_memory_copy.push(key);
-        } else if o.size <= max_moved_size && state.disk_room_for(o.size) {
+        } else if o.size <= max_moved_size && state.disk_room_for(o.size, avoided) {
             plan.demote.push(key);
         } else {
             plan.evict.push((key, stamp));

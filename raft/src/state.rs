@@ -885,10 +885,10 @@ impl MetaState {
     }
 
     /// Whether any live disk segment could take `size` bytes now.
-    pub fn disk_room_for(&self, size: u64) -> bool {
+    pub fn disk_room_for(&self, size: u64, avoided: &BTreeSet<SegmentId>) -> bool {
         self.segments
             .values()
-            .filter(|s| s.is_live() && s.is_disk())
+            .filter(|s| s.is_live() && s.is_disk() && !avoided.contains(&s.id))
             .filter_map(|s| self.allocators.get(&s.id))
             .any(|a| a.largest_free() >= crate::alloc::aligned_len(size).unwrap_or(u64::MAX))
     }

@@ -8,6 +8,11 @@ use crate::state::*;
 
 const MB: u64 = 1 << 20;
 
+/// No segment avoided as a copy target.
+fn none() -> std::collections::BTreeSet<SegmentId> {
+    Default::default()
+}
+
 fn policy() -> PutPolicy {
     PutPolicy {
         discard_after_ms: 30_000,
@@ -425,7 +430,7 @@ fn eviction_leaves_a_victim_being_copied_alone_and_demotes_it_once_released() {
     victims.push(("gone".into(), large.1));
     let before = s.clone();
     assert_eq!(
-        plan_eviction(&s, victims, MB),
+        plan_eviction(&s, victims, MB, &none()),
         EvictionPlan {
             drop_memory_copy: vec!["promoted".into()],
             demote: vec!["cold".into()],
@@ -448,10 +453,36 @@ fn eviction_leaves_a_victim_being_copied_alone_and_demotes_it_once_released() {
         vec![orphan.source.clone()]
     );
     assert_eq!(
-        plan_eviction(&s, stamped(&s, vec!["copying".into()]), MB).demote,
+        plan_eviction(&s, stamped(&s, vec!["copying".into()]), MB, &none()).demote,
         vec!["copying".to_string()]
     );
     recount_equal(&s);
+}
+
+/// A disk segment whose copies failed lately is not counted as room: a
+/// victim goes to another disk segment with room, or, with none, is
+/// evicted as without a disk tier.
+#[test]
+fn a_disk_segment_avoided_after_failed_copies_is_no_room_for_demotion() {
+    let mut s = MetaState::new();
+    mount_tier(&mut s, 0, "m", "store", 8 * MB, Tier::Memory, "").unwrap();
+    let failing = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
+    put_done(&mut s, 10, 1, "cold", MB);
+    let victims = || stamped(&s, vec!["cold".into()]);
+    let avoided: std::collections::BTreeSet<SegmentId> = [failing].into();
+    assert_eq!(
+        plan_eviction(&s, victims(), MB, &none()).demote,
+        vec!["cold".to_string()]
+    );
+    let plan = plan_eviction(&s, victims(), MB, &avoided);
+    assert!(plan.demote.is_empty());
+    assert_eq!(plan.evict.len(), 1, "no other disk: evicted");
+    mount_tier(&mut s, 0, "other-disk", "other", 8 * MB, Tier::Disk, "d2").unwrap();
+    assert_eq!(
+        plan_eviction(&s, stamped(&s, vec!["cold".into()]), MB, &avoided).demote,
+        vec!["cold".to_string()],
+        "another disk segment has room"
+    );
 }
 
 /// An eviction round chooses its victims, then a failed demotion or a full
@@ -481,7 +512,7 @@ fn an_eviction_drops_only_the_object_it_chose_never_a_later_put_of_its_key() {
     put_done(&mut s, 30, 3, "k", MB);
     let again = s.lookup("k").unwrap();
 
-    let plan = plan_eviction(&s, chosen.clone(), MB);
+    let plan = plan_eviction(&s, chosen.clone(), MB, &none());
     assert_eq!(plan.gone, vec!["k".to_string()]);
     assert_eq!(
         plan.evict.len(),
