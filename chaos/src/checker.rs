@@ -15,6 +15,11 @@
 //!   before that store was SIGKILLed) missing, unreadable or holding other
 //!   bytes once the store is back on the same disk, while no remove of that
 //!   key could have run in between (a disk object lost across a restart);
+//! - a read by a client with the descriptor cache that returns a value
+//!   gone for longer than a read lease, or a read in degraded mode that
+//!   returns a value no put of that key could have written by then; such
+//!   reads promise less (see [`ReadPromise`]) and are left out of the
+//!   searches below;
 //! - a per-key history of put/get/exists/remove that is not linearizable
 //!   against the model of a Crescent object (Wing & Gong search with
 //!   memoisation, in the manner of Porcupine and Knossos).
@@ -30,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::history::{DiskCheck, Op, OpKind, Outcome, RoleSample};
+use crate::history::{DiskCheck, Op, OpKind, Outcome, ReadPromise, RoleSample};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -42,6 +47,10 @@ pub enum ViolationKind {
     /// Two different entries applied at one log index.
     DivergedLog,
     NotLinearizable,
+    /// A read that promised bounded staleness (the descriptor cache) or
+    /// only real bytes (degraded mode) returned a value older, or other,
+    /// than that promise allows (see [`ReadPromise`]).
+    StaleRead,
     /// A disk object lost (or changed) across a restart of its store.
     DiskLost,
 }
@@ -111,6 +120,10 @@ pub fn check(
     result.violations.extend(disk.violations);
     for (key, ops) in by_key {
         result.violations.extend(wrong_bytes(key, &ops));
+        result.violations.extend(relaxed_reads(key, &ops));
+        // Reads that promise less than linearizability are judged above
+        // only; the rest of the key's history is judged in full.
+        let ops: Vec<&Op> = ops.into_iter().filter(|o| !is_relaxed_read(o)).collect();
         result.violations.extend(lost_writes(key, &ops));
         // Reported even when a specific violation above explains it: this is
         // the general proof, and it also catches stale reads.
@@ -241,6 +254,87 @@ fn wrong_bytes(key: &str, ops: &[&Op]) -> Vec<Violation> {
                 ),
             }),
             _ => {}
+        }
+    }
+    out
+}
+
+/// A get that found a value and promises less than linearizability.
+fn is_relaxed_read(op: &Op) -> bool {
+    matches!(op.outcome, Outcome::Found { .. }) && !op.promise.is_linearizable()
+}
+
+/// The client (worker process) an operation came from: its tasks share one
+/// client, and so one descriptor cache.
+fn client_of(op: &Op) -> u32 {
+    op.process / 100
+}
+
+/// Judges the reads that promise less than linearizability (see
+/// [`ReadPromise`]). The value read must come from a put of the key that
+/// did not fail, invoked before the read completed. A stale read must
+/// also be recent: once an operation that completed after that put
+/// finished has seen the key absent (a remove, a get or an exists), the
+/// value is gone for good (values are unique and objects immutable), and a
+/// read invoked more than `within_us` later, or at all after its own
+/// client's remove, may not return it.
+fn relaxed_reads(key: &str, ops: &[&Op]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for read in ops.iter().filter(|o| is_relaxed_read(o)) {
+        let Outcome::Found { value } = read.outcome else {
+            continue;
+        };
+        let put = ops.iter().find(|o| {
+            o.kind == OpKind::Put { value }
+                && !matches!(o.outcome, Outcome::Fail { .. })
+                && o.invoke_us <= read.complete_us
+        });
+        let Some(put) = put else {
+            // A value never put to the key is `wrong_bytes`'s to report.
+            if ops.iter().any(|o| o.kind == OpKind::Put { value }) {
+                out.push(Violation {
+                    kind: ViolationKind::StaleRead,
+                    key: Some(key.to_string()),
+                    detail: format!(
+                        "process {} read value {value}, whose put failed or began after the read",
+                        read.process
+                    ),
+                });
+            }
+            continue;
+        };
+        let ReadPromise::Stale { within_us } = read.promise else {
+            continue;
+        };
+        if put.outcome != Outcome::Ok {
+            // An unknown put may land at any time.
+            continue;
+        }
+        let gone = ops.iter().find(|w| {
+            let saw_absent = match (&w.kind, &w.outcome) {
+                (OpKind::Remove { .. }, Outcome::Ok | Outcome::Missing) => true,
+                // Found nothing: a lookup answered, whatever the promise.
+                (OpKind::Get, Outcome::Missing) => true,
+                (OpKind::Exists, Outcome::Present { exists: false }) => true,
+                _ => false,
+            };
+            let own_remove =
+                matches!(w.kind, OpKind::Remove { .. }) && client_of(w) == client_of(read);
+            let allowance = if own_remove { 0 } else { within_us };
+            saw_absent
+                && w.invoke_us > put.complete_us
+                && w.complete_us.saturating_add(allowance) < read.invoke_us
+        });
+        if let Some(w) = gone {
+            out.push(Violation {
+                kind: ViolationKind::StaleRead,
+                key: Some(key.to_string()),
+                detail: format!(
+                    "process {} read value {value} at {} us; process {} saw the key without it by {} us, \
+                     more than the {within_us} us a cached read may lag (or its own client removed it)",
+                    read.process, read.invoke_us, w.process, w.complete_us
+                ),
+            });
         }
     }
     out
@@ -560,6 +654,7 @@ mod tests {
             invoke_us: invoke,
             complete_us: complete,
             outcome,
+            promise: ReadPromise::Linearizable,
         }
     }
     fn put(p: u32, v: u64, i: u64, c: u64, o: Outcome) -> Op {
@@ -599,6 +694,80 @@ mod tests {
             ),
         ];
         assert!(kinds(&h).is_empty());
+    }
+
+    fn promised(mut o: Op, promise: ReadPromise) -> Op {
+        o.promise = promise;
+        o
+    }
+    fn force_remove(p: u32, i: u64, c: u64) -> Op {
+        op(p, OpKind::Remove { force: true }, i, c, Outcome::Ok)
+    }
+
+    #[test]
+    fn a_cached_read_may_lag_by_one_lease_and_no_more() {
+        let lease = ReadPromise::Stale { within_us: 100 };
+        let cached_read = |i, c| promised(get(201, i, c, Outcome::Found { value: 7 }), lease);
+        let history = |read: Op| {
+            vec![
+                put(101, 7, 0, 10, Outcome::Ok),
+                force_remove(102, 20, 30),
+                get(103, 40, 50, Outcome::Missing),
+                read,
+            ]
+        };
+        // Stale, but within a lease of the remove: not linearizable, allowed.
+        assert!(kinds(&history(cached_read(120, 125))).is_empty());
+        let k = kinds(&history(cached_read(200, 205)));
+        assert_eq!(
+            k,
+            vec![ViolationKind::StaleRead],
+            "a lease and more after the remove"
+        );
+        // The same read with no promise is a plain stale read.
+        let k = kinds(&history(get(201, 120, 125, Outcome::Found { value: 7 })));
+        assert_eq!(k, vec![ViolationKind::NotLinearizable]);
+    }
+
+    #[test]
+    fn a_cached_read_never_lags_its_own_clients_remove() {
+        let lease = ReadPromise::Stale { within_us: 100 };
+        let h = vec![
+            put(101, 7, 0, 10, Outcome::Ok),
+            // Another task of the reader's client (worker 2).
+            force_remove(202, 20, 30),
+            promised(get(201, 40, 45, Outcome::Found { value: 7 }), lease),
+        ];
+        assert_eq!(kinds(&h), vec![ViolationKind::StaleRead]);
+    }
+
+    #[test]
+    fn a_degraded_read_promises_only_bytes_some_put_wrote() {
+        // Its own local-only put (recorded as unknown), which others never see.
+        let own = vec![
+            put(201, 7, 0, 10, unknown()),
+            promised(
+                get(202, 20, 30, Outcome::Found { value: 7 }),
+                ReadPromise::Degraded,
+            ),
+            get(101, 40, 50, Outcome::Missing),
+        ];
+        assert!(kinds(&own).is_empty());
+        // A value whose put began after the read ended.
+        let early = vec![
+            promised(
+                get(202, 20, 30, Outcome::Found { value: 7 }),
+                ReadPromise::Degraded,
+            ),
+            put(201, 7, 40, 50, Outcome::Ok),
+        ];
+        assert_eq!(kinds(&early), vec![ViolationKind::StaleRead]);
+        // A value never put to the key.
+        let forged = vec![promised(
+            get(202, 20, 30, Outcome::Found { value: 9 }),
+            ReadPromise::Degraded,
+        )];
+        assert_eq!(kinds(&forged), vec![ViolationKind::WrongBytes]);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::faulty_disk::FaultyDisk;
 use crescent_integration::containers::{self, Bind, ContainerNet};
 use crescent_integration::{
     find_binary, FakeClock, LocalCluster, LocalEtcd, ManagedChild, Security,
@@ -24,6 +25,9 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct WorkerPlan {
     pub workers: u32,
+    /// Workers from this index on run a `cache_and_degrade` client (see
+    /// [`crate::workload::WorkerConfig`]).
+    pub cache_and_degrade_from: u32,
     pub tasks: u32,
     pub seed: u64,
     pub dir: PathBuf,
@@ -131,6 +135,13 @@ pub trait Deployment: Send {
     fn cut_store(&mut self, _idx: usize, _cut: bool) -> anyhow::Result<bool> {
         Ok(false)
     }
+    /// Makes store `idx`'s disk tier answer every read, write, sync and
+    /// allocation with EIO (`failing`), or work again. False where it
+    /// cannot (containers, no FUSE here, or a store whose disk directory
+    /// is not on a [`FaultyDisk`](crate::faulty_disk::FaultyDisk)).
+    fn fail_store_disk(&mut self, _idx: usize, _failing: bool) -> anyhow::Result<bool> {
+        Ok(false)
+    }
     /// SIGSTOP store `idx`: it keeps its sockets (the kernel still queues
     /// what clients send it) but runs no code.
     fn pause_store(&mut self, idx: usize) -> anyhow::Result<()>;
@@ -220,7 +231,8 @@ fn worker_args(
         "--max-duration".into(),
         format!("{}s", plan.max_duration.as_secs().max(1)),
     ];
-    args.into_iter().chain(token).collect()
+    let cached = (i >= plan.cache_and_degrade_from).then(|| "--cache-and-degrade".to_string());
+    args.into_iter().chain(token).chain(cached).collect()
 }
 
 // ------------------------------------------------------------- processes
@@ -246,6 +258,29 @@ pub struct ProcessDeployment {
     /// Each master's and the second store's wall clock, when libfaketime
     /// is here.
     clocks: Option<WallClocks>,
+    /// The second store's disk directory, on a disk that fails on demand
+    /// (when FUSE is here), and the directory holding it. After `cluster`,
+    /// so the stores are gone before it is unmounted.
+    failing_disk: Option<(FaultyDisk, tempfile::TempDir)>,
+}
+
+/// The store whose disk can be made to fail (the one the store faults
+/// target).
+pub const FAILING_DISK_STORE: usize = 1;
+
+/// A disk that fails on demand, in a directory of its own; None, with a
+/// word, where FUSE cannot be mounted.
+fn failing_disk() -> anyhow::Result<Option<(FaultyDisk, tempfile::TempDir)>> {
+    let dir = tempfile::Builder::new()
+        .prefix("crescent-chaos-disk-")
+        .tempdir()?;
+    match FaultyDisk::mount(&dir.path().join("backing"), &dir.path().join("mnt")) {
+        Ok(disk) => Ok(Some((disk, dir))),
+        Err(e) => {
+            println!("chaos: a store's disk cannot be made to fail here (FUSE: {e})");
+            Ok(None)
+        }
+    }
 }
 
 /// The store whose wall clock can be set (the one the store faults target).
@@ -318,8 +353,12 @@ impl ProcessDeployment {
             &env,
         )?;
         let mut store_ports = Vec::new();
+        let failing_disk = failing_disk()?;
         for i in 0..2 {
-            let dir = cluster.root.join(format!("store-{i}-disk"));
+            let dir = match &failing_disk {
+                Some((disk, _)) if i == FAILING_DISK_STORE => disk.path().to_path_buf(),
+                _ => cluster.root.join(format!("store-{i}-disk")),
+            };
             let disk_port = crescent_integration::free_port()?;
             let mut flags = disk_flags(
                 &dir.display().to_string(),
@@ -353,6 +392,7 @@ impl ProcessDeployment {
             store_ports,
             cuts: Vec::new(),
             clocks,
+            failing_disk,
         })
     }
 }
@@ -437,6 +477,15 @@ impl Deployment for ProcessDeployment {
             }
         }
         Ok(true)
+    }
+    fn fail_store_disk(&mut self, idx: usize, failing: bool) -> anyhow::Result<bool> {
+        match &self.failing_disk {
+            Some((disk, _)) if idx == FAILING_DISK_STORE => {
+                disk.set_failing(failing);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
     fn start_joining_master(&mut self, id: u64) -> anyhow::Result<Option<String>> {
         Ok(Some(

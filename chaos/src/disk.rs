@@ -55,7 +55,7 @@ use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
 use crescent_proto::{pb, ErrorCode};
 use crescent_store::transport::TcpTransport;
 
-use crate::history::{now_us, value_bytes, DiskCheck, Op, OpKind, Outcome, Recorder};
+use crate::history::{now_us, value_bytes, DiskCheck, Op, OpKind, Outcome, ReadPromise, Recorder};
 use crate::workload::{put_outcome, read_every_replica, remove_outcome};
 
 /// The reads this check makes, as gets (next to the workers' histories,
@@ -605,6 +605,7 @@ impl DiskChecker {
             invoke_us,
             complete_us: now_us(),
             outcome,
+            promise: ReadPromise::Linearizable,
         };
         self.record(&self.history, &op);
         op
@@ -883,6 +884,120 @@ pub async fn restart_store_with_disk(
     Ok(summary)
 }
 
+/// What one round of [`FaultKind::FailingDisk`] did, for the run's output.
+///
+/// [`FaultKind::FailingDisk`]: crate::schedule::FaultKind::FailingDisk
+#[derive(Debug, Default)]
+pub struct FailingDiskSummary {
+    /// The disk could be made to fail (processes mode with FUSE).
+    pub failed: bool,
+    pub segment: String,
+    /// Demotions made while it failed (see [`RestartSummary`]).
+    pub demotion: RestartSummary,
+    /// The probes read while the disk failed: found with their value,
+    /// missing, or unreadable.
+    pub found: usize,
+    pub missing: usize,
+    pub unreadable: usize,
+    /// Probes the leader still listed on the failing disk segment.
+    pub probes_on_failing_disk: usize,
+    pub failing_for: Duration,
+}
+
+impl std::fmt::Display for FailingDiskSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.failed {
+            return write!(f, "the disk cannot be made to fail here; not run");
+        }
+        let d = &self.demotion;
+        let demoted = d
+            .demoted
+            .map_or_else(|| "an unknown number of".to_string(), |n| n.to_string());
+        write!(
+            f,
+            "disk segment {:?} failed {} ms: {} probes and {} fillers, {demoted} objects \
+             demoted of {} wanted meanwhile, {} probes listed on the failing disk; probes \
+             read: {} found, {} missing, {} unreadable",
+            self.segment,
+            self.failing_for.as_millis(),
+            d.probes,
+            d.fillers,
+            d.wanted,
+            self.probes_on_failing_disk,
+            self.found,
+            self.missing,
+            self.unreadable
+        )
+    }
+}
+
+/// [`FaultKind::FailingDisk`] on store `idx`: its disk answers EIO to
+/// every read, write, sync and allocation while the leader demotes (the
+/// probes and fillers of a disk check: see the module comment), for at
+/// least `hold`. The leader must keep each object whose copy the failing
+/// disk refused in memory and move it to the other store's disk, never
+/// evict it: the probes, put and recorded like any acknowledged put, are
+/// read while the disk still fails, and any eviction fails the run.
+///
+/// [`FaultKind::FailingDisk`]: crate::schedule::FaultKind::FailingDisk
+pub async fn failing_disk(
+    dep: &mut dyn crate::deploy::Deployment,
+    checker: &DiskChecker,
+    idx: usize,
+    hold: Duration,
+    memory_bytes: u64,
+) -> anyhow::Result<FailingDiskSummary> {
+    let round = checker
+        .rounds
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let process = PROCESS_BASE + round;
+    let mut summary = FailingDiskSummary::default();
+    let (health, _) = DiskChecker::wait_for_health(&dep.store_http(idx), |h| {
+        h.disk_segment.is_some() && h.disk_mounted
+    })
+    .await;
+    let Some(StoreHealth {
+        disk_segment: Some(segment),
+        memory_segment: Some(memory_segment),
+        ..
+    }) = health
+    else {
+        println!("chaos:      disk: store {idx} has no mounted disk segment ({health:?})");
+        return Ok(summary);
+    };
+    summary.segment = segment.clone();
+    if !checker.old_memory_segments_gone(memory_bytes).await {
+        println!(
+            "chaos:      disk: a restarted store's old memory segment is still listed after              {OLD_SEGMENTS_WITHIN:?}; the disk is not failed this time"
+        );
+        return Ok(summary);
+    }
+    if !dep.fail_store_disk(idx, true)? {
+        return Ok(summary);
+    }
+    summary.failed = true;
+    let failing_since = Instant::now();
+    let probes = checker.put_probes(process, &memory_segment).await;
+    summary.demotion.probes = probes.len();
+    checker.demote_some(round, &mut summary.demotion).await;
+    let (on_failing, _) = checker.find_on_disk(&segment, &probes).await;
+    summary.probes_on_failing_disk = on_failing.iter().filter(|k| probes.contains(k)).count();
+    for key in &probes {
+        let (op, _) = checker.recorded_read(process, key, None).await;
+        match op.outcome {
+            Outcome::Found { .. } => summary.found += 1,
+            Outcome::Missing => summary.missing += 1,
+            _ => summary.unreadable += 1,
+        }
+    }
+    tokio::time::sleep(hold.saturating_sub(failing_since.elapsed())).await;
+    summary.failing_for = failing_since.elapsed();
+    let healed = dep.fail_store_disk(idx, false);
+    checker.remove_probes(process, &probes).await;
+    healed?;
+    Ok(summary)
+}
+
 /// The part of a history file not read yet.
 #[derive(Default)]
 struct Tail {
@@ -996,6 +1111,7 @@ mod tests {
             invoke_us: invoke,
             complete_us: complete,
             outcome,
+            promise: ReadPromise::Linearizable,
         }
     }
 

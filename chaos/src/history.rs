@@ -58,6 +58,32 @@ pub struct Op {
     pub complete_us: u64,
     #[serde(flatten)]
     pub outcome: Outcome,
+    /// What a `Found` answer promises (absent: linearizable).
+    #[serde(default, skip_serializing_if = "ReadPromise::is_linearizable")]
+    pub promise: ReadPromise,
+}
+
+/// What a get's `Found` answer promises, by how the client served it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadPromise {
+    /// The key's value at some moment between invocation and completion.
+    #[default]
+    Linearizable,
+    /// A client with the descriptor cache: the key's value at some moment
+    /// up to `within_us` (a read lease) before invocation, or since; never
+    /// older than its own client's last remove of the key.
+    Stale { within_us: u64 },
+    /// A client that was (or may have been) in degraded mode: bytes some
+    /// put of the key wrote, invoked before the read completed (its own
+    /// local-only puts included), nothing more.
+    Degraded,
+}
+
+impl ReadPromise {
+    pub fn is_linearizable(&self) -> bool {
+        *self == ReadPromise::Linearizable
+    }
 }
 
 /// One disk object checked across a store restart
@@ -228,9 +254,22 @@ mod tests {
             outcome: Outcome::Unknown {
                 error: "timeout".into(),
             },
+            promise: ReadPromise::Linearizable,
         };
         let line = serde_json::to_string(&op).unwrap();
         assert!(line.contains("\"op\":\"put\"") && line.contains("\"result\":\"unknown\""));
+        assert!(
+            !line.contains("promise"),
+            "the usual promise is left out: {line}"
+        );
         assert_eq!(serde_json::from_str::<Op>(&line).unwrap(), op);
+        let stale = Op {
+            kind: OpKind::Get,
+            outcome: Outcome::Found { value: 7 },
+            promise: ReadPromise::Stale { within_us: 10 },
+            ..op
+        };
+        let line = serde_json::to_string(&stale).unwrap();
+        assert_eq!(serde_json::from_str::<Op>(&line).unwrap(), stale, "{line}");
     }
 }

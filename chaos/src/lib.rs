@@ -2,8 +2,8 @@
 //! disk tier each (as local processes, or as containers on a private Docker
 //! network), run a workload of several clients that records every
 //! operation, inject a seeded schedule of faults (kills, pauses, partitions,
-//! store and etcd member loss, store restarts on their disk, rolling
-//! restarts), and check the history: nothing acknowledged lost, no wrong
+//! store and etcd member loss, store restarts on their disk, a disk that
+//! fails, rolling restarts, degraded periods), and check the history: nothing acknowledged lost, no wrong
 //! bytes, one leader per term, every key's history linearizable, and no
 //! disk object lost across a restart of its store.
 //!
@@ -16,6 +16,7 @@
 pub mod checker;
 pub mod deploy;
 pub mod disk;
+pub mod faulty_disk;
 pub mod history;
 pub mod membership;
 pub mod report;

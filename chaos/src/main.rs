@@ -62,6 +62,12 @@ enum Cmd {
         /// Workload processes (containers in container mode).
         #[arg(long, default_value_t = 2)]
         workers: u32,
+        /// More workers whose clients keep a descriptor cache and go
+        /// degraded when no master answers; their reads are judged by what
+        /// they promise (bounded staleness, real bytes). Default: 1 in a
+        /// soak or a degraded-periods run, else 0.
+        #[arg(long)]
+        cache_and_degrade_workers: Option<u32>,
         /// Logical clients per worker, each with one operation in flight
         /// (process ids are 100 × worker + task, so at most 99).
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..100))]
@@ -107,6 +113,12 @@ enum Cmd {
         /// --schedule disk-restarts).
         #[arg(long, hide = true)]
         unsafe_exclusive_promotion: bool,
+        /// TEST ONLY: start masters with --unsafe-evict-on-failed-copy: a
+        /// demotion the target disk failed evicts the object rather than
+        /// move it to another disk; the run must then fail (use
+        /// --schedule failing-disks).
+        #[arg(long, hide = true)]
+        unsafe_evict_on_failed_copy: bool,
         /// TEST ONLY: start masters with --unsafe-resume-leadership: a
         /// restarted leader leads again in its old term without an election,
         /// and serves reads before it has applied what it acknowledged; the
@@ -147,6 +159,10 @@ struct WorkerArgs {
     focus_file: PathBuf,
     #[arg(long, default_value = "1h", value_parser = duration)]
     max_duration: Duration,
+    /// Keep a descriptor cache and go degraded without masters, as an
+    /// engine may: reads are then judged by what they promise.
+    #[arg(long)]
+    cache_and_degrade: bool,
     /// The client token's file (token-mode clusters).
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -166,6 +182,7 @@ impl From<WorkerArgs> for WorkerConfig {
             token_file: a.token_file,
             op_timeout: Duration::from_secs(10),
             replicas: 2,
+            cache_and_degrade: a.cache_and_degrade,
         }
     }
 }
@@ -192,6 +209,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             out,
             image,
             workers,
+            cache_and_degrade_workers,
             tasks,
             allow_inconclusive,
             put_mode,
@@ -201,6 +219,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             unsafe_reuse_revoked_ranges,
             unsafe_forget_disk_on_restart,
             unsafe_exclusive_promotion,
+            unsafe_evict_on_failed_copy,
             unsafe_resume_leadership,
             unsafe_wall_clock,
         } => {
@@ -271,6 +290,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             if unsafe_exclusive_promotion {
                 master_flags.push("--unsafe-exclusive-promotion".into());
             }
+            if unsafe_evict_on_failed_copy {
+                master_flags.push("--unsafe-evict-on-failed-copy".into());
+            }
             if unsafe_resume_leadership {
                 master_flags.push("--unsafe-resume-leadership".into());
             }
@@ -290,6 +312,8 @@ async fn real_main(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 out: out.clone(),
                 image,
                 workers,
+                cache_and_degrade_workers: cache_and_degrade_workers
+                    .unwrap_or(schedule.runs_cache_and_degrade_worker() as u32),
                 tasks,
                 allow_inconclusive,
                 master_flags,

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::checker::{outcome_counts, CheckResult, ViolationKind};
 use crate::deploy::{Mode, WorkerExit};
-use crate::history::{Op, OpKind, Outcome};
+use crate::history::{Op, OpKind, Outcome, ReadPromise};
 use crate::run::{FaultRecord, ScheduleKind};
 use crate::schedule::FaultKind;
 
@@ -64,6 +64,9 @@ pub struct Report {
     pub ops_unknown: u64,
     pub acknowledged_writes: u64,
     pub keys_checked: usize,
+    /// Gets that found a value under a weaker promise than linearizability
+    /// (a `cache_and_degrade` worker's), by promise.
+    pub relaxed_reads: RelaxedReads,
     pub by_kind: Vec<KindSummary>,
     pub faults: Vec<FaultRecord>,
     pub violations: Vec<crate::checker::Violation>,
@@ -212,6 +215,7 @@ pub fn build(i: Inputs<'_>) -> Report {
         })
         .collect();
     let totals = outcome_counts(i.ops);
+    let relaxed_reads = RelaxedReads::count(i.ops);
     let mut violation_counts = BTreeMap::new();
     for v in &i.check.violations {
         *violation_counts
@@ -283,6 +287,7 @@ pub fn build(i: Inputs<'_>) -> Report {
         ops_unknown: totals.get("unknown").copied().unwrap_or(0),
         acknowledged_writes,
         keys_checked: i.check.keys_checked,
+        relaxed_reads,
         disk_objects_checked: i.check.disk_objects_checked,
         disk_objects_removed_meanwhile: i.check.disk_objects_removed_meanwhile,
         leadership: i.check.leadership,
@@ -296,6 +301,38 @@ pub fn build(i: Inputs<'_>) -> Report {
         worker_exits: i.worker_exits,
         failure_reasons,
         passed,
+    }
+}
+
+/// Reads judged by a weaker promise (see [`ReadPromise`]).
+#[derive(Debug, Default, Serialize)]
+pub struct RelaxedReads {
+    /// Found a value with the descriptor cache on (at most a lease stale).
+    pub stale_within_lease: usize,
+    /// Found a value while the client was (or may have been) degraded.
+    pub degraded: usize,
+    /// Puts kept only in a degraded client's memory (recorded as unknown).
+    pub local_only_puts: usize,
+}
+
+impl RelaxedReads {
+    fn count(ops: &[Op]) -> Self {
+        let mut r = Self::default();
+        for o in ops {
+            match (&o.kind, &o.outcome, o.promise) {
+                (OpKind::Get, Outcome::Found { .. }, ReadPromise::Stale { .. }) => {
+                    r.stale_within_lease += 1
+                }
+                (OpKind::Get, Outcome::Found { .. }, ReadPromise::Degraded) => r.degraded += 1,
+                (OpKind::Put { .. }, Outcome::Unknown { error }, _)
+                    if error == crate::workload::LOCAL_ONLY_PUT =>
+                {
+                    r.local_only_puts += 1
+                }
+                _ => {}
+            }
+        }
+        r
     }
 }
 
@@ -378,6 +415,24 @@ impl Report {
                 ""
             }
         ));
+        let periods = self
+            .faults
+            .iter()
+            .filter(|f| f.kind == FaultKind::PauseAllMasters)
+            .count();
+        let r = &self.relaxed_reads;
+        s.push_str(&format!(
+            "relaxed reads: {} through the descriptor cache (at most a lease stale), {} in \
+             degraded mode across {periods} degraded periods; {} puts kept local while degraded{}\n",
+            r.stale_within_lease,
+            r.degraded,
+            r.local_only_puts,
+            if periods > 0 && r.stale_within_lease > 0 && r.degraded == 0 {
+                " -- NO degraded read: the periods proved nothing about degraded mode"
+            } else {
+                ""
+            }
+        ));
         s.push_str(&self.leadership.summary());
         s.push('\n');
         for (kind, n) in &self.violation_counts {
@@ -428,6 +483,7 @@ mod tests {
             invoke_us: at_s * S,
             complete_us: at_s * S + 1000,
             outcome: Outcome::Ok,
+            promise: ReadPromise::Linearizable,
         }
     }
 

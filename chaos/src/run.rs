@@ -15,13 +15,13 @@ use crate::deploy::{
     container_mode_blocker, focus_file, ContainerDeployment, Deployment, Mode, ProcessDeployment,
     WorkerExit, WorkerPlan, CLOCKED_STORE,
 };
-use crate::disk::{restart_store_with_disk, DiskChecker, DISK_CHECKS};
+use crate::disk::{failing_disk, restart_store_with_disk, DiskChecker, DISK_CHECKS};
 use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
 use crate::schedule::{
-    ci_schedule, clock_step_schedule, disk_restart_schedule, late_write_schedule,
-    rolling_restart_schedule, soak_schedule, stalled_writer_schedule, store_skew_schedule, Fault,
-    FaultKind,
+    ci_schedule, clock_step_schedule, degraded_period_schedule, disk_restart_schedule,
+    failing_disk_schedule, late_write_schedule, rolling_restart_schedule, soak_schedule,
+    stalled_writer_schedule, store_skew_schedule, Fault, FaultKind,
 };
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
@@ -58,6 +58,12 @@ pub enum ScheduleKind {
     /// Only rolling restarts until --duration is up (a reproducer for
     /// leaders that start with a trailing state machine).
     RollingRestarts,
+    /// Only degraded periods (every master paused) with a worker whose
+    /// client keeps a descriptor cache and goes degraded.
+    DegradedPeriods,
+    /// Only failing disks: the second store's disk answers EIO while the
+    /// leader demotes (processes mode, FUSE).
+    FailingDisks,
 }
 
 impl ScheduleKind {
@@ -72,7 +78,14 @@ impl ScheduleKind {
             ScheduleKind::ClockSteps => "clock-steps",
             ScheduleKind::StoreSkews => "store-skews",
             ScheduleKind::RollingRestarts => "rolling-restarts",
+            ScheduleKind::DegradedPeriods => "degraded-periods",
+            ScheduleKind::FailingDisks => "failing-disks",
         }
+    }
+
+    /// Whether a run of it adds a `cache_and_degrade` worker by default.
+    pub fn runs_cache_and_degrade_worker(self) -> bool {
+        matches!(self, ScheduleKind::Soak | ScheduleKind::DegradedPeriods)
     }
 
     /// Whether it draws faults until `--duration` is up (the others have a
@@ -91,6 +104,9 @@ pub struct RunConfig {
     pub out: PathBuf,
     pub image: String,
     pub workers: u32,
+    /// Workers beyond `workers` whose clients keep a descriptor cache and
+    /// go degraded without masters (see [`crate::workload::WorkerConfig`]).
+    pub cache_and_degrade_workers: u32,
     pub tasks: u32,
     /// Pass despite keys the linearizability search could not decide.
     pub allow_inconclusive: bool,
@@ -98,6 +114,12 @@ pub struct RunConfig {
     pub master_flags: Vec<String>,
     /// Extra store flags (the stores' test-only unsafe switch).
     pub store_flags: Vec<String>,
+}
+
+impl RunConfig {
+    fn all_workers(&self) -> u32 {
+        self.workers + self.cache_and_degrade_workers
+    }
 }
 
 /// What happened to one injected fault.
@@ -194,7 +216,7 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
     dep.teardown();
     let driven = result?;
     let mut ops: Vec<Op> = Vec::new();
-    for i in 0..cfg.workers {
+    for i in 0..cfg.all_workers() {
         let path = cfg.out.join(format!("history-{i}.jsonl"));
         ops.extend(read_lines::<Op>(&path)?);
     }
@@ -220,7 +242,7 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
         out_dir: cfg.out.clone(),
         started_us: started,
         ended_us: now_us(),
-        workers: cfg.workers,
+        workers: cfg.all_workers(),
         workload_started_us: driven.workload_started_us,
         workload_stopped_us: driven.workload_stopped_us,
         worker_exits: driven.worker_exits,
@@ -356,7 +378,8 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     let sampler = tokio::spawn(sample_roles(probe.clone(), samples.clone()));
 
     let plan = WorkerPlan {
-        workers: cfg.workers,
+        workers: cfg.all_workers(),
+        cache_and_degrade_from: cfg.workers,
         tasks: cfg.tasks,
         seed: cfg.seed,
         dir: cfg.out.clone(),
@@ -376,6 +399,8 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         ScheduleKind::LateWrites => Box::new(late_write_schedule(cfg.seed).into_iter()),
         ScheduleKind::ClockSteps => Box::new(clock_step_schedule(cfg.seed).into_iter()),
         ScheduleKind::StoreSkews => Box::new(store_skew_schedule(cfg.seed).into_iter()),
+        ScheduleKind::DegradedPeriods => Box::new(degraded_period_schedule(cfg.seed).into_iter()),
+        ScheduleKind::FailingDisks => Box::new(failing_disk_schedule(cfg.seed).into_iter()),
         ScheduleKind::RollingRestarts => Box::new(rolling_restart_schedule(cfg.seed)),
     };
     let deadline = Instant::now() + cfg.duration;
@@ -525,6 +550,32 @@ async fn inject(
             tokio::time::sleep(fault.hold).await;
             dep.start_master(id)?;
         }
+        FaultKind::PauseAllMasters => {
+            target = "every master".into();
+            let mut paused = Vec::new();
+            let mut failed = None;
+            for id in &ids {
+                match dep.pause_master(*id) {
+                    Ok(()) => paused.push(*id),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if failed.is_none() {
+                tokio::time::sleep(fault.hold).await;
+            }
+            // Every paused master is resumed, whatever failed.
+            for id in paused {
+                if let Err(e) = dep.resume_master(id) {
+                    failed.get_or_insert(e);
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
         FaultKind::PauseMaster => {
             let id = leader_every_other_time(fault.pick).await?;
             target = format!("master {id}");
@@ -600,6 +651,12 @@ async fn inject(
             target = "store 1".into();
             let memory = crescent_proto::units::parse_size(crate::deploy::MEMORY_SEGMENT)?;
             let summary = restart_store_with_disk(dep, disk, 1, fault.hold, 2 * memory).await?;
+            println!("chaos:      store 1's {summary}");
+        }
+        FaultKind::FailingDisk => {
+            target = "store 1's disk".into();
+            let memory = crescent_proto::units::parse_size(crate::deploy::MEMORY_SEGMENT)?;
+            let summary = failing_disk(dep, disk, 1, fault.hold, 2 * memory).await?;
             println!("chaos:      store 1's {summary}");
         }
         FaultKind::KillEtcdMember => {

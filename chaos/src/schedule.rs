@@ -106,10 +106,25 @@ pub enum FaultKind {
     /// kept for `hold`, then removed and stopped: two joint-consensus
     /// changes under load. Processes mode only; elsewhere nothing happens.
     AddAndRemoveMaster,
+    /// A degraded period: every master SIGSTOPped for `hold` (longer than
+    /// a client's `degrade_after` and the masters' etcd lease), then
+    /// resumed. No master answers: a `cache_and_degrade` worker's client
+    /// turns degraded (puts kept in its memory, reads from there and from
+    /// descriptors under lease) and publishes what it kept once a master
+    /// answers again; the plain workers' operations time out.
+    PauseAllMasters,
+    /// The second store's disk (a FUSE directory in processes mode)
+    /// answers EIO to every read, write, sync and allocation while the
+    /// leader demotes a disk check's probes and fillers, for at least
+    /// `hold`; the probes are read while it fails. A leader must keep an
+    /// object whose copy the disk failed and move it elsewhere, not evict
+    /// it (see [`crate::disk::failing_disk`]). Where the disk cannot be
+    /// made to fail (containers), nothing happens.
+    FailingDisk,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 22] = [
         FaultKind::KillLeader,
         FaultKind::KillRandomMaster,
         FaultKind::PauseMaster,
@@ -130,6 +145,8 @@ impl FaultKind {
         FaultKind::PartitionStore,
         FaultKind::LateRequestToSkewedStore,
         FaultKind::AddAndRemoveMaster,
+        FaultKind::PauseAllMasters,
+        FaultKind::FailingDisk,
     ];
 
     pub fn name(self) -> &'static str {
@@ -154,6 +171,8 @@ impl FaultKind {
             FaultKind::PartitionStore => "partition store",
             FaultKind::LateRequestToSkewedStore => "late request to a skewed store",
             FaultKind::AddAndRemoveMaster => "add and remove a master",
+            FaultKind::PauseAllMasters => "pause all masters (degraded period)",
+            FaultKind::FailingDisk => "failing disk",
         }
     }
 
@@ -196,6 +215,8 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
         FaultKind::PartitionLeader | FaultKind::PartitionFollower => rng.random_range(2_000..5_000),
         FaultKind::RollingRestart | FaultKind::LateRequestToSkewedStore => 0,
         FaultKind::AddAndRemoveMaster => rng.random_range(2_000..5_000),
+        FaultKind::PauseAllMasters => rng.random_range(8_000..12_000),
+        FaultKind::FailingDisk => rng.random_range(4_000..8_000),
         FaultKind::BigBatch | FaultKind::ConnectionFlood => rng.random_range(2_000..5_000),
         _ => rng.random_range(500..2_500),
     };
@@ -214,8 +235,9 @@ fn fault(rng: &mut StdRng, kind: FaultKind) -> Fault {
 /// writer across a failover, a store restart with its disk tier, a
 /// master killed with a torn write left in its log, a paused store, in a
 /// seeded order, then a late write after a revoke, one across a step of
-/// the leader's clock, a store cut off, a master added and removed, and a
-/// late request to a store whose clock is an hour behind.
+/// the leader's clock, a store cut off, a master added and removed, a
+/// late request to a store whose clock is an hour behind, a degraded
+/// period and a failing disk.
 pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut kinds = Vec::new();
@@ -244,6 +266,8 @@ pub fn ci_schedule(seed: u64, network_control: bool) -> Vec<Fault> {
     kinds.push(FaultKind::PartitionStore);
     kinds.push(FaultKind::AddAndRemoveMaster);
     kinds.push(FaultKind::LateRequestToSkewedStore);
+    kinds.push(FaultKind::PauseAllMasters);
+    kinds.push(FaultKind::FailingDisk);
     kinds.into_iter().map(|k| fault(&mut rng, k)).collect()
 }
 
@@ -308,6 +332,24 @@ pub fn disk_restart_schedule(seed: u64) -> Vec<Fault> {
     repeated(seed, FaultKind::RestartStoreWithDisk, DISK_RESTART_FAULTS)
 }
 
+/// How many faults [`degraded_period_schedule`] has.
+pub const DEGRADED_PERIOD_FAULTS: usize = 3;
+
+/// Only degraded periods, [`DEGRADED_PERIOD_FAULTS`] of them: each turns
+/// a `cache_and_degrade` worker's client degraded and back.
+pub fn degraded_period_schedule(seed: u64) -> Vec<Fault> {
+    repeated(seed, FaultKind::PauseAllMasters, DEGRADED_PERIOD_FAULTS)
+}
+
+/// How many faults [`failing_disk_schedule`] has.
+pub const FAILING_DISK_FAULTS: usize = 2;
+
+/// Only failing disks, [`FAILING_DISK_FAULTS`] of them: each has the
+/// leader demote to a disk answering EIO.
+pub fn failing_disk_schedule(seed: u64) -> Vec<Fault> {
+    repeated(seed, FaultKind::FailingDisk, FAILING_DISK_FAULTS)
+}
+
 /// Endless rolling restarts (the runner stops drawing when its time is up):
 /// every master SIGKILLed in turn, the leader last, then a store. Each one
 /// elects a leader that has just restarted, the window in which a leader's
@@ -344,6 +386,8 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
         (FaultKind::PartitionStore, 2),
         (FaultKind::LateRequestToSkewedStore, 1),
         (FaultKind::AddAndRemoveMaster, 2),
+        (FaultKind::PauseAllMasters, 2),
+        (FaultKind::FailingDisk, 1),
     ]
     .into_iter()
     .filter(|(k, _)| network_control || !k.needs_network_control())
@@ -392,10 +436,12 @@ mod tests {
         assert_eq!(count(FaultKind::LateRequestToSkewedStore), 1);
         assert_eq!(count(FaultKind::AddAndRemoveMaster), 1);
         assert_eq!(count(FaultKind::PartitionStore), 1);
-        assert_eq!(a.len(), 33);
+        assert_eq!(count(FaultKind::PauseAllMasters), 1);
+        assert_eq!(count(FaultKind::FailingDisk), 1);
+        assert_eq!(a.len(), 35);
         // Kinds added after the shuffle come last, so a seed's shuffled
         // part stays as it was.
-        let tail: Vec<FaultKind> = a[a.len() - 5..].iter().map(|f| f.kind).collect();
+        let tail: Vec<FaultKind> = a[a.len() - 7..].iter().map(|f| f.kind).collect();
         assert_eq!(
             tail,
             [
@@ -403,7 +449,9 @@ mod tests {
                 FaultKind::LateWriteAcrossClockStep,
                 FaultKind::PartitionStore,
                 FaultKind::AddAndRemoveMaster,
-                FaultKind::LateRequestToSkewedStore
+                FaultKind::LateRequestToSkewedStore,
+                FaultKind::PauseAllMasters,
+                FaultKind::FailingDisk
             ]
         );
         // Every kind is in the CI schedule.
@@ -421,7 +469,7 @@ mod tests {
     #[test]
     fn each_one_kind_schedule_repeats_its_fault() {
         type Schedule = fn(u64) -> Vec<Fault>;
-        let schedules: [(Schedule, usize, FaultKind); 5] = [
+        let schedules: [(Schedule, usize, FaultKind); 7] = [
             (
                 stalled_writer_schedule,
                 STALLED_WRITER_FAULTS,
@@ -441,6 +489,16 @@ mod tests {
                 disk_restart_schedule,
                 DISK_RESTART_FAULTS,
                 FaultKind::RestartStoreWithDisk,
+            ),
+            (
+                failing_disk_schedule,
+                FAILING_DISK_FAULTS,
+                FaultKind::FailingDisk,
+            ),
+            (
+                degraded_period_schedule,
+                DEGRADED_PERIOD_FAULTS,
+                FaultKind::PauseAllMasters,
             ),
             (
                 store_skew_schedule,

@@ -55,7 +55,7 @@ use crescent_proto::{pb, ErrorCode};
 use crescent_store::protocol::Grant;
 use crescent_store::transport::TcpTransport;
 
-use crate::history::{now_us, value_bytes, Op, OpKind, Outcome, Recorder};
+use crate::history::{now_us, value_bytes, Op, OpKind, Outcome, ReadPromise, Recorder};
 use crate::workload::{definite_refusal, hot_keys_between, read_every_replica};
 
 /// The history file of the operations faults make (next to the workers'
@@ -491,6 +491,7 @@ impl Round<'_> {
             invoke_us: p.invoke_us,
             complete_us: now_us(),
             outcome,
+            promise: ReadPromise::Linearizable,
         });
     }
 
@@ -570,6 +571,7 @@ impl Round<'_> {
             invoke_us,
             complete_us: now_us(),
             outcome,
+            promise: ReadPromise::Linearizable,
         });
         None
     }
@@ -735,6 +737,7 @@ impl Round<'_> {
             invoke_us,
             complete_us: now_us(),
             outcome,
+            promise: ReadPromise::Linearizable,
         }
     }
 }

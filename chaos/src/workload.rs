@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crescent_client::{Client, ClientConfig, Error, ReplicateConfig};
+use crescent_client::{Client, ClientConfig, Error, ReplicateConfig, Stored};
 use crescent_proto::{pb, ErrorCode};
 use crescent_store::protocol::Grant;
 use crescent_store::transport::TcpTransport;
@@ -27,7 +27,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 
-use crate::history::{decode_value, now_us, value_bytes, Op, OpKind, Outcome, Recorder};
+use crate::history::{
+    decode_value, now_us, value_bytes, Op, OpKind, Outcome, ReadPromise, Recorder,
+};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -47,7 +49,19 @@ pub struct WorkerConfig {
     /// unknown (it may still take effect).
     pub op_timeout: Duration,
     pub replicas: u32,
+    /// The client keeps a descriptor cache and goes degraded (local-only)
+    /// when no master answers, as an engine may run it: its reads then
+    /// promise less (see [`ReadPromise`]), and the checker holds them to
+    /// that.
+    pub cache_and_degrade: bool,
 }
+
+/// The masters' read lease in a run (their default `--lease-ttl`): how far
+/// behind a read through the descriptor cache may be.
+pub const MASTER_LEASE_TTL: Duration = Duration::from_secs(10);
+/// How long a `cache_and_degrade` client goes without a master before it
+/// turns degraded: well inside the masters' pause of a degraded period.
+const DEGRADE_AFTER: Duration = Duration::from_secs(2);
 
 const PRIVATE_KEYS: u64 = 12;
 const SHARED_KEYS: u64 = 6;
@@ -70,9 +84,14 @@ const MAX_BATCH_PUT: usize = 4;
 pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     let client_cfg = ClientConfig {
         master: cfg.master.clone(),
-        // The checker needs every acknowledged write in the cluster: never
-        // fall back to the local-only cache during the run.
-        degrade_after: Duration::ZERO,
+        // A plain worker never falls back to its local-only cache: its
+        // every read is judged linearizable.
+        degrade_after: if cfg.cache_and_degrade {
+            DEGRADE_AFTER
+        } else {
+            Duration::ZERO
+        },
+        descriptor_cache: cfg.cache_and_degrade,
         master_deadline: cfg.op_timeout.saturating_sub(Duration::from_secs(1)),
         default_replicas: cfg.replicas,
         token_file: cfg.token_file.clone(),
@@ -91,12 +110,25 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
             let mut rng = StdRng::seed_from_u64(cfg.seed ^ ((process as u64) << 32));
             let mut counter: u64 = 0;
             while !cfg.stop_file.exists() && started.elapsed() < cfg.max_duration {
-                let op = if cfg.focus_file.exists() && rng.random_bool(0.7) {
+                let before = DegradedSeen::now(&client);
+                let mut ops = if cfg.focus_file.exists() && rng.random_bool(0.7) {
                     hot_op(&client, &transport, &cfg, process, &mut rng, &mut counter).await
                 } else {
                     one_op(&client, &transport, &cfg, process, &mut rng, &mut counter).await
                 };
-                for op in op {
+                if cfg.cache_and_degrade {
+                    let promise = if before.degraded_since(&client) {
+                        ReadPromise::Degraded
+                    } else {
+                        ReadPromise::Stale {
+                            within_us: MASTER_LEASE_TTL.as_micros() as u64,
+                        }
+                    };
+                    for op in ops.iter_mut().filter(|o| o.kind == OpKind::Get) {
+                        op.promise = promise;
+                    }
+                }
+                for op in ops {
                     if let Err(e) = recorder.lock().await.record(&op) {
                         tracing::error!(error = %e, "cannot record history");
                         return;
@@ -114,7 +146,7 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
     let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     let stats = &client.stats;
     eprintln!(
-        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={} puts_placed_ahead={} (in batches {}) placements_ahead_given_back={} placements_ahead_retried={}",
+        "worker {} done: tcp_bytes={} shm_bytes={} disk_file_bytes={} disk_file_fallbacks={} checksum_failures={} puts_placed_ahead={} (in batches {}) placements_ahead_given_back={} placements_ahead_retried={} cached_reads={} cached_read_fallbacks={} descriptor_renewals={} degraded_puts={} degraded_gets={} published={}",
         cfg.worker,
         read(&stats.tcp_bytes),
         read(&stats.shm_bytes),
@@ -124,10 +156,40 @@ pub async fn run_worker(cfg: WorkerConfig) -> anyhow::Result<()> {
         read(&stats.ahead.used),
         read(&stats.ahead.used_in_batches),
         read(&stats.ahead.given_back),
-        read(&stats.ahead.retried)
+        read(&stats.ahead.retried),
+        read(&stats.cached_reads),
+        read(&stats.cached_read_fallbacks),
+        read(&stats.descriptor_renewals),
+        read(&stats.degraded_puts),
+        read(&stats.degraded_gets),
+        read(&stats.published),
     );
     client.close().await;
     Ok(())
+}
+
+/// Whether a client served anything in degraded mode between two moments:
+/// degraded then or at any read or put since (the counters are the whole
+/// client's, so another task's degraded read counts too: this errs toward
+/// the weaker promise, never the stronger).
+struct DegradedSeen {
+    degraded: bool,
+    served: u64,
+}
+
+impl DegradedSeen {
+    fn now(client: &Client) -> Self {
+        let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Acquire);
+        Self {
+            degraded: client.is_degraded(),
+            served: read(&client.stats.degraded_gets) + read(&client.stats.degraded_puts),
+        }
+    }
+
+    fn degraded_since(&self, client: &Client) -> bool {
+        let after = Self::now(client);
+        self.degraded || after.degraded || after.served != self.served
+    }
 }
 
 /// The hot keys workers use at some moment of `[from_us, to_us]` (while the
@@ -267,9 +329,9 @@ async fn put_batch(
         .collect();
     let invoke_us = now_us();
     let outcomes: Vec<Outcome> =
-        match tokio::time::timeout(cfg.op_timeout, client.put_batch(&items, &rc)).await {
+        match tokio::time::timeout(cfg.op_timeout, client.put_batch_placed(&items, &rc)).await {
             Ok(Ok(results)) if results.len() == keys.len() => {
-                results.into_iter().map(put_outcome).collect()
+                results.into_iter().map(stored_outcome).collect()
             }
             Ok(Ok(_)) => (0..keys.len())
                 .map(|_| Outcome::Unknown {
@@ -296,6 +358,7 @@ async fn put_batch(
             invoke_us,
             complete_us,
             outcome,
+            promise: ReadPromise::Linearizable,
         })
         .collect()
 }
@@ -314,7 +377,7 @@ async fn put(
         ..Default::default()
     };
     timed(cfg, process, key.clone(), OpKind::Put { value }, async {
-        put_outcome(client.put(&key, &bytes, &rc).await)
+        stored_outcome(client.put_placed(&key, &bytes, &rc).await)
     })
     .await
 }
@@ -465,6 +528,7 @@ async fn timed(
         invoke_us,
         complete_us: now_us(),
         outcome,
+        promise: ReadPromise::Linearizable,
     }
 }
 
@@ -492,6 +556,22 @@ pub(crate) fn put_outcome(r: Result<(), Error>) -> Outcome {
         Err(e) => Outcome::Unknown {
             error: e.to_string(),
         },
+    }
+}
+
+/// The error of a put kept in a degraded client's memory.
+pub const LOCAL_ONLY_PUT: &str = "kept in the client's memory only (degraded mode)";
+
+/// A put that says where its bytes went: one kept only in the client's
+/// memory (degraded mode) is in the cluster later, when it is published,
+/// or never.
+fn stored_outcome(r: Result<Stored, Error>) -> Outcome {
+    match r {
+        Ok(Stored::InCluster) => Outcome::Ok,
+        Ok(Stored::LocalOnly) => Outcome::Unknown {
+            error: LOCAL_ONLY_PUT.into(),
+        },
+        Err(e) => put_outcome(Err(e)),
     }
 }
 

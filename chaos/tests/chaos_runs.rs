@@ -58,6 +58,19 @@
 //!   the restarts and passes; a run whose stores are started with the
 //!   test-only `--unsafe-forget-disk-on-restart` (a restarted store deletes
 //!   its disk segment) must fail with disk objects lost.
+//! - `degraded_periods_are_judged_by_what_each_read_promises`: every
+//!   master paused three times while a third worker runs a client with the
+//!   descriptor cache and degraded mode; it must read through its cache,
+//!   read and put while degraded, and the run must pass with each read held
+//!   to its promise (a lease of staleness; real bytes while degraded) and
+//!   the plain workers' reads to linearizability.
+//! - `evicting_on_a_failing_disk_is_caught`: over a schedule of failing
+//!   disks (the second store's disk answers EIO while the leader demotes),
+//!   an honest run moves what the failing disk refused to the other disk
+//!   and passes; masters started with the test-only
+//!   `--unsafe-evict-on-failed-copy` evict those objects instead, and the
+//!   checker must fail the run (the probes, read while the disk fails, are
+//!   lost writes).
 //! - `exclusive_promotion_is_caught`: masters started with the test-only
 //!   `--unsafe-exclusive-promotion` release a promoted object's disk
 //!   replica; over store restarts with the disk tier, objects promoted into
@@ -228,6 +241,27 @@ fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
     }
 }
 
+/// A processes-mode run of `schedule` into a fresh `name` directory, with
+/// `more` arguments (a switch, a `--duration`): its exit code and output.
+fn processes_run(name: &str, schedule: &str, seed: &str, more: &[&str]) -> (i32, String) {
+    let out = out_dir(name);
+    let mut args = vec![
+        "run",
+        "--mode",
+        "processes",
+        "--schedule",
+        schedule,
+        "--seed",
+        seed,
+        "--out",
+        &out,
+    ];
+    args.extend_from_slice(more);
+    let (code, text) = chaos(&args);
+    println!("{text}");
+    (code, text)
+}
+
 /// A run of `schedule` in processes mode with a test-only switch that
 /// breaks a guarantee: it must fail; its violation counts.
 fn broken_run(
@@ -247,22 +281,9 @@ fn broken_run_with(
     switch: &str,
     more: &[&str],
 ) -> serde_json::Map<String, serde_json::Value> {
-    let out = out_dir(name);
-    let mut args = vec![
-        "run",
-        "--mode",
-        "processes",
-        "--schedule",
-        schedule,
-        "--seed",
-        seed,
-        "--out",
-        &out,
-        switch,
-    ];
+    let mut args = vec![switch];
     args.extend_from_slice(more);
-    let (code, text) = chaos(&args);
-    println!("{text}");
+    let (code, text) = processes_run(name, schedule, seed, &args);
     if code != 1 {
         panic!(
             "{switch} must fail the run with violations (exit 1); it exited {code}: {}",
@@ -277,6 +298,45 @@ fn broken_run_with(
         .as_object()
         .unwrap()
         .clone()
+}
+
+#[test]
+fn degraded_periods_are_judged_by_what_each_read_promises() {
+    let (code, text) = processes_run("chaos-degraded", "degraded-periods", "5", &[]);
+    assert_eq!(code, 0, "{}", why_it_ended(&text));
+    let report = report(&text);
+    let relaxed = &report["relaxed_reads"];
+    for what in ["stale_within_lease", "degraded", "local_only_puts"] {
+        assert!(
+            relaxed[what].as_u64().unwrap_or(0) > 0,
+            "the run proved nothing about {what}: {relaxed}"
+        );
+    }
+    assert_every_worker_recorded(&run_dir(&text));
+}
+
+#[test]
+fn evicting_on_a_failing_disk_is_caught() {
+    let (code, text) = processes_run("chaos-failing-disk", "failing-disks", "3", &[]);
+    if text.contains("cannot be made to fail here") {
+        println!("SKIPPED: no FUSE here, so no disk can be made to fail");
+        return;
+    }
+    assert_eq!(code, 0, "{}", why_it_ended(&text));
+    assert!(
+        text.contains("24 found, 0 missing"),
+        "the probes were not all read while the disk failed:\n{text}"
+    );
+    let counts = broken_run(
+        "chaos-failing-disk-unsafe",
+        "failing-disks",
+        "3",
+        "--unsafe-evict-on-failed-copy",
+    );
+    assert!(
+        counts.contains_key("lost_write"),
+        "expected lost writes (evicted probes), got {counts:?}"
+    );
 }
 
 #[test]
@@ -380,23 +440,12 @@ fn a_store_trusting_its_own_clock_is_caught() {
 fn forgetting_the_disk_on_restart_is_caught() {
     // The honest run of the same schedule and seed: disk objects are
     // checked across the restarts, and none is lost.
-    let out = out_dir("chaos-disk-restarts");
-    let (code, text) = chaos(&[
-        "run",
-        "--mode",
-        "processes",
-        "--schedule",
-        "disk-restarts",
-        "--seed",
-        "17",
-        "--out",
-        &out,
-    ]);
-    println!("{text}");
+    let (code, text) = processes_run("chaos-disk-restarts", "disk-restarts", "17", &[]);
     assert_eq!(
         code,
         0,
-        "the honest run failed (logs and report in {out}): {}",
+        "the honest run failed (logs and report in {}): {}",
+        run_dir(&text),
         why_it_ended(&text)
     );
     let honest = report(&text);
