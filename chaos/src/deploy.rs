@@ -142,6 +142,11 @@ pub trait Deployment: Send {
     fn fail_store_disk(&mut self, _idx: usize, _failing: bool) -> anyhow::Result<bool> {
         Ok(false)
     }
+    /// Whether [`fail_store_disk`](Self::fail_store_disk) can fail store
+    /// `idx`'s disk.
+    fn can_fail_store_disk(&self, _idx: usize) -> bool {
+        false
+    }
     /// SIGSTOP store `idx`: it keeps its sockets (the kernel still queues
     /// what clients send it) but runs no code.
     fn pause_store(&mut self, idx: usize) -> anyhow::Result<()>;
@@ -477,6 +482,9 @@ impl Deployment for ProcessDeployment {
             }
         }
         Ok(true)
+    }
+    fn can_fail_store_disk(&self, idx: usize) -> bool {
+        self.failing_disk.is_some() && idx == FAILING_DISK_STORE
     }
     fn fail_store_disk(&mut self, idx: usize, failing: bool) -> anyhow::Result<bool> {
         match &self.failing_disk {

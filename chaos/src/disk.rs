@@ -952,6 +952,9 @@ pub async fn failing_disk(
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let process = PROCESS_BASE + round;
     let mut summary = FailingDiskSummary::default();
+    if !dep.can_fail_store_disk(idx) {
+        return Ok(summary);
+    }
     let (health, _) = DiskChecker::wait_for_health(&dep.store_http(idx), |h| {
         h.disk_segment.is_some() && h.disk_mounted
     })

@@ -323,10 +323,21 @@ fn evicting_on_a_failing_disk_is_caught() {
         return;
     }
     assert_eq!(code, 0, "{}", why_it_ended(&text));
-    assert!(
-        text.contains("24 found, 0 missing"),
-        "the probes were not all read while the disk failed:\n{text}"
+    let rounds: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("probes read:"))
+        .collect();
+    assert_eq!(
+        rounds.len(),
+        crescent_chaos::schedule::FAILING_DISK_FAULTS,
+        "{text}"
     );
+    for round in rounds {
+        assert!(
+            round.contains(" 0 missing") && !round.contains("read: 0 found"),
+            "probes must be read, none missing, while the disk fails: {round}"
+        );
+    }
     let counts = broken_run(
         "chaos-failing-disk-unsafe",
         "failing-disks",
