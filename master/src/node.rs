@@ -130,14 +130,14 @@ pub struct LeaderMemory {
     /// Lookups of objects only on disk, and those due for promotion.
     disk_reads: promotion::DiskReads,
     /// Segments a copy between tiers failed to write, and until when they
-    /// are not picked as copy targets (see [`COPY_TARGET_BACKOFF`]).
+    /// are not picked as copy targets (see [`MasterNode::avoid_copy_targets`]).
     failed_copy_targets: HashMap<SegmentId, Instant>,
 }
 
-/// How long a segment that failed a copy between tiers (a disk answering
-/// I/O errors, say) is passed over as a copy target: its victims go to
-/// another segment meanwhile, or are evicted when none has room, rather
-/// than fail against it every round.
+/// How long, past the failed copies' release time, a segment that failed
+/// a copy between tiers (a disk answering I/O errors, say) is passed over
+/// as a copy target: its victims go to another segment meanwhile, or are
+/// evicted when none has room, rather than fail against it every round.
 pub const COPY_TARGET_BACKOFF: Duration = Duration::from_secs(30);
 
 impl LeaderMemory {
@@ -1158,18 +1158,26 @@ impl MasterNode {
         )
     }
 
-    /// Passes over `segments` as copy targets for [`COPY_TARGET_BACKOFF`]:
-    /// a copy failed to write to each.
+    /// Passes over `segments` as copy targets: a copy failed to write to
+    /// each. Until the copies' release time (`--demotion-timeout`: a copy
+    /// of unknown outcome holds its object as moving until then) and
+    /// [`COPY_TARGET_BACKOFF`] more, so an object released from such a copy
+    /// goes elsewhere, not back to the failing segment.
     pub fn avoid_copy_targets(&self, segments: &BTreeSet<SegmentId>) {
         if segments.is_empty() {
             return;
         }
-        let until = Instant::now() + COPY_TARGET_BACKOFF;
+        let backoff = self.config.demotion_timeout + COPY_TARGET_BACKOFF;
+        let until = Instant::now() + backoff;
         let mut mem = self.leader_mem.lock().expect("lock poisoned");
         for s in segments {
             mem.failed_copy_targets.insert(*s, until);
         }
-        tracing::warn!(?segments, backoff = ?COPY_TARGET_BACKOFF, "copies between tiers failed to write to these segments; passing them over");
+        tracing::warn!(
+            ?segments,
+            ?backoff,
+            "copies between tiers failed to write to these segments; passing them over"
+        );
     }
 
     /// The segments not to copy to now (see [`avoid_copy_targets`](Self::avoid_copy_targets)).

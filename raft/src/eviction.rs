@@ -178,8 +178,16 @@ where
     let target = target.max(1);
     let mut unpinned: Vec<(u64, &str)> = Vec::new();
     let mut soft_pinned: Vec<(u64, &str)> = Vec::new();
+    // Objects being copied between tiers are left to that copy (a round
+    // could not move them anyway): choosing them would fill rounds with
+    // objects that wait for a failed copy's release time.
+    let moving = state.moving_keys();
     for (key, obj) in &state.objects {
-        if !obj.is_complete() || obj.hard_pin || !holds(state, obj, holding) {
+        if !obj.is_complete()
+            || obj.hard_pin
+            || !holds(state, obj, holding)
+            || moving.contains(key.as_str())
+        {
             continue;
         }
         let info = access(key);

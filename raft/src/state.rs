@@ -1774,6 +1774,11 @@ impl MetaState {
         self.tier_moves.values().any(|m| m.key == key)
     }
 
+    /// Keys with a copy between tiers in flight.
+    pub fn moving_keys(&self) -> std::collections::HashSet<&str> {
+        self.tier_moves.values().map(|m| m.key.as_str()).collect()
+    }
+
     /// Whether `obj` has a replica on a disk segment, live or expired (one
     /// that expired comes back, with its bytes, when its store restarts).
     pub fn has_disk_replica(&self, obj: &Object) -> bool {
