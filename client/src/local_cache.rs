@@ -80,6 +80,12 @@ impl LocalCache {
         Some(v)
     }
 
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.by_age.clear();
+        self.used = 0;
+    }
+
     pub fn keys(&self) -> Vec<String> {
         self.by_age.values().cloned().collect()
     }

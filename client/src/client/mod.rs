@@ -432,6 +432,9 @@ impl ClientCore {
         match key {
             Some(k) => {
                 d.remove(k);
+                // An object kept while degraded and not published is not
+                // read back after the key's own remove either.
+                self.local_only.lock().expect("lock poisoned").remove(k);
             }
             None => d.clear(),
         }
@@ -503,6 +506,7 @@ impl ClientCore {
 
     pub async fn remove_all(&self, force: bool) -> Result<u64> {
         self.removing(None);
+        self.local_only.lock().expect("lock poisoned").clear();
         let removed = self.master.remove_all(force).await;
         self.removing(None);
         removed.map_err(|e| Error::from_master(e, ""))

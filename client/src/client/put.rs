@@ -46,7 +46,12 @@ impl ClientCore {
         // force meanwhile, say) is not read instead of what it just put.
         self.forget_descriptor(key);
         match put {
-            Ok(()) => Ok(Stored::InCluster),
+            Ok(()) => {
+                // The cluster's object is the key's now: a value kept while
+                // degraded and not published is not read instead of it.
+                self.local_only.lock().expect("lock poisoned").remove(key);
+                Ok(Stored::InCluster)
+            }
             Err(e @ Error::Unavailable(_)) => {
                 self.note_unavailable(&e);
                 if self.is_degraded() {
@@ -284,7 +289,15 @@ impl ClientCore {
             for (k, _) in items {
                 self.forget_descriptor(k);
             }
-            (put?, Stored::InCluster)
+            let put = put?;
+            let mut local = self.local_only.lock().expect("lock poisoned");
+            for ((k, _), r) in items.iter().zip(&put) {
+                if r.is_ok() {
+                    local.remove(k);
+                }
+            }
+            drop(local);
+            (put, Stored::InCluster)
         };
         Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
     }
