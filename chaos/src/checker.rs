@@ -273,11 +273,12 @@ fn client_of(op: &Op) -> u32 {
 /// Judges the reads that promise less than linearizability (see
 /// [`ReadPromise`]). The value read must come from a put of the key that
 /// did not fail, invoked before the read completed. A stale read must
-/// also be recent: once an operation that completed after that put
-/// finished has seen the key absent (a remove, a get or an exists), the
-/// value is gone for good (values are unique and objects immutable), and a
-/// read invoked more than `within_us` later, or at all after its own
-/// client's remove, may not return it.
+/// also be recent: once an operation invoked after that put finished has
+/// seen the key without it (a remove, a get or an exists finding nothing,
+/// or a linearizable get finding another value), the value is gone for good
+/// (values are unique and objects immutable), and a read invoked more than
+/// `within_us` later, or at all after its own client's remove, may not
+/// return it.
 fn relaxed_reads(key: &str, ops: &[&Op]) -> Vec<Violation> {
     let mut out = Vec::new();
     for read in ops.iter().filter(|o| is_relaxed_read(o)) {
@@ -315,6 +316,9 @@ fn relaxed_reads(key: &str, ops: &[&Op]) -> Vec<Violation> {
                 (OpKind::Remove { .. }, Outcome::Ok | Outcome::Missing) => true,
                 // Found nothing: a lookup answered, whatever the promise.
                 (OpKind::Get, Outcome::Missing) => true,
+                (OpKind::Get, Outcome::Found { value: other }) => {
+                    *other != value && w.promise.is_linearizable()
+                }
                 (OpKind::Exists, Outcome::Present { exists: false }) => true,
                 _ => false,
             };
@@ -727,6 +731,33 @@ mod tests {
         // The same read with no promise is a plain stale read.
         let k = kinds(&history(get(201, 120, 125, Outcome::Found { value: 7 })));
         assert_eq!(k, vec![ViolationKind::NotLinearizable]);
+    }
+
+    #[test]
+    fn a_cached_read_may_not_return_a_value_replaced_a_lease_ago() {
+        let lease = ReadPromise::Stale { within_us: 100 };
+        // A remove of unknown outcome (no proof by itself), a put of 8,
+        // and a plain read that found 8 at 40-50: 7 was gone by then.
+        let h = |read_at| {
+            vec![
+                put(101, 7, 0, 10, Outcome::Ok),
+                op(
+                    102,
+                    OpKind::Remove { force: true },
+                    20,
+                    u64::MAX - 1,
+                    unknown(),
+                ),
+                put(102, 8, 30, 35, Outcome::Ok),
+                get(103, 40, 50, Outcome::Found { value: 8 }),
+                promised(
+                    get(201, read_at, read_at + 5, Outcome::Found { value: 7 }),
+                    lease,
+                ),
+            ]
+        };
+        assert!(kinds(&h(120)).is_empty(), "within a lease of the read of 8");
+        assert_eq!(kinds(&h(200)), vec![ViolationKind::StaleRead]);
     }
 
     #[test]
