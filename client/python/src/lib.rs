@@ -21,6 +21,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+mod replicate;
+use replicate::{replicate_config, ObjectDataType, ReplicateConfig, SoftPinAction};
+
 /// One runtime for the process: engines create a store object or two and
 /// call it from many threads; each call blocks its (GIL-free) thread on it.
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -205,89 +208,6 @@ impl SetupArgs {
             );
         }
         Ok(c)
-    }
-}
-
-/// Replication options read from any object with Mooncake's
-/// `ReplicateConfig` attribute names; absent attributes take defaults.
-fn replicate_config(obj: Option<&Bound<'_, PyAny>>) -> PyResult<crescent_client::ReplicateConfig> {
-    let mut out = crescent_client::ReplicateConfig::default();
-    let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(out);
-    };
-    let attr = |name: &str| -> Option<Bound<'_, PyAny>> {
-        obj.getattr(name).ok().filter(|v| !v.is_none())
-    };
-    if let Some(v) = attr("replica_num") {
-        let n: i64 = v.extract()?;
-        out.replica_num = u32::try_from(n).map_err(|_| {
-            PyValueError::new_err(format!("replica_num must be 0..=2^32-1, got {n}"))
-        })?;
-    }
-    if let Some(v) = attr("with_soft_pin") {
-        out.soft_pin = v.is_truthy()?;
-    }
-    if let Some(v) = attr("with_hard_pin") {
-        out.hard_pin = v.is_truthy()?;
-    }
-    if let Some(v) = attr("preferred_segments") {
-        out.preferred_segments = v.extract()?;
-    }
-    if let Some(v) = attr("preferred_segment") {
-        let s: String = v.extract()?;
-        if !s.is_empty() && !out.preferred_segments.contains(&s) {
-            out.preferred_segments.insert(0, s);
-        }
-    }
-    Ok(out)
-}
-
-/// Mooncake's `ReplicateConfig`. Attributes it has and Crescent does not use
-/// (`group_ids`, `soft_pin_ttl_ms`, ...) may be set freely and are ignored.
-#[pyclass(dict, module = "crescent._native")]
-struct ReplicateConfig {
-    #[pyo3(get, set)]
-    replica_num: i64,
-    #[pyo3(get, set)]
-    with_soft_pin: bool,
-    #[pyo3(get, set)]
-    with_hard_pin: bool,
-    #[pyo3(get, set)]
-    preferred_segment: String,
-    #[pyo3(get, set)]
-    preferred_segments: Vec<String>,
-    #[pyo3(get, set)]
-    prefer_alloc_in_same_node: bool,
-}
-
-#[pymethods]
-impl ReplicateConfig {
-    #[new]
-    #[pyo3(signature = (replica_num=1, with_soft_pin=false, with_hard_pin=false, preferred_segment=String::new(), preferred_segments=Vec::new(), prefer_alloc_in_same_node=false, **_ignored))]
-    fn new(
-        replica_num: i64,
-        with_soft_pin: bool,
-        with_hard_pin: bool,
-        preferred_segment: String,
-        preferred_segments: Vec<String>,
-        prefer_alloc_in_same_node: bool,
-        _ignored: Option<&Bound<'_, PyDict>>,
-    ) -> Self {
-        ReplicateConfig {
-            replica_num,
-            with_soft_pin,
-            with_hard_pin,
-            preferred_segment,
-            preferred_segments,
-            prefer_alloc_in_same_node,
-        }
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "ReplicateConfig(replica_num={}, with_soft_pin={}, with_hard_pin={}, preferred_segments={:?})",
-            self.replica_num, self.with_soft_pin, self.with_hard_pin, self.preferred_segments
-        )
     }
 }
 
@@ -839,7 +759,10 @@ impl MooncakeDistributedStore {
         value: Bound<'_, PyAny>,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let cfg = replicate_config(config.as_ref())?;
+        let cfg = match replicate_config(config.as_ref())? {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
         let bufs = Self::buffers(std::slice::from_ref(&value))?;
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
@@ -857,7 +780,10 @@ impl MooncakeDistributedStore {
         parts: Vec<Bound<'_, PyAny>>,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let cfg = replicate_config(config.as_ref())?;
+        let cfg = match replicate_config(config.as_ref())? {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
         let bufs = Self::buffers(&parts)?;
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
@@ -883,7 +809,10 @@ impl MooncakeDistributedStore {
         if keys.len() != values.len() {
             return Ok(mooncake::INVALID_PARAMS);
         }
-        let cfg = replicate_config(config.as_ref())?;
+        let cfg = match replicate_config(config.as_ref())? {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
         let bufs = Self::buffers(&values)?;
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
@@ -1140,7 +1069,10 @@ impl MooncakeDistributedStore {
         size: usize,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let cfg = replicate_config(config.as_ref())?;
+        let cfg = match replicate_config(config.as_ref())? {
+            Ok(c) => c,
+            Err(code) => return Ok(code),
+        };
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
         };
@@ -1234,6 +1166,115 @@ impl MooncakeDistributedStore {
             None => vec![mooncake::INVALID_PARAMS.into(); keys.len()],
         }
     }
+
+    /// Ranges of objects read into registered buffers: for buffer `i`, key
+    /// `all_keys[i][j]` gives `all_sizes[i][j][k]` bytes from offset
+    /// `all_src_offsets[i][j][k]` of the object to offset
+    /// `all_dst_offsets[i][j][k]` of the buffer. The answer is shaped like
+    /// `all_dst_offsets`: bytes read, or a negative code per range
+    /// (INVALID_PARAMS for a range outside its buffer or its object, or lists
+    /// of different lengths).
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<usize>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<usize>>>,
+        all_src_offsets: Vec<Vec<Vec<usize>>>,
+        all_sizes: Vec<Vec<Vec<usize>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        let invalid = i64::from(mooncake::INVALID_PARAMS);
+        let mut out: Vec<Vec<Vec<i64>>> = all_dst_offsets
+            .iter()
+            .map(|per_key| per_key.iter().map(|d| vec![invalid; d.len()]).collect())
+            .collect();
+        let n = buffer_ptrs.len();
+        if [
+            all_keys.len(),
+            all_src_offsets.len(),
+            all_sizes.len(),
+            all_dst_offsets.len(),
+        ]
+        .iter()
+        .any(|&l| l != n)
+        {
+            return out;
+        }
+        let Some(c) = self.client() else {
+            for r in out.iter_mut().flatten().flatten() {
+                *r = NOT_SET_UP.into();
+            }
+            return out;
+        };
+        // (buffer, key index, range index, destination, source offset, size)
+        let mut wanted: Vec<(usize, usize, usize, usize, usize, usize)> = Vec::new();
+        {
+            let reg = self.registry();
+            for i in 0..n {
+                let (keys, dst, src, sizes) = (
+                    &all_keys[i],
+                    &all_dst_offsets[i],
+                    &all_src_offsets[i],
+                    &all_sizes[i],
+                );
+                if keys.len() != dst.len() || keys.len() != src.len() || keys.len() != sizes.len() {
+                    continue;
+                }
+                for j in 0..keys.len() {
+                    if dst[j].len() != src[j].len() || dst[j].len() != sizes[j].len() {
+                        continue;
+                    }
+                    for k in 0..dst[j].len() {
+                        let Some(to) = buffer_ptrs[i].checked_add(dst[j][k]) else {
+                            continue;
+                        };
+                        if reg.covers(to, sizes[j][k], Access::Write) {
+                            wanted.push((i, j, k, to, src[j][k], sizes[j][k]));
+                        }
+                    }
+                }
+            }
+        }
+        let mut keys: Vec<&str> = wanted.iter().map(|w| all_keys[w.0][w.1].as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return out;
+        }
+        block(py, async {
+            let values = match c.get_batch(&keys).await {
+                Ok(vs) => vs,
+                Err(e) => {
+                    let code = i64::from(error_number(&e));
+                    for w in &wanted {
+                        out[w.0][w.1][w.2] = code;
+                    }
+                    return;
+                }
+            };
+            for &(i, j, k, to, from, size) in &wanted {
+                let Ok(at) = keys.binary_search(&all_keys[i][j].as_str()) else {
+                    continue;
+                };
+                out[i][j][k] = match &values[at] {
+                    Err(e) => error_number(e).into(),
+                    Ok(v) => match from.checked_add(size).and_then(|end| v.get(from..end)) {
+                        None => invalid,
+                        Some(bytes) => {
+                            // SAFETY: covered (see `Registered`); ranges are
+                            // copied one after another, so overlapping
+                            // destinations only overwrite each other.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(bytes.as_ptr(), to as *mut u8, size)
+                            };
+                            size as i64
+                        }
+                    },
+                };
+            }
+        });
+        out
+    }
 }
 
 /// One range per key; None when there are not as many sizes as pointers.
@@ -1273,7 +1314,10 @@ impl MooncakeDistributedStore {
         if keys.len() != ranges.len() {
             return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
         }
-        let cfg = replicate_config(config.as_ref())?;
+        let cfg = match replicate_config(config.as_ref())? {
+            Ok(c) => c,
+            Err(code) => return Ok(vec![code; keys.len()]),
+        };
         let Some(c) = self.client() else {
             return Ok(vec![NOT_SET_UP; keys.len()]);
         };
@@ -1514,6 +1558,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .try_init();
     m.add_class::<MooncakeDistributedStore>()?;
     m.add_class::<ReplicateConfig>()?;
+    m.add_class::<SoftPinAction>()?;
+    m.add_class::<ObjectDataType>()?;
     m.add_class::<BufferHandle>()?;
     m.add_class::<ReplicaDescriptor>()?;
     m.add_class::<MooncakeHostMemAllocator>()?;

@@ -204,16 +204,6 @@ def test_setup_by_keyword_dict_and_sizes_as_text(cluster):
     d.close()
 
 
-def test_replicate_config_accepts_mooncake_fields():
-    c = ReplicateConfig()
-    assert c.replica_num == 1 and not c.with_soft_pin and not c.with_hard_pin
-    c.group_ids = [1, 2]
-    c.soft_pin_ttl_ms = 5000
-    c.preferred_segment = "seg"
-    assert c.group_ids == [1, 2]
-    ReplicateConfig(replica_num=2, soft_pin_action="x", unknown_future_field=1)
-
-
 def test_host_allocator():
     a = MooncakeHostMemAllocator()
     p = a.alloc(1 << 20)

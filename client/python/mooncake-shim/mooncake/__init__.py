@@ -1,1 +1,2 @@
-"""Crescent's stand-in for Mooncake's top-level package: only `mooncake.store`."""
+"""Crescent's stand-in for Mooncake's top-level package: `mooncake.store`
+(served by Crescent) and `mooncake.mooncake_config`."""

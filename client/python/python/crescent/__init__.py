@@ -9,8 +9,10 @@ from crescent.store import (
     BufferHandle,
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
+    ObjectDataType,
     ReplicaDescriptor,
     ReplicateConfig,
+    SoftPinAction,
 )
 
 __all__ = [
@@ -18,6 +20,8 @@ __all__ = [
     "BufferHandle",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "ObjectDataType",
     "ReplicaDescriptor",
     "ReplicateConfig",
+    "SoftPinAction",
 ]

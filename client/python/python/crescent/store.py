@@ -15,18 +15,39 @@ from crescent._native import (
     BufferHandle,
     MooncakeDistributedStore,
     MooncakeHostMemAllocator,
+    ObjectDataType,
     ReplicaDescriptor,
     ReplicateConfig,
+    SoftPinAction,
 )
+
+# Mooncake exports ObjectDataType's members at module level too (not
+# SoftPinAction's).
+_DATA_TYPES = (
+    "UNKNOWN",
+    "KVCACHE",
+    "TENSOR",
+    "WEIGHT",
+    "SAMPLE",
+    "ACTIVATION",
+    "GRADIENT",
+    "OPTIMIZER_STATE",
+    "METADATA",
+    "GENERAL",
+)
+globals().update({name: getattr(ObjectDataType, name) for name in _DATA_TYPES})
 
 __all__ = [
     "BufferHandle",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "ObjectDataType",
     "ReplicaDescriptor",
     "ReplicateConfig",
+    "SoftPinAction",
     "INVALID_PARAMS",
     "NO_AVAILABLE_HANDLE",
     "OBJECT_NOT_FOUND",
     "RPC_FAIL",
+    *_DATA_TYPES,
 ]

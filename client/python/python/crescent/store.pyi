@@ -7,13 +7,58 @@ RPC_FAIL: int
 
 Size = Union[int, str]
 
+class SoftPinAction:
+    PRESERVE: SoftPinAction
+    ENABLE: SoftPinAction
+    DISABLE: SoftPinAction
+    def __int__(self) -> int: ...
+
+class ObjectDataType:
+    UNKNOWN: ObjectDataType
+    KVCACHE: ObjectDataType
+    TENSOR: ObjectDataType
+    WEIGHT: ObjectDataType
+    SAMPLE: ObjectDataType
+    ACTIVATION: ObjectDataType
+    GRADIENT: ObjectDataType
+    OPTIMIZER_STATE: ObjectDataType
+    METADATA: ObjectDataType
+    GENERAL: ObjectDataType
+    def __int__(self) -> int: ...
+
+UNKNOWN: ObjectDataType
+KVCACHE: ObjectDataType
+TENSOR: ObjectDataType
+WEIGHT: ObjectDataType
+SAMPLE: ObjectDataType
+ACTIVATION: ObjectDataType
+GRADIENT: ObjectDataType
+OPTIMIZER_STATE: ObjectDataType
+METADATA: ObjectDataType
+GENERAL: ObjectDataType
+
 class ReplicateConfig:
     replica_num: int
+    # Crescent has neither NVMe-oF nor DFS replicas: a put with either
+    # count above 0 returns INVALID_PARAMS.
+    nof_replica_num: int
+    dfs_replica_num: int
+    soft_pin_action: SoftPinAction
+    # None, or 0..2**64 (else TypeError). ENABLE with 0 stores the object
+    # unpinned; any other value pins it for the masters' --soft-pin-ttl
+    # (the per-object TTL is not applied). Above 24 h, or with PRESERVE or
+    # DISABLE, a put returns INVALID_PARAMS.
+    soft_pin_ttl_ms: Optional[int]
+    # The older API's switch: True is soft_pin_action = ENABLE.
     with_soft_pin: bool
     with_hard_pin: bool
     preferred_segment: str
     preferred_segments: list[str]
+    preferred_nof_segments: list[str]
     prefer_alloc_in_same_node: bool
+    # Accepted and not used.
+    data_type: ObjectDataType
+    group_ids: Optional[list[Any]]
     def __init__(
         self,
         replica_num: int = 1,
@@ -22,6 +67,13 @@ class ReplicateConfig:
         preferred_segment: str = "",
         preferred_segments: Sequence[str] = (),
         prefer_alloc_in_same_node: bool = False,
+        soft_pin_action: SoftPinAction = ...,
+        soft_pin_ttl_ms: Optional[int] = None,
+        nof_replica_num: int = 0,
+        dfs_replica_num: int = 0,
+        preferred_nof_segments: Sequence[str] = (),
+        data_type: ObjectDataType = ...,
+        group_ids: Optional[Sequence[Any]] = None,
         **ignored: Any,
     ) -> None: ...
     def __setattr__(self, name: str, value: Any) -> None: ...
@@ -123,3 +175,14 @@ class MooncakeDistributedStore:
         all_sizes: Sequence[Sequence[int]],
         prefer_alloc_in_same_node: bool = False,
     ) -> list[int]: ...
+    # Per buffer i, per key j, per range k: size bytes from the object's
+    # src offset to the buffer's dst offset. Shaped like all_dst_offsets:
+    # bytes read, or a negative code per range.
+    def get_into_ranges(
+        self,
+        buffer_ptrs: Sequence[int],
+        all_keys: Sequence[Sequence[str]],
+        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+        all_sizes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[list[list[int]]]: ...
