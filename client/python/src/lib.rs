@@ -21,7 +21,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+mod host_memory;
 mod replicate;
+use host_memory::{HostBlocks, MemPool};
 use replicate::{replicate_config, ObjectDataType, ReplicateConfig, SoftPinAction};
 
 /// One runtime for the process: engines create a store object or two and
@@ -471,6 +473,7 @@ struct MooncakeDistributedStore {
     registered: Mutex<Registered>,
     /// What `get_hostname` answers: the name this client registered under.
     hostname: Mutex<String>,
+    mem_pool: Mutex<MemPool>,
 }
 
 impl MooncakeDistributedStore {
@@ -480,6 +483,12 @@ impl MooncakeDistributedStore {
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registered> {
         self.registered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, MemPool> {
+        self.mem_pool
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -625,6 +634,7 @@ impl MooncakeDistributedStore {
             client: Arc::new(RwLock::new(None)),
             registered: Mutex::new(Registered::default()),
             hostname: Mutex::new(String::new()),
+            mem_pool: Mutex::new(MemPool::default()),
         }
     }
 
@@ -708,14 +718,22 @@ impl MooncakeDistributedStore {
     ) -> i32 {
         let _ = server_address;
         let config = (|| {
-            size_arg("mem_pool_size", &mem_pool_size)?;
+            let pool = size_arg("mem_pool_size", &mem_pool_size)?;
+            let pool =
+                usize::try_from(pool).map_err(|_| format!("mem_pool_size {pool} is too large"))?;
             let mut c = ClientConfig::from_env().map_err(|e| e.to_string())?;
             c.global_segment_size = 0;
             c.local_buffer_size = size_arg("local_buffer_size", &local_buffer_size)?;
-            Ok::<_, String>(c)
+            Ok::<_, String>((c, pool))
         })();
         match config {
-            Ok(c) => self.connect(py, c),
+            Ok((c, pool)) => {
+                let code = self.connect(py, c);
+                if code == mooncake::OK {
+                    self.pool().open(pool);
+                }
+                code
+            }
             Err(e) => {
                 tracing::warn!("setup_dummy: {e}");
                 mooncake::INVALID_PARAMS
@@ -733,7 +751,20 @@ impl MooncakeDistributedStore {
             });
         }
         self.registry().0.clear();
+        self.pool().retire();
         mooncake::OK
+    }
+
+    /// A dummy client's (`setup_dummy`) memory: the address of `size` bytes
+    /// of its `mem_pool_size`, to register and use in zero-copy calls; 0 when
+    /// the pool has no room, and always 0 for a client set up with `setup`.
+    /// The memory lives as long as this store object.
+    #[pyo3(signature = (size, /))]
+    fn alloc_from_mem_pool(&self, size: usize) -> usize {
+        if self.client().is_none() {
+            return 0;
+        }
+        self.pool().alloc(size)
     }
 
     /// 0 healthy, 1 not set up, 2 no master reachable (serving local-only).
@@ -1496,7 +1527,7 @@ fn scatter(v: &[u8], ranges: &[(usize, usize)]) -> i64 {
 /// engine registers (SGLang's standalone mode allocates its pool with it).
 #[pyclass(module = "crescent._native")]
 struct MooncakeHostMemAllocator {
-    blocks: Mutex<HashMap<usize, std::alloc::Layout>>,
+    blocks: Mutex<HostBlocks>,
 }
 
 #[pymethods]
@@ -1504,42 +1535,30 @@ impl MooncakeHostMemAllocator {
     #[new]
     fn new() -> Self {
         MooncakeHostMemAllocator {
-            blocks: Mutex::new(HashMap::new()),
+            blocks: Mutex::new(HostBlocks::default()),
         }
     }
 
     /// The address of `size` zeroed bytes, page-aligned.
     fn alloc(&self, size: usize) -> PyResult<usize> {
-        let layout = std::alloc::Layout::from_size_align(size.max(1), 4096)
-            .map_err(|e| PyValueError::new_err(format!("cannot allocate {size} bytes: {e}")))?;
-        // SAFETY: layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        if p.is_null() {
-            return Err(pyo3::exceptions::PyMemoryError::new_err(format!(
-                "cannot allocate {size} bytes"
-            )));
-        }
         self.blocks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(p as usize, layout);
-        Ok(p as usize)
+            .alloc(size)
+            .map_err(pyo3::exceptions::PyMemoryError::new_err)
     }
 
     /// Frees an address from `alloc`: 0, or INVALID_PARAMS for any other.
     fn free(&self, ptr: usize) -> i32 {
-        let layout = self
+        if self
             .blocks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&ptr);
-        match layout {
-            Some(l) => {
-                // SAFETY: ptr was returned by alloc_zeroed with this layout.
-                unsafe { std::alloc::dealloc(ptr as *mut u8, l) };
-                mooncake::OK
-            }
-            None => mooncake::INVALID_PARAMS,
+            .free(ptr)
+        {
+            mooncake::OK
+        } else {
+            mooncake::INVALID_PARAMS
         }
     }
 }

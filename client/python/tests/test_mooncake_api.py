@@ -200,6 +200,26 @@ def test_get_into_ranges(store):
     assert MooncakeDistributedStore().get_into_ranges([p0], [[k1]], [[[0]]], [[[0]]], [[[1]]]) == [[[NOT_SET_UP]]]
 
 
+def test_a_dummy_clients_memory_pool(cluster, store, monkeypatch):
+    assert store.alloc_from_mem_pool(4096) == 0, "a client set up with setup() has no pool"
+    monkeypatch.setenv("MOONCAKE_MASTER", cluster.masters)
+    d = MooncakeDistributedStore()
+    assert d.alloc_from_mem_pool(4096) == 0, "nor one not set up"
+    assert d.setup_dummy(1 << 20, 1 << 20, "127.0.0.1:50052") == 0
+    src, dst = d.alloc_from_mem_pool(64 << 10), d.alloc_from_mem_pool(64 << 10)
+    assert src and dst and src % 4096 == 0 and abs(src - dst) >= 64 << 10
+    assert d.alloc_from_mem_pool(1 << 20) == 0, "beyond mem_pool_size"
+    assert d.register_buffer(src, 64 << 10) == 0 and d.register_buffer(dst, 64 << 10) == 0
+    value = os.urandom(64 << 10)
+    ctypes.memmove(src, value, len(value))
+    k = key("pool")
+    assert d.put_from(k, src, len(value)) == 0
+    assert d.get_into(k, dst, len(value)) == len(value)
+    assert ctypes.string_at(dst, len(value)) == value
+    assert d.close() == 0
+    assert d.alloc_from_mem_pool(4096) == 0, "closed"
+
+
 # ---------------------------------------------------------- mooncake_config
 
 
