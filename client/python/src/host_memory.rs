@@ -49,10 +49,11 @@ impl HostBlocks {
     }
 
     pub fn free_all(&mut self) {
-        let ptrs: Vec<usize> = self.blocks.keys().copied().collect();
-        for p in ptrs {
-            self.free(p);
+        for (ptr, layout) in self.blocks.drain() {
+            // SAFETY: ptr was returned by alloc_zeroed with this layout.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
         }
+        self.used = 0;
     }
 }
 

@@ -761,9 +761,6 @@ impl MooncakeDistributedStore {
     /// The memory lives as long as this store object.
     #[pyo3(signature = (size, /))]
     fn alloc_from_mem_pool(&self, size: usize) -> usize {
-        if self.client().is_none() {
-            return 0;
-        }
         self.pool().alloc(size)
     }
 
@@ -790,9 +787,8 @@ impl MooncakeDistributedStore {
         value: Bound<'_, PyAny>,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let cfg = match replicate_config(config.as_ref())? {
-            Ok(c) => c,
-            Err(code) => return Ok(code),
+        let Some(cfg) = replicate_config(config.as_ref())? else {
+            return Ok(mooncake::INVALID_PARAMS);
         };
         let bufs = Self::buffers(std::slice::from_ref(&value))?;
         let Some(c) = self.client() else {
@@ -811,9 +807,8 @@ impl MooncakeDistributedStore {
         parts: Vec<Bound<'_, PyAny>>,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let cfg = match replicate_config(config.as_ref())? {
-            Ok(c) => c,
-            Err(code) => return Ok(code),
+        let Some(cfg) = replicate_config(config.as_ref())? else {
+            return Ok(mooncake::INVALID_PARAMS);
         };
         let bufs = Self::buffers(&parts)?;
         let Some(c) = self.client() else {
@@ -840,9 +835,8 @@ impl MooncakeDistributedStore {
         if keys.len() != values.len() {
             return Ok(mooncake::INVALID_PARAMS);
         }
-        let cfg = match replicate_config(config.as_ref())? {
-            Ok(c) => c,
-            Err(code) => return Ok(code),
+        let Some(cfg) = replicate_config(config.as_ref())? else {
+            return Ok(mooncake::INVALID_PARAMS);
         };
         let bufs = Self::buffers(&values)?;
         let Some(c) = self.client() else {
@@ -1100,9 +1094,8 @@ impl MooncakeDistributedStore {
         size: usize,
         config: Option<Bound<'_, PyAny>>,
     ) -> PyResult<i32> {
-        let cfg = match replicate_config(config.as_ref())? {
-            Ok(c) => c,
-            Err(code) => return Ok(code),
+        let Some(cfg) = replicate_config(config.as_ref())? else {
+            return Ok(mooncake::INVALID_PARAMS);
         };
         let Some(c) = self.client() else {
             return Ok(NOT_SET_UP);
@@ -1345,9 +1338,8 @@ impl MooncakeDistributedStore {
         if keys.len() != ranges.len() {
             return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
         }
-        let cfg = match replicate_config(config.as_ref())? {
-            Ok(c) => c,
-            Err(code) => return Ok(vec![code; keys.len()]),
+        let Some(cfg) = replicate_config(config.as_ref())? else {
+            return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
         };
         let Some(c) = self.client() else {
             return Ok(vec![NOT_SET_UP; keys.len()]);

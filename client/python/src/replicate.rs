@@ -6,7 +6,6 @@
 
 use std::sync::Once;
 
-use crescent_client::mooncake;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -196,22 +195,22 @@ impl ReplicateConfig {
     }
 }
 
-/// A put's replication options, or the Mooncake code that refuses them
-/// (INVALID_PARAMS, with the reason logged).
-pub type Options = Result<crescent_client::ReplicateConfig, i32>;
-
-fn refuse(reason: String) -> Options {
+/// None: options Mooncake refuses (INVALID_PARAMS), with the reason logged.
+fn refuse(reason: String) -> Option<crescent_client::ReplicateConfig> {
     tracing::warn!("ReplicateConfig refused: {reason}");
-    Err(mooncake::INVALID_PARAMS)
+    None
 }
 
 /// Replication options read from any object with Mooncake's
 /// `ReplicateConfig` attribute names (absent ones take defaults). A value of
-/// the wrong type raises; a combination Mooncake refuses is INVALID_PARAMS.
-pub fn replicate_config(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Options> {
+/// the wrong type raises; a combination Mooncake refuses is None, which the
+/// calls answer with INVALID_PARAMS.
+pub fn replicate_config(
+    obj: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<crescent_client::ReplicateConfig>> {
     let mut out = crescent_client::ReplicateConfig::default();
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
-        return Ok(Ok(out));
+        return Ok(Some(out));
     };
     let attr = |name: &str| -> Option<Bound<'_, PyAny>> {
         obj.getattr(name).ok().filter(|v| !v.is_none())
@@ -288,5 +287,5 @@ pub fn replicate_config(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Options> {
             out.preferred_segments.insert(0, s);
         }
     }
-    Ok(Ok(out))
+    Ok(Some(out))
 }
