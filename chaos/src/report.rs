@@ -553,8 +553,8 @@ mod tests {
         assert_eq!(r.by_kind[0].no_write_ms_max, 1000, "{:?}", r.by_kind);
     }
 
-    /// Issue 17: a stale stop file ended both workers at once; the report
-    /// said FAILED with 0 operations and no reason.
+    /// A run whose workers recorded nothing (e.g. a stale stop file ended
+    /// them) must say why, not just FAILED with 0 operations.
     #[test]
     fn workers_that_recorded_nothing_fail_the_run_with_that_reason() {
         let r = build(inputs(&[], vec![], vec![]));

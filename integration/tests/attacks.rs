@@ -1,5 +1,5 @@
-//! Issue 11's attacks, replayed one after another against one real cluster
-//! (three masters, one store, loopback) by a client with no credentials:
+//! Resource-exhaustion attacks, replayed one after another against one real
+//! cluster (three masters, one store, loopback) by a client with no credentials:
 //! oversized and maximal batches, allocation sizes no segment can hold, a
 //! wrapping segment capacity, a stranger's heartbeat flood, a request
 //! number far ahead, and connection floods on the gRPC, admin HTTP and

@@ -1,4 +1,4 @@
-//! Issue 13's attacks on a store's data port (item 4), replayed against real
+//! Attacks on a store's data port, replayed against real
 //! processes (one master, one store, loopback). Before grants, a request
 //! with segment tag 0 skipped every check: a blind read returned every
 //! stored value, and an overwrite with a recomputed CRC32C was served back

@@ -124,7 +124,7 @@ async fn absurd_capacities_and_segment_quotas_are_refused() {
     );
 }
 
-/// Issue 11: nothing bounded what one client id could make the leader hold
+/// Without quotas nothing bounds what one client id can make the leader hold
 /// (82 k unfinished puts with 1 KiB keys took it to 850 MB). Per-client
 /// quotas on unfinished puts, objects and key bytes refuse a PutStart beyond
 /// them with NO_AVAILABLE_HANDLE, count it in `/metrics`, leave other
@@ -218,9 +218,9 @@ async fn per_client_quotas_refuse_and_free_up() {
     );
 }
 
-/// Issue 11: every failed allocation ran an eviction round, so PutStarts of
-/// sizes no segment could ever hold evicted most objects of a nearly empty
-/// pool. They now fail with NO_AVAILABLE_HANDLE without asking for eviction
+/// If every failed allocation ran an eviction round, PutStarts of sizes no
+/// segment could ever hold would evict most objects of a nearly empty pool
+/// (measured once: most of them). They fail with NO_AVAILABLE_HANDLE without asking for eviction
 /// (`master_alloc_failures_total` counts only failures eviction could cure),
 /// and every object stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,9 +276,10 @@ async fn impossible_sizes_evict_nothing() {
     }
 }
 
-/// Issue 11: heartbeats from made-up client ids were all recorded in leader
-/// memory and never pruned (100 k ids: +22 MB, `master_active_clients`
-/// 50,617). Only clients that own a segment are recorded now: a flood of
+/// Heartbeats from made-up client ids, if all recorded in leader memory and
+/// never pruned, grow it without bound (100 k ids: +22 MB,
+/// `master_active_clients` 50,617). Only clients that own a segment are
+/// recorded: a flood of
 /// strangers leaves the count at the one real store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_from_strangers_are_not_recorded() {
@@ -371,9 +372,9 @@ fn one_replica() -> pb::ReplicateConfig {
     }
 }
 
-/// Issue 11: one BatchPutStart of ~16 MB became one log entry that a
-/// follower could not receive within openraft's 50 ms AppendEntries wait, and
-/// a 61 MB one cost the leader its term. The largest batch a master accepts
+/// Unbounded, one BatchPutStart of ~16 MB becomes one log entry that a
+/// follower cannot receive within openraft's 50 ms AppendEntries wait, and
+/// a 61 MB one costs the leader its term. The largest batch a master accepts
 /// (16,384 keys, 1 MiB of keys) commits on three masters and every master
 /// applies it; a batch one byte of keys larger is refused with a clear
 /// error and changes nothing; the client library sends that same batch in
@@ -480,7 +481,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
     );
 }
 
-/// Issue 11: openraft sends up to 256 entries per AppendEntries and waits
+/// Openraft sends up to 256 entries per AppendEntries and waits
 /// only a heartbeat interval (50 ms) for the answer, then retries the same
 /// range, so a follower that fell behind by tens of MB of large entries
 /// never caught up. Here a follower is down while ~30 MB of maximal batches

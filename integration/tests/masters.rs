@@ -691,7 +691,7 @@ async fn one_commit_puts(client: &MasterClient, prefix: &str, n: u32) -> Vec<(u6
     ranges
 }
 
-/// Issue 12, item 1, against real masters: a put placed by a leader that
+/// Against real masters: a put placed by a leader that
 /// dies before its PutEnd still commits through the next leader, which never
 /// placed anything in the dead leader's reservation meanwhile; forged
 /// placements are refused. With the fence switched off the next leader hands

@@ -1,4 +1,4 @@
-//! Issue 13's attacks on the control plane, replayed against a real
+//! Attacks on the control plane, replayed against a real
 //! token-mode cluster (three masters, one store, loopback): an outsider with
 //! no token or a made-up one, and an engine holding only the client token,
 //! try to wipe the keys, mount a fake segment, take over the membership,

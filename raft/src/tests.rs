@@ -396,9 +396,9 @@ fn remove_rules() {
 
 /// The leader's lease verdict travels in the entry: a leased key is refused
 /// (unless forced), and a retry of the same request gets the first attempt's
-/// answer even when its own verdict differs. Issue 18: a remove answered
-/// OBJECT_HAS_LEASE by a retry while its first attempt committed and removed
-/// the object; the verdict used to be given before proposing.
+/// answer even when its own verdict differs. A verdict given before proposing
+/// could answer a retry OBJECT_HAS_LEASE while its first attempt committed
+/// and removed the object.
 #[test]
 fn remove_verdict_is_replicated_and_a_retry_gets_the_first_answer() {
     let mut s = MetaState::new();
@@ -1076,8 +1076,8 @@ mod durability {
     }
 }
 
-/// Issue 11: a segment declared with a capacity near 2^64 wrapped the total
-/// capacity (to 1 KiB after 2^64 − 2^28 + 1024) and eviction started on a
+/// Unchecked, a segment declared with a capacity near 2^64 wraps the total
+/// capacity (to 1 KiB after 2^64 − 2^28 + 1024) and eviction starts on a
 /// nearly empty pool. Such a mount is refused and changes nothing. (Totals
 /// also saturate; 65,536 maximal segments would be needed to reach 2^64,
 /// more than `--max-segments` allows.)
@@ -1113,9 +1113,9 @@ fn an_absurd_segment_capacity_is_refused_and_totals_never_wrap() {
     assert_eq!(s.total_capacity(), 256 * MB + MAX_SEGMENT_CAPACITY);
 }
 
-/// Issue 11: every failed allocation asked for an eviction round, so 30
-/// PutStarts of 2^63 bytes evicted 85 of 100 objects of a pool 0.03 % full,
-/// and one put larger than any segment evicted the only object. A size no
+/// If every failed allocation asked for an eviction round, 30 PutStarts of
+/// 2^63 bytes would evict 85 of 100 objects of a pool 0.03 % full,
+/// and one put larger than any segment the only object. A size no
 /// live segment could hold even empty fails without asking for eviction; a
 /// size that fits once space is freed still does.
 #[test]
@@ -1138,9 +1138,9 @@ fn only_allocation_failures_eviction_can_cure_ask_for_eviction() {
     assert_eq!(s.alloc_failures, 1);
 }
 
-/// Issue 11: requests with sequence numbers far ahead of a client's pushed
-/// its deduplication window past its real requests, which were then all
-/// refused as "older than the deduplication window" (the client could no
+/// Unbounded, requests with sequence numbers far ahead of a client's push
+/// its deduplication window past its real requests, which are then all
+/// refused as "older than the deduplication window" (the client can no
 /// longer mount). A jump beyond MAX_SEQ_AHEAD is refused and recorded
 /// nowhere, so the real client carries on; a new client may start anywhere.
 #[test]
