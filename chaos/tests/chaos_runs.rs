@@ -52,7 +52,7 @@
 //!   over two minutes of rolling restarts (each restarts the leader last),
 //!   gets must miss acknowledged puts and the checker must fail the run.
 //!   (The honest run of the same schedule is what the soak's rolling
-//!   restarts and `master/tests/one_node.rs` cover.)
+//!   restarts and `master/tests/it/one_node.rs` cover.)
 //! - `forgetting_the_disk_on_restart_is_caught`: over a schedule of store
 //!   restarts with the disk tier, an honest run checks disk objects across
 //!   the restarts and passes; a run whose stores are started with the

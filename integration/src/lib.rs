@@ -91,10 +91,16 @@ pub async fn http_request(
     Ok((status, body.to_string()))
 }
 
-/// One unlabelled sample of the Prometheus text at `http`'s `/metrics`, if
-/// it answers and has it.
+/// One sample of the Prometheus text at `http`'s `/metrics`, if it answers
+/// and has it (see [`sample`] for labelled names).
 pub async fn metric(http: &str, name: &str) -> Option<f64> {
     let (_, body) = http_request(http, "GET", "/metrics", &[]).await.ok()?;
+    sample(&body, name)
+}
+
+/// The sample `name` (with its labels, if any, as printed) in the
+/// Prometheus text `body`.
+pub fn sample(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }

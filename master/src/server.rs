@@ -144,7 +144,7 @@ impl RunningMaster {
     /// Stops serving and shuts the Raft node down. Its aborted tasks are
     /// dropped asynchronously, so the Raft store may stay open (locked) for
     /// a moment after this returns; a restart in the same process on the
-    /// same data dir retries (see `master/tests/one_node.rs`).
+    /// same data dir retries (see `master/tests/it/one_node.rs`).
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());

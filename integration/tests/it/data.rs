@@ -12,18 +12,7 @@ use crescent_store::ShmMapping;
 use crescent_store::TcpTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn replicas(n: u32) -> ReplicateConfig {
-    ReplicateConfig {
-        replica_num: n,
-        ..Default::default()
-    }
-}
+use crate::common::{connect_client, patterned, replicas, wire_replicas};
 
 async fn cluster_with_stores(stores: usize, extra: &[String]) -> LocalCluster {
     let mut c = LocalCluster::start(1, &[]).unwrap();
@@ -37,25 +26,16 @@ async fn cluster_with_stores(stores: usize, extra: &[String]) -> LocalCluster {
     c
 }
 
-async fn client(c: &LocalCluster) -> Client {
-    Client::connect(ClientConfig {
-        master: c.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_sizes_batches_and_zero_copy() {
     let cluster = cluster_with_stores(2, &[]).await;
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     for (i, size) in [1usize, 63, 64, 65, 4095, 4096, 4097, 1 << 20, 64 << 20]
         .into_iter()
         .enumerate()
     {
         let key = format!("size-{size}");
-        let value = pattern(size, i as u8);
+        let value = patterned(size, i);
         c.put(&key, &value, &replicas(2)).await.unwrap();
         assert_eq!(c.get(&key).await.unwrap(), value, "{key}");
         assert_eq!(c.get_size(&key).await.unwrap(), size as u64);
@@ -71,7 +51,7 @@ async fn edge_sizes_batches_and_zero_copy() {
     }
     // A second put of an existing key succeeds and keeps the first value.
     c.put_from("size-1", &[9], &replicas(1)).await.unwrap();
-    assert_eq!(c.get("size-1").await.unwrap(), pattern(1, 0));
+    assert_eq!(c.get("size-1").await.unwrap(), patterned(1, 0));
     // Empty values are refused.
     assert_eq!(
         c.put("empty", &[], &replicas(1)).await.unwrap_err().code(),
@@ -79,7 +59,7 @@ async fn edge_sizes_batches_and_zero_copy() {
     );
 
     // Batches, including a missing key.
-    let values: Vec<Vec<u8>> = (0..50).map(|i| pattern(1000 + i * 97, i as u8)).collect();
+    let values: Vec<Vec<u8>> = (0..50).map(|i| patterned(1000 + i * 97, i)).collect();
     let keys: Vec<String> = (0..50).map(|i| format!("batch-{i}")).collect();
     let items: Vec<(&str, &[u8])> = keys
         .iter()
@@ -134,7 +114,7 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
             .write_at(r.offset + at, junk)
             .unwrap()
     };
-    let value = pattern(300_000, 7);
+    let value = patterned(300_000, 7);
     c.put("two", &value, &replicas(2)).await.unwrap();
     c.put("one", &value, &replicas(1)).await.unwrap();
 
@@ -194,12 +174,12 @@ async fn replicas_survive_a_store_kill_and_checksums_catch_corruption() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_to_a_dead_store_fails_and_is_revoked() {
     let mut cluster = cluster_with_stores(1, &[]).await;
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     c.put("before", b"ok", &replicas(1)).await.unwrap();
     // The master still lists the segment (client-ttl has not passed), but its store is gone.
     cluster.stores[0].kill();
     let err = c
-        .put("lost", &pattern(10_000, 1), &replicas(1))
+        .put("lost", &patterned(10_000, 1), &replicas(1))
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::TransferFail, "{err}");
@@ -213,8 +193,8 @@ async fn a_put_to_a_dead_store_fails_and_is_revoked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_to_a_store_port_closes_only_that_connection() {
     let cluster = cluster_with_stores(1, &[]).await;
-    let c = client(&cluster).await;
-    let value = pattern(100_000, 3);
+    let c = connect_client(&cluster).await;
+    let value = patterned(100_000, 3);
     c.put("k", &value, &replicas(1)).await.unwrap();
     let endpoint = cluster.stores[0].endpoint.clone();
 
@@ -300,7 +280,7 @@ async fn local_segment_and_shared_memory_paths() {
     .await
     .unwrap();
     let own = contributor.local_store().unwrap().name.clone();
-    let value = pattern(1 << 20, 9);
+    let value = patterned(1 << 20, 9);
     let cfg = ReplicateConfig {
         replica_num: 1,
         preferred_segments: vec![own],
@@ -313,7 +293,7 @@ async fn local_segment_and_shared_memory_paths() {
 
     // A pure client on the same host reads the shm store's replica by mapping it,
     // and the contributor's replica over TCP.
-    let reader = client(&cluster).await;
+    let reader = connect_client(&cluster).await;
     assert_eq!(reader.get("mine").await.unwrap(), value);
     assert!(reader.stats.tcp_bytes.load(Ordering::Relaxed) >= 1 << 20);
     let shm_cfg = ReplicateConfig {
@@ -355,7 +335,7 @@ async fn an_object_over_one_gib_round_trips_in_pieces() {
         .wait_for_segments(1, Duration::from_secs(15))
         .await
         .unwrap();
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     let size = (1usize << 30) + 4097;
     // Position-dependent bytes (a repeating pattern's period must not divide
     // 1 GiB, or a misplaced piece could still compare equal).
@@ -395,15 +375,15 @@ async fn a_restarted_store_refuses_requests_for_its_previous_segment() {
         .wait_for_segments(1, Duration::from_secs(15))
         .await
         .unwrap();
-    let c = client(&cluster).await;
-    let old_value = pattern(4096, 1);
+    let c = connect_client(&cluster).await;
+    let old_value = patterned(4096, 1);
     c.put("old", &old_value, &replicas(1)).await.unwrap();
     let old = c.master().get_replica_list("old").await.unwrap().replicas[0].clone();
 
     cluster.stores[0].kill();
     cluster.stores[0].restart().unwrap();
     // The first put that succeeds is on the restarted store's new segment.
-    let new_value = pattern(4096, 2);
+    let new_value = patterned(4096, 2);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while c.put("new", &new_value, &replicas(1)).await.is_err() {
         assert!(
@@ -454,18 +434,11 @@ async fn a_put_racing_an_unfinished_put_is_not_ready_not_acknowledged() {
     let cluster = cluster_with_stores(1, &[]).await;
     let first_writer = crescent_client::MasterClient::new(&cluster.masters_arg()).unwrap();
     first_writer
-        .put_start(
-            "racy",
-            4096,
-            crescent_proto::pb::ReplicateConfig {
-                replica_num: 1,
-                ..Default::default()
-            },
-        )
+        .put_start("racy", 4096, wire_replicas(1))
         .await
         .unwrap();
-    let c = client(&cluster).await;
-    let second = c.put("racy", &pattern(4096, 9), &replicas(1)).await;
+    let c = connect_client(&cluster).await;
+    let second = c.put("racy", &patterned(4096, 9), &replicas(1)).await;
     assert_eq!(
         second.as_ref().map_err(|e| e.code()),
         Err(ErrorCode::ReplicaIsNotReady),
@@ -475,10 +448,10 @@ async fn a_put_racing_an_unfinished_put_is_not_ready_not_acknowledged() {
     // and the key is free for the next put.
     first_writer.put_revoke("racy").await.unwrap();
     assert!(!c.exists("racy").await.unwrap());
-    c.put("racy", &pattern(4096, 9), &replicas(1))
+    c.put("racy", &patterned(4096, 9), &replicas(1))
         .await
         .unwrap();
-    assert_eq!(c.get("racy").await.unwrap(), pattern(4096, 9));
+    assert_eq!(c.get("racy").await.unwrap(), patterned(4096, 9));
 }
 
 /// Two puts of one key in flight at once from one `Client`: the master
@@ -494,9 +467,9 @@ async fn a_put_racing_an_unfinished_put_is_not_ready_not_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_puts_of_one_key_from_one_client_never_mix() {
     let cluster = cluster_with_stores(1, &[]).await;
-    let c = client(&cluster).await;
-    let big = pattern(32 << 20, 4);
-    let small = pattern(4096, 5);
+    let c = connect_client(&cluster).await;
+    let big = patterned(32 << 20, 4);
+    let small = patterned(4096, 5);
     let one = replicas(1);
     let (first, second) = tokio::join!(
         c.put("contended", &big, &one),
@@ -533,7 +506,7 @@ async fn concurrent_puts_of_one_key_from_one_client_never_mix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_of_one_size_write_into_placements_made_ahead() {
     let cluster = cluster_with_stores(1, &[]).await;
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     let used = |c: &Client| {
         c.stats
             .ahead
@@ -542,9 +515,7 @@ async fn batches_of_one_size_write_into_placements_made_ahead() {
     };
     let batch = |round: usize, n: usize| -> (Vec<String>, Vec<Vec<u8>>) {
         let keys = (0..n).map(|i| format!("ahead-{round}-{i}")).collect();
-        let values = (0..n)
-            .map(|i| pattern(4096, (round * 31 + i) as u8))
-            .collect();
+        let values = (0..n).map(|i| patterned(4096, round * 31 + i)).collect();
         (keys, values)
     };
     async fn put(c: &Client, keys: &[String], values: &[Vec<u8>]) {
@@ -574,7 +545,7 @@ async fn batches_of_one_size_write_into_placements_made_ahead() {
     // exists already (success, its first value kept).
     let (mut keys, mut values) = batch(3, 16);
     keys[5] = "ahead-0-0".into();
-    values[5] = pattern(4096, 99);
+    values[5] = patterned(4096, 99);
     put(&c, &keys, &values).await;
     assert_eq!(used(&c), 16);
     for (i, (k, v)) in keys.into_iter().zip(values).enumerate() {
@@ -646,14 +617,12 @@ async fn a_batch_whose_placements_ahead_expired_puts_them_the_usual_way() {
         .wait_for_segments(1, Duration::from_secs(15))
         .await
         .unwrap();
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     let stat = |s: &std::sync::atomic::AtomicU64| s.load(std::sync::atomic::Ordering::Relaxed);
     let mut written: Vec<(String, Vec<u8>)> = Vec::new();
     for round in 0..3 {
         let keys: Vec<String> = (0..6).map(|i| format!("expired-{round}-{i}")).collect();
-        let values: Vec<Vec<u8>> = (0..6)
-            .map(|i| pattern(4096, (round * 7 + i) as u8))
-            .collect();
+        let values: Vec<Vec<u8>> = (0..6).map(|i| patterned(4096, round * 7 + i)).collect();
         let items: Vec<(&str, &[u8])> = keys
             .iter()
             .map(|k| k.as_str())
@@ -707,21 +676,13 @@ async fn late_bytes_of_a_revoked_put(put_mode: &str, clock_step: bool) {
         cluster.restart(1).unwrap();
     }
     cluster.with_mounted_store("64mb").await.unwrap();
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     let master = c.master();
-    let (late, acknowledged) = (pattern(LEN, 1), pattern(LEN, 2));
+    let (late, acknowledged) = (patterned(LEN, 1), patterned(LEN, 2));
 
     let put_id = master.new_put_id();
     let placed = master
-        .put_start_placed(
-            "kA",
-            LEN as u64,
-            crescent_proto::pb::ReplicateConfig {
-                replica_num: 1,
-                ..Default::default()
-            },
-            put_id,
-        )
+        .put_start_placed("kA", LEN as u64, wire_replicas(1), put_id)
         .await
         .unwrap();
     assert_eq!(placed.pending, put_mode == "one-commit", "{put_mode}");
@@ -779,8 +740,8 @@ async fn late_bytes_of_a_revoked_put(put_mode: &str, clock_step: bool) {
     if clock_step {
         clock.set_offset_secs(-3_600).unwrap();
         tokio::time::sleep(FakeClock::SEEN_WITHIN).await;
-        for i in 0..20u8 {
-            let (key, value) = (format!("after-step-{i}"), pattern(4096, i));
+        for i in 0..20 {
+            let (key, value) = (format!("after-step-{i}"), patterned(4096, i));
             tokio::time::timeout(Duration::from_secs(5), c.put(&key, &value, &replicas(1)))
                 .await
                 .unwrap_or_else(|_| panic!("{put_mode}: put {key} stalled after a step back"))
@@ -828,7 +789,7 @@ async fn puts_placed_on_a_dead_store_go_to_live_ones(put_mode: &str) {
         .wait_for_segments(3, Duration::from_secs(15))
         .await
         .unwrap();
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     c.put("before", b"ok", &replicas(1)).await.unwrap();
 
     // The leader honours the segments a retry asks it to avoid.
@@ -870,7 +831,7 @@ async fn puts_placed_on_a_dead_store_go_to_live_ones(put_mode: &str) {
     cluster.stores[0].kill();
     let mut put = Vec::new();
     for i in 0..24u8 {
-        let (key, value) = (format!("single-{i}"), pattern(10_000, i));
+        let (key, value) = (format!("single-{i}"), patterned(10_000, i.into()));
         let n = 1 + u32::from(i % 2);
         c.put(&key, &value, &replicas(n))
             .await
@@ -879,7 +840,12 @@ async fn puts_placed_on_a_dead_store_go_to_live_ones(put_mode: &str) {
     }
     for round in 0..3u8 {
         let batch: Vec<(String, Vec<u8>)> = (0..16u8)
-            .map(|i| (format!("batch-{round}-{i}"), pattern(4096, i ^ round)))
+            .map(|i| {
+                (
+                    format!("batch-{round}-{i}"),
+                    patterned(4096, (i ^ round).into()),
+                )
+            })
             .collect();
         let items: Vec<(&str, &[u8])> = batch
             .iter()
@@ -940,7 +906,7 @@ async fn a_store_whose_clock_is_an_hour_behind_refuses_grants_loudly() {
         metric_reaches(&http, "store_clock_off", 1.0, Duration::from_secs(15)).await,
         "the store never noticed its clock is an hour behind"
     );
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     let put = c.put("k", b"value", &replicas(1)).await;
     assert!(put.is_err(), "a write under a grant was honoured: {put:?}");
     assert!(metric(&http, "store_transfer_forbidden_total").await >= Some(1.0));

@@ -10,12 +10,7 @@ use crescent_integration::{crescentctl, LocalCluster};
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
 
-fn cfg(n: u32) -> pb::ReplicateConfig {
-    pb::ReplicateConfig {
-        replica_num: n,
-        ..Default::default()
-    }
-}
+use crate::common::{metric_at, wire_replicas};
 
 async fn mount(client: &MasterClient, name: &str) -> u64 {
     client
@@ -47,7 +42,7 @@ async fn mounted_cluster(n: usize, extra: &[String]) -> (LocalCluster, MasterCli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lone_master_serves_alone() {
     let (cluster, client) = mounted_cluster(1, &[]).await;
-    client.put_start("k", 10, cfg(1)).await.unwrap();
+    client.put_start("k", 10, wire_replicas(1)).await.unwrap();
     client.put_end("k", 1).await.unwrap();
     assert!(client.exists("k").await.unwrap());
     let (ok, out, err) =
@@ -80,7 +75,10 @@ async fn three_masters_survive_leader_sigkill() {
     let mut acked = Vec::new();
     for i in 0..100u32 {
         let key = format!("obj-{i}");
-        client.put_start(&key, 4096, cfg(1)).await.unwrap();
+        client
+            .put_start(&key, 4096, wire_replicas(1))
+            .await
+            .unwrap();
         client.put_end(&key, i).await.unwrap();
         acked.push(key);
     }
@@ -98,7 +96,10 @@ async fn three_masters_survive_leader_sigkill() {
         assert_eq!(r.replicas.len(), 1);
     }
     // Writes keep working, and the restarted master catches up.
-    client.put_start("after", 1, cfg(1)).await.unwrap();
+    client
+        .put_start("after", 1, wire_replicas(1))
+        .await
+        .unwrap();
     client.put_end("after", 0).await.unwrap();
     cluster.restart(leader).unwrap();
     let addr = cluster.by_id(leader).unwrap().addr.clone();
@@ -125,34 +126,34 @@ async fn three_masters_survive_leader_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_changes_nothing() {
     let (cluster, client) = mounted_cluster(1, &["--max-key-len".into(), "64".into()]).await;
-    client.put_start("good", 1, cfg(1)).await.unwrap();
+    client.put_start("good", 1, wire_replicas(1)).await.unwrap();
     client.put_end("good", 0).await.unwrap();
 
     let code = |r: Result<Vec<pb::ReplicaDescriptor>, crescent_client::MasterRpcError>| {
         r.unwrap_err().code()
     };
     assert_eq!(
-        code(client.put_start("", 1, cfg(1)).await),
+        code(client.put_start("", 1, wire_replicas(1)).await),
         ErrorCode::InvalidKey
     );
     assert_eq!(
-        code(client.put_start(&"x".repeat(65), 1, cfg(1)).await),
+        code(client.put_start(&"x".repeat(65), 1, wire_replicas(1)).await),
         ErrorCode::InvalidKey
     );
     assert_eq!(
-        code(client.put_start("k", 0, cfg(1)).await),
+        code(client.put_start("k", 0, wire_replicas(1)).await),
         ErrorCode::InvalidParams
     );
     assert_eq!(
-        code(client.put_start("k", 1, cfg(0)).await),
+        code(client.put_start("k", 1, wire_replicas(0)).await),
         ErrorCode::InvalidParams
     );
     assert_eq!(
-        code(client.put_start("k", 1, cfg(2)).await),
+        code(client.put_start("k", 1, wire_replicas(2)).await),
         ErrorCode::InvalidParams
     );
     assert_eq!(
-        code(client.put_start("k", 1 << 40, cfg(1)).await),
+        code(client.put_start("k", 1 << 40, wire_replicas(1)).await),
         ErrorCode::NoAvailableHandle
     );
     assert_eq!(
@@ -200,7 +201,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
             let req = pb::BatchPutStartRequest {
                 header: Some(header.clone()),
                 items: huge.clone(),
-                config: Some(cfg(1)),
+                config: Some(wire_replicas(1)),
                 ..Default::default()
             };
             async move { MasterClient::master(ch).batch_put_start(req).await }
@@ -230,7 +231,7 @@ async fn add_transfer_and_remove_members() {
     mount(&client, "seg").await;
     for i in 0..20u32 {
         let key = format!("m-{i}");
-        client.put_start(&key, 64, cfg(1)).await.unwrap();
+        client.put_start(&key, 64, wire_replicas(1)).await.unwrap();
         client.put_end(&key, i).await.unwrap();
     }
     let masters = cluster.masters_arg();
@@ -288,7 +289,10 @@ async fn add_transfer_and_remove_members() {
     let members: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(members.as_array().unwrap().iter().all(|m| m["id"] != 1));
     let client = MasterClient::new(&all).unwrap();
-    client.put_start("after-remove", 64, cfg(1)).await.unwrap();
+    client
+        .put_start("after-remove", 64, wire_replicas(1))
+        .await
+        .unwrap();
     client.put_end("after-remove", 0).await.unwrap();
     // Bad requests are refused clearly.
     let (ok, _, err) = crescentctl(&["--master", &all, "members", "remove", "99"]).unwrap();
@@ -338,7 +342,10 @@ async fn leader_evicts_above_the_watermark_but_never_leased_or_pinned() {
     client.put_end("pinned", 0).await.unwrap();
     for i in 0..10 {
         let key = format!("obj-{i}");
-        client.put_start(&key, 64 << 10, cfg(1)).await.unwrap();
+        client
+            .put_start(&key, 64 << 10, wire_replicas(1))
+            .await
+            .unwrap();
         client.put_end(&key, 0).await.unwrap();
         // Keep a read lease on obj-0 from the start: eviction may begin mid-loop.
         client.get_replica_list("obj-0").await.unwrap();
@@ -418,7 +425,7 @@ async fn writes_are_refused_during_a_leadership_transfer() {
             header: Some(client.header()),
             key: format!("during-transfer-{i}"),
             size: 64,
-            config: Some(cfg(1)),
+            config: Some(wire_replicas(1)),
             ..Default::default()
         };
         client.call_node(&leader_addr, |ch| async move {
@@ -497,7 +504,10 @@ async fn a_request_to_a_frozen_leader_moves_to_the_new_leader() {
     client.policy.deadline = Duration::from_secs(30);
     client.policy.attempt_timeout = Duration::from_secs(30);
     mount(&client, "seg").await;
-    client.put_start("before", 64, cfg(1)).await.unwrap();
+    client
+        .put_start("before", 64, wire_replicas(1))
+        .await
+        .unwrap();
     client.put_end("before", 1).await.unwrap();
     assert_eq!(
         client.cached_leader().as_deref(),
@@ -506,7 +516,7 @@ async fn a_request_to_a_frozen_leader_moves_to_the_new_leader() {
 
     cluster.pause(leader).unwrap();
     let put = async {
-        client.put_start("after", 64, cfg(1)).await?;
+        client.put_start("after", 64, wire_replicas(1)).await?;
         client.put_end("after", 2).await
     }
     .await;
@@ -518,18 +528,6 @@ async fn a_request_to_a_frozen_leader_moves_to_the_new_leader() {
     );
     assert_eq!(client.get_replica_list("after").await.unwrap().checksum, 2);
     assert_eq!(client.get_replica_list("before").await.unwrap().checksum, 1);
-}
-
-/// The value of an unlabelled sample in a master's `/metrics`.
-async fn metric(http: &str, name: &str) -> u64 {
-    let (code, body) = crescent_integration::http_request(http, "GET", "/metrics", &[])
-        .await
-        .unwrap();
-    assert_eq!(code, 200);
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("/metrics lacks {name}"))
 }
 
 /// One GetReplicaList sent straight to `addr` (no leader following,
@@ -565,18 +563,18 @@ async fn lease_reads_stop_when_no_quorum_acknowledges_the_leader() {
             .wait_for_leader(Duration::from_secs(15))
             .await
             .unwrap();
-        client.put_start("k", 64, cfg(1)).await.unwrap();
+        client.put_start("k", 64, wire_replicas(1)).await.unwrap();
         client.put_end("k", 7).await.unwrap();
         let http = cluster.by_id(leader).unwrap().http.clone();
-        let before = metric(&http, "master_lease_reads_total").await;
+        let before = metric_at(&http, "master_lease_reads_total").await;
         for _ in 0..20 {
             assert_eq!(
                 lookup_at(&client, &leader_addr, "k").await,
                 Ok(ErrorCode::Ok)
             );
         }
-        let leased = metric(&http, "master_lease_reads_total").await - before;
-        assert!(leased >= 15, "only {leased} of 20 reads used the lease");
+        let leased = metric_at(&http, "master_lease_reads_total").await - before;
+        assert!(leased >= 15.0, "only {leased} of 20 reads used the lease");
 
         let followers: Vec<u64> = [1, 2, 3].into_iter().filter(|i| *i != leader).collect();
         for f in &followers {
@@ -621,7 +619,10 @@ async fn a_stale_put_end_cannot_finish_a_later_put_of_the_same_key() {
     .map(String::from);
     let (_cluster, client) = mounted_cluster(3, &timeouts).await;
     let (old, new) = (client.new_put_id(), client.new_put_id());
-    client.put_start_named("k", 64, cfg(1), old).await.unwrap();
+    client
+        .put_start_named("k", 64, wire_replicas(1), old)
+        .await
+        .unwrap();
     let e = client.remove("k", true).await.unwrap_err();
     assert!(
         matches!(
@@ -631,7 +632,10 @@ async fn a_stale_put_end_cannot_finish_a_later_put_of_the_same_key() {
         "a forced remove leaves a put in flight alone: {e}"
     );
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    client.put_start_named("k", 64, cfg(1), new).await.unwrap();
+    client
+        .put_start_named("k", 64, wire_replicas(1), new)
+        .await
+        .unwrap();
     let e = client.put_end_named("k", 11, old).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidWrite, "{e}");
     let e = client.put_revoke_named("k", old).await.unwrap_err();
@@ -678,12 +682,12 @@ async fn one_commit_puts(client: &MasterClient, prefix: &str, n: u32) -> Vec<(u6
         let key = format!("{prefix}-{i}");
         let id = client.new_put_id();
         let p = client
-            .put_start_placed(&key, 4096, cfg(1), id)
+            .put_start_placed(&key, 4096, wire_replicas(1), id)
             .await
             .unwrap();
         assert!(p.pending, "{key} was not placed for one commit");
         client
-            .put_end_placed(&key, i, id, &p, 4096, &cfg(1))
+            .put_end_placed(&key, i, id, &p, 4096, &wire_replicas(1))
             .await
             .unwrap();
         ranges.extend(p.replicas.iter().map(|r| (r.segment_id, r.offset)));
@@ -714,7 +718,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         one_commit_puts(&client, "before", 3).await;
         let id = client.new_put_id();
         let stalled = client
-            .put_start_placed("stalled", 4096, cfg(1), id)
+            .put_start_placed("stalled", 4096, wire_replicas(1), id)
             .await
             .unwrap();
         assert!(stalled.pending);
@@ -727,7 +731,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
                 "with the fence off the next leader should reuse the stalled range"
             );
             let r = client
-                .put_end_placed("stalled", 77, id, &stalled, 4096, &cfg(1))
+                .put_end_placed("stalled", 77, id, &stalled, 4096, &wire_replicas(1))
                 .await;
             assert!(r.is_err(), "the stalled put's range was taken: {r:?}");
             continue;
@@ -737,7 +741,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
             "the next leader placed a put in the dead leader's reservation"
         );
         client
-            .put_end_placed("stalled", 77, id, &stalled, 4096, &cfg(1))
+            .put_end_placed("stalled", 77, id, &stalled, 4096, &wire_replicas(1))
             .await
             .unwrap();
         let r = client.get_replica_list("stalled").await.unwrap();
@@ -751,7 +755,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         // Forged placements change nothing.
         let id = client.new_put_id();
         let p = client
-            .put_start_placed("forged", 4096, cfg(1), id)
+            .put_start_placed("forged", 4096, wire_replicas(1), id)
             .await
             .unwrap();
         let mut moved = p.clone();
@@ -766,7 +770,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
             ("longer", &longer, 8192),
         ] {
             let e = client
-                .put_end_placed("forged", 1, id, forged, size, &cfg(1))
+                .put_end_placed("forged", 1, id, forged, size, &wire_replicas(1))
                 .await
                 .expect_err(what);
             assert!(
@@ -784,7 +788,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         // not this put's): committing it would let the leader later free a
         // range that holds an object.
         let e = client
-            .put_end_placed("other-key", 1, id, &p, 4096, &cfg(1))
+            .put_end_placed("other-key", 1, id, &p, 4096, &wire_replicas(1))
             .await
             .expect_err("another key's placement");
         assert!(
@@ -800,7 +804,7 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         assert!(!client.exists("other-key").await.unwrap());
         // An absurd replica count is refused before any placement.
         let e = client
-            .put_start_placed("huge", 4096, cfg(u32::MAX), client.new_put_id())
+            .put_start_placed("huge", 4096, wire_replicas(u32::MAX), client.new_put_id())
             .await
             .expect_err("replica_num u32::MAX");
         assert!(
@@ -815,18 +819,18 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
         );
         assert!(!client.exists("forged").await.unwrap());
         client
-            .put_end_placed("forged", 1, id, &p, 4096, &cfg(1))
+            .put_end_placed("forged", 1, id, &p, 4096, &wire_replicas(1))
             .await
             .unwrap();
         // A revoked placement is free again; a two-commit writer still works.
         let id = client.new_put_id();
         let p = client
-            .put_start_placed("revoked", 4096, cfg(1), id)
+            .put_start_placed("revoked", 4096, wire_replicas(1), id)
             .await
             .unwrap();
         client.put_revoke_named("revoked", id).await.unwrap();
         assert!(!client.exists("revoked").await.unwrap());
-        client.put_start("two", 10, cfg(1)).await.unwrap();
+        client.put_start("two", 10, wire_replicas(1)).await.unwrap();
         client.put_end("two", 3).await.unwrap();
         assert!(client.exists("two").await.unwrap());
         drop(p);
@@ -837,11 +841,11 @@ async fn a_put_placed_by_a_dead_leader_commits_through_the_next_one() {
 async fn put_placing_next(client: &MasterClient, key: &str, next_id: u64) -> Placement {
     let id = client.new_put_id();
     let p = client
-        .put_start_placed(key, 4096, cfg(1), id)
+        .put_start_placed(key, 4096, wire_replicas(1), id)
         .await
         .unwrap();
     let (end, next) = client
-        .put_end_placing_next(key, 5, id, &p, 4096, &cfg(1), next_id)
+        .put_end_placing_next(key, 5, id, &p, 4096, &wire_replicas(1), next_id)
         .await;
     end.unwrap();
     let next = next.expect("the leader placed nothing ahead");
@@ -861,7 +865,7 @@ async fn commit_ahead_at(
     range: (u64, u64),
 ) {
     client
-        .put_end_placed(key, checksum, id, ahead, 4096, &cfg(1))
+        .put_end_placed(key, checksum, id, ahead, 4096, &wire_replicas(1))
         .await
         .unwrap();
     let r = client.get_replica_list(key).await.unwrap();
@@ -880,7 +884,7 @@ async fn refused_end(
     what: &str,
 ) -> ErrorCode {
     client
-        .put_end_placed(key, checksum, id, placement, 4096, &cfg(1))
+        .put_end_placed(key, checksum, id, placement, 4096, &wire_replicas(1))
         .await
         .expect_err(what)
         .code()
@@ -964,7 +968,7 @@ async fn a_placement_ahead_commits_under_the_key_its_put_end_names() {
     // placement ahead both times, not a second one left unused.
     let (id, next_id) = (client.new_put_id(), client.new_put_id());
     let p = client
-        .put_start_placed("retried", 4096, cfg(1), id)
+        .put_start_placed("retried", 4096, wire_replicas(1), id)
         .await
         .unwrap();
     let header = client.header();
@@ -977,7 +981,7 @@ async fn a_placement_ahead_commits_under_the_key_its_put_end_names() {
                 put_id: id,
                 placement: p.replicas.clone(),
                 size: 4096,
-                config: Some(cfg(1)),
+                config: Some(wire_replicas(1)),
                 ahead: false,
                 next_put_id: next_id,
             };
@@ -1051,7 +1055,7 @@ async fn a_batch_put_end_places_the_next_batch_ahead() {
                 })
                 .collect();
             let started = client
-                .batch_put_start_one_commit(items, cfg(1))
+                .batch_put_start_one_commit(items, wire_replicas(1))
                 .await
                 .unwrap();
             assert!(started.iter().all(|s| s.pending));
@@ -1072,7 +1076,7 @@ async fn a_batch_put_end_places_the_next_batch_ahead() {
     let (ended, placed) = client
         .batch_put_end_placing_next(
             end_items(FIRST, &ids, &placements, false),
-            Some(cfg(1)),
+            Some(wire_replicas(1)),
             next_of(&next_ids),
         )
         .await;
@@ -1110,7 +1114,7 @@ async fn a_batch_put_end_places_the_next_batch_ahead() {
     let statuses = client
         .batch_put_end_placed(
             end_items(SECOND, &next_ids, &ahead_placements, true),
-            cfg(1),
+            wire_replicas(1),
         )
         .await
         .unwrap();
@@ -1134,7 +1138,7 @@ async fn a_batch_put_end_places_the_next_batch_ahead() {
         let req = pb::BatchPutEndRequest {
             header: Some(header.clone()),
             items: end_items(THIRD, &ids, &placements, false),
-            config: Some(cfg(1)),
+            config: Some(wire_replicas(1)),
             next: next_of(&next_ids),
         };
         client.call_leader(move |ch| {
@@ -1160,7 +1164,7 @@ async fn a_batch_put_end_places_the_next_batch_ahead() {
         let (ended, placed) = client
             .batch_put_end_placing_next(
                 end_items(FOURTH, &ids, &placements, false),
-                Some(cfg(1)),
+                Some(wire_replicas(1)),
                 next_of(&next),
             )
             .await;

@@ -15,10 +15,12 @@
 
 use std::time::Duration;
 
-use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
+use crescent_client::{Client, ClientConfig, MasterClient};
 use crescent_integration::{find_binary, http_request, LocalCluster};
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
+
+use crate::common::{one_replica, value};
 
 /// What an attack must leave unchanged.
 #[derive(Debug, PartialEq)]
@@ -41,10 +43,6 @@ async fn snapshot(cluster: &LocalCluster) -> Snapshot {
         segments: status.segment_count,
         objects: status.key_count,
     }
-}
-
-fn value(i: usize) -> Vec<u8> {
-    (0..4096).map(|j| (i * 13 + j) as u8).collect()
 }
 
 /// Every admin and peer call, each expected to fail with `code`.
@@ -172,10 +170,7 @@ async fn outsiders_and_clients_cannot_wipe_take_over_or_forge() {
     })
     .await
     .unwrap();
-    let one = ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    };
+    let one = one_replica();
     for i in 0..20 {
         engine
             .put(&format!("acked-{i}"), &value(i), &one)
@@ -547,10 +542,7 @@ async fn a_token_rotates_without_downtime_on_sighup() {
     })
     .await
     .unwrap();
-    let one = ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    };
+    let one = one_replica();
     engine.put("after-rotation", b"bytes", &one).await.unwrap();
     assert_eq!(engine.get("after-rotation").await.unwrap(), b"bytes");
     let _ = leader_addr;
@@ -579,10 +571,7 @@ async fn a_refused_token_is_an_error_not_an_outage() {
     .unwrap();
     // Longer than degrade_after plus a probe interval.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let one = ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    };
+    let one = one_replica();
     let err = engine.put("refused", b"bytes", &one).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::PermissionDenied, "{err}");
 }

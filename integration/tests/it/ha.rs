@@ -5,17 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig, Stored};
+use crescent_client::{Client, ClientConfig, MasterClient, Stored};
 use crescent_integration::LocalEtcd;
-use crescent_integration::{crescentctl, http_request, LocalCluster};
+use crescent_integration::{crescentctl, http_request, sample, LocalCluster};
 use crescent_proto::pb;
 
-fn one() -> ReplicateConfig {
-    ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    }
-}
+use crate::common::{connect_client, one_replica};
 
 async fn voters(client: &MasterClient) -> usize {
     let Ok(l) = client.get_leader().await else {
@@ -64,12 +59,6 @@ async fn wait_etcd_leader(endpoint: &str, cluster: &str, leader: u64) -> serde_j
     }
 }
 
-/// The value of an unlabelled Prometheus sample in `body`.
-fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_join_through_etcd_and_survive_leader_kill() {
     let etcd = LocalEtcd::start().unwrap();
@@ -109,7 +98,7 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     for i in 0..50u32 {
         let key = format!("ha-{i}");
         client
-            .put(&key, format!("value-{i}").as_bytes(), &one())
+            .put(&key, format!("value-{i}").as_bytes(), &one_replica())
             .await
             .unwrap();
         acked.push(key);
@@ -143,7 +132,10 @@ async fn masters_join_through_etcd_and_survive_leader_kill() {
     assert_eq!(v["leader_id"].as_u64().unwrap(), new_leader);
 
     // The killed master restarts from its data dir and catches up.
-    client.put("after-kill", b"x", &one()).await.unwrap();
+    client
+        .put("after-kill", b"x", &one_replica())
+        .await
+        .unwrap();
     cluster.restart(leader).unwrap();
     let addr = cluster.by_id(leader).unwrap().addr.clone();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -170,13 +162,8 @@ async fn store_reregisters_with_a_new_leader() {
     {
         // A client that is gone before the failover, so the store is the only
         // client the new leader can hear from.
-        let client = Client::connect(ClientConfig {
-            master: cluster.masters_arg(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        client.put("before", b"kept", &one()).await.unwrap();
+        let client = connect_client(&cluster).await;
+        client.put("before", b"kept", &one_replica()).await.unwrap();
         client.close().await;
     }
     cluster.kill(leader).unwrap();
@@ -189,7 +176,7 @@ async fn store_reregisters_with_a_new_leader() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (_, body) = http_request(&http, "GET", "/metrics", &[]).await.unwrap();
-        if metric(&body, "master_active_clients") == Some(1.0) {
+        if sample(&body, "master_active_clients") == Some(1.0) {
             break;
         }
         assert!(
@@ -209,14 +196,9 @@ async fn store_reregisters_with_a_new_leader() {
         assert_eq!(live, 1, "the store's segment expired under the new leader");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let client = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let client = connect_client(&cluster).await;
     assert_eq!(client.get("before").await.unwrap(), b"kept");
-    client.put("after", b"new", &one()).await.unwrap();
+    client.put("after", b"new", &one_replica()).await.unwrap();
     assert_eq!(client.get("after").await.unwrap(), b"new");
 }
 
@@ -243,7 +225,7 @@ async fn client_degrades_to_local_only_and_recovers() {
     .unwrap();
     // The library says where each put went: in the cluster now...
     let placed = client
-        .put_placed("cluster-object", b"in the pool", &one())
+        .put_placed("cluster-object", b"in the pool", &one_replica())
         .await
         .unwrap();
     assert_eq!(placed, Stored::InCluster);
@@ -251,7 +233,11 @@ async fn client_degrades_to_local_only_and_recovers() {
         ("cluster-batch-1", b"first".as_slice()),
         ("cluster-batch-2", b"second"),
     ];
-    for r in client.put_batch_placed(&batch, &one()).await.unwrap() {
+    for r in client
+        .put_batch_placed(&batch, &one_replica())
+        .await
+        .unwrap()
+    {
         assert_eq!(r.unwrap(), Stored::InCluster);
     }
     // Reading takes a read lease (10 s) and keeps the descriptor; a batch
@@ -278,7 +264,7 @@ async fn client_degrades_to_local_only_and_recovers() {
     }
     // Puts and gets keep working from local memory, and say so...
     let placed = client
-        .put_placed("local-1", b"while degraded", &one())
+        .put_placed("local-1", b"while degraded", &one_replica())
         .await
         .unwrap();
     assert_eq!(placed, Stored::LocalOnly);
@@ -296,7 +282,11 @@ async fn client_degrades_to_local_only_and_recovers() {
         ("local-b1", b"batch one".as_slice()),
         ("local-b2", b"batch two"),
     ];
-    for r in client.put_batch_placed(&local_batch, &one()).await.unwrap() {
+    for r in client
+        .put_batch_placed(&local_batch, &one_replica())
+        .await
+        .unwrap()
+    {
         assert_eq!(r.unwrap(), Stored::LocalOnly);
     }
     let keys = ["local-b1", "cluster-batch-2", "never-put", "local-1"];
@@ -316,7 +306,7 @@ async fn client_degrades_to_local_only_and_recovers() {
     assert_eq!(sizes[3].as_ref().unwrap(), &14);
     assert_eq!(&bufs[3][..14], b"while degraded");
     dropping
-        .put("local-dropped", b"not published", &one())
+        .put("local-dropped", b"not published", &one_replica())
         .await
         .unwrap();
     assert_eq!(
@@ -333,12 +323,7 @@ async fn client_degrades_to_local_only_and_recovers() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The locally stored object is published to the cluster.
-    let other = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let other = connect_client(&cluster).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let (Ok(v), Ok(b)) = (other.get("local-1").await, other.get("local-b2").await) {

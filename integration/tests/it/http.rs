@@ -1,19 +1,16 @@
 //! The masters' admin/metrics HTTP: Prometheus names operators already graph,
 //! health, leader, admin reads and the guarded remove_all.
 
-use crescent_client::{Client, ClientConfig, ReplicateConfig};
+use crescent_client::ReplicateConfig;
 use crescent_integration::{http_request, LocalCluster};
+
+use crate::common::connect_client;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_admin_endpoints() {
     let mut cluster = LocalCluster::start(3, &["--admin-token".into(), "s3cret".into()]).unwrap();
     let (leader, _, _) = cluster.with_mounted_store("64mb").await.unwrap();
-    let client = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let client = connect_client(&cluster).await;
     for i in 0..5 {
         client
             .put(&format!("web/{i}"), b"hello", &ReplicateConfig::default())

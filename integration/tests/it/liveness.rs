@@ -7,10 +7,12 @@
 use crescent_auth::capability::SegmentKey;
 use std::time::{Duration, Instant};
 
-use crescent_client::{Client, ClientConfig, MasterClient, ReplicateConfig};
+use crescent_client::MasterClient;
 use crescent_integration::{http_request, LocalCluster};
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
+
+use crate::common::{connect_client, one_replica};
 
 /// Live segments as the current leader counts them, or None while there is
 /// no leader to ask.
@@ -80,16 +82,8 @@ async fn a_store_that_missed_its_heartbeats_is_told_to_remount_and_does() {
     let mc = MasterClient::new(&cluster.masters_arg()).unwrap();
     let before = listed_segments(&cluster).await;
     assert_eq!(before.len(), 1, "{before:?}");
-    let client = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let cfg = ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    };
+    let client = connect_client(&cluster).await;
+    let cfg = one_replica();
     let kept: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
     client.put("kept", &kept, &cfg).await.unwrap();
 

@@ -6,9 +6,11 @@
 use std::time::Duration;
 
 use crescent_client::MasterClient;
-use crescent_integration::{http_request, LocalCluster};
+use crescent_integration::LocalCluster;
 use crescent_proto::pb;
 use crescent_proto::ErrorCode;
+
+use crate::common::{connect_client, leader_metric, master_metric, one_replica, wire_replicas};
 
 fn spec(name: &str, capacity: u64) -> pb::SegmentSpec {
     pb::SegmentSpec {
@@ -17,25 +19,6 @@ fn spec(name: &str, capacity: u64) -> pb::SegmentSpec {
         capacity,
         ..Default::default()
     }
-}
-
-/// The value of an unlabelled Prometheus sample on the leader.
-async fn leader_metric(cluster: &LocalCluster, name: &str) -> f64 {
-    let (leader, _, _) = cluster
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .unwrap();
-    let http = cluster
-        .masters
-        .iter()
-        .find(|m| m.id == leader)
-        .unwrap()
-        .http
-        .clone();
-    let (_, body) = http_request(&http, "GET", "/metrics", &[]).await.unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("/metrics lacks {name}:\n{body}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,13 +139,16 @@ async fn per_client_quotas_refuse_and_free_up() {
     // Unfinished puts: 100 pass, the 101st is refused and changes nothing.
     let first = keys("a", 100, 16);
     for r in a
-        .batch_put_start(put_start_items(&first), one_replica())
+        .batch_put_start(put_start_items(&first), wire_replicas(1))
         .await
         .unwrap()
     {
         assert!(r.status.unwrap_or_default().is_ok());
     }
-    let e = a.put_start("a-extra", 1, one_replica()).await.unwrap_err();
+    let e = a
+        .put_start("a-extra", 1, wire_replicas(1))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
     assert!(
         e.to_string().contains("--max-unfinished-puts-per-client"),
@@ -176,7 +162,7 @@ async fn per_client_quotas_refuse_and_free_up() {
 
     // Another client is not affected.
     let b = MasterClient::new(&cluster.masters_arg()).unwrap();
-    b.put_start("b-0", 1, one_replica()).await.unwrap();
+    b.put_start("b-0", 1, wire_replicas(1)).await.unwrap();
     b.put_end("b-0", 7).await.unwrap();
 
     // Finishing frees the unfinished quota; objects stop at 150.
@@ -184,30 +170,36 @@ async fn per_client_quotas_refuse_and_free_up() {
         assert!(st.is_ok(), "{st:?}");
     }
     let more = keys("more", 50, 16);
-    a.batch_put_start(put_start_items(&more), one_replica())
+    a.batch_put_start(put_start_items(&more), wire_replicas(1))
         .await
         .unwrap();
     a.batch_put_end(put_end_items(&more)).await.unwrap();
-    let e = a.put_start("a-151", 1, one_replica()).await.unwrap_err();
+    let e = a.put_start("a-151", 1, wire_replicas(1)).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
     assert!(e.to_string().contains("--max-objects-per-client"), "{e}");
     assert_eq!(leader_metric(&cluster, &quota("objects")).await, 1.0);
     // Removing frees it.
     a.remove(&first[0], true).await.unwrap();
-    a.put_start("a-151", 1, one_replica()).await.unwrap();
+    a.put_start("a-151", 1, wire_replicas(1)).await.unwrap();
     a.put_end("a-151", 7).await.unwrap();
     // At the limit, a put of a key that exists adds nothing: it gets
     // "already exists" (success to a client), not the quota.
-    let e = a.put_start(&more[0], 1, one_replica()).await.unwrap_err();
+    let e = a
+        .put_start(&more[0], 1, wire_replicas(1))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::ObjectAlreadyExists, "{e}");
 
     // Key bytes: 65 keys of 1,000 bytes fit in 64 KiB, a 66th does not.
     let c = MasterClient::new(&cluster.masters_arg()).unwrap();
     let long = keys("c", 66, 1000);
-    c.batch_put_start(put_start_items(&long[..65]), one_replica())
+    c.batch_put_start(put_start_items(&long[..65]), wire_replicas(1))
         .await
         .unwrap();
-    let e = c.put_start(&long[65], 1, one_replica()).await.unwrap_err();
+    let e = c
+        .put_start(&long[65], 1, wire_replicas(1))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::NoAvailableHandle, "{e}");
     assert!(e.to_string().contains("--max-key-bytes-per-client"), "{e}");
     assert_eq!(leader_metric(&cluster, &quota("key_bytes")).await, 1.0);
@@ -238,10 +230,7 @@ async fn impossible_sizes_evict_nothing() {
         )
         .await
         .unwrap();
-    let one = pb::ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    };
+    let one = wire_replicas(1);
     for i in 0..10u32 {
         let key = format!("kept-{i}");
         client.put_start(&key, 4096, one.clone()).await.unwrap();
@@ -320,14 +309,6 @@ async fn heartbeats_from_strangers_are_not_recorded() {
     assert_eq!(leader_metric(&cluster, "master_active_clients").await, 1.0);
 }
 
-/// A Prometheus sample of one master (None while it does not answer).
-async fn metric_of(cluster: &LocalCluster, id: u64, name: &str) -> Option<f64> {
-    let http = cluster.masters.iter().find(|m| m.id == id)?.http.clone();
-    let (_, body) = http_request(&http, "GET", "/metrics", &[]).await.ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 /// `n` keys of exactly `len` bytes, distinct per `tag`.
 fn keys(tag: &str, n: usize, len: usize) -> Vec<String> {
     (0..n)
@@ -365,13 +346,6 @@ fn no_expiry() -> Vec<String> {
     vec!["--client-ttl".into(), "10m".into()]
 }
 
-fn one_replica() -> pb::ReplicateConfig {
-    pb::ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    }
-}
-
 /// Unbounded, one BatchPutStart of ~16 MB becomes one log entry that a
 /// follower cannot receive within openraft's 50 ms AppendEntries wait, and
 /// a 61 MB one costs the leader its term. The largest batch a master accepts
@@ -407,7 +381,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
         .batch_put_start(pb::BatchPutStartRequest {
             header: header(),
             items: put_start_items(&largest),
-            config: Some(one_replica()),
+            config: Some(wire_replicas(1)),
             ..Default::default()
         })
         .await
@@ -433,7 +407,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
     // Every master applies both entries.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     for m in &cluster.masters {
-        while metric_of(&cluster, m.id, "master_key_count").await != Some(n as f64) {
+        while master_metric(&cluster, m.id, "master_key_count").await != Some(n as f64) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "master {} never applied the largest batch:\n{}",
@@ -451,7 +425,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
         .batch_put_start(pb::BatchPutStartRequest {
             header: header(),
             items: put_start_items(&larger),
-            config: Some(one_replica()),
+            config: Some(wire_replicas(1)),
             ..Default::default()
         })
         .await
@@ -469,7 +443,7 @@ async fn the_largest_batch_commits_and_a_larger_one_is_refused() {
 
     // The library cuts the same batch into requests the master accepts.
     let results = client
-        .batch_put_start(put_start_items(&larger), one_replica())
+        .batch_put_start(put_start_items(&larger), wire_replicas(1))
         .await
         .unwrap();
     assert_eq!(results.len(), n);
@@ -521,7 +495,7 @@ async fn a_follower_behind_by_large_entries_catches_up() {
             crescent_proto::MAX_BATCH_KEY_BYTES / n,
         );
         let started = client
-            .batch_put_start(put_start_items(&batch), one_replica())
+            .batch_put_start(put_start_items(&batch), wire_replicas(1))
             .await
             .unwrap();
         assert_eq!(started.len(), n);
@@ -532,7 +506,7 @@ async fn a_follower_behind_by_large_entries_catches_up() {
 
     cluster.restart(behind).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while metric_of(&cluster, behind, "master_key_count").await != Some(expected) {
+    while master_metric(&cluster, behind, "master_key_count").await != Some(expected) {
         assert!(
             std::time::Instant::now() < deadline,
             "the restarted follower never caught up:\n{}",
@@ -546,7 +520,10 @@ async fn a_follower_behind_by_large_entries_catches_up() {
     let key = "after-catch-up".to_string();
     let written = async {
         client
-            .batch_put_start(put_start_items(std::slice::from_ref(&key)), one_replica())
+            .batch_put_start(
+                put_start_items(std::slice::from_ref(&key)),
+                wire_replicas(1),
+            )
             .await?;
         client.batch_put_end(put_end_items(&[key])).await
     };
@@ -570,16 +547,8 @@ async fn a_batch_refused_part_way_leaves_no_unfinished_puts() {
     args.extend(["--max-unfinished-puts-per-client".into(), "1500".into()]);
     let mut cluster = LocalCluster::start(3, &args).unwrap();
     cluster.with_mounted_store("64mb").await.unwrap();
-    let client = crescent_client::Client::connect(crescent_client::ClientConfig {
-        master: cluster.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let cfg = crescent_client::ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    };
+    let client = connect_client(&cluster).await;
+    let cfg = one_replica();
     // 2,000 keys of 1,000 bytes: two parts of about 1,000 keys each; the
     // second would take the client past 1,500 unfinished puts.
     let big = keys("split", 2000, 1000);

@@ -23,9 +23,7 @@ use crescent_proto::{pb, ErrorCode};
 use crescent_store::protocol::{Grant, Op, Request};
 use crescent_store::{TcpTransport, TransferError};
 
-fn value(i: usize) -> Vec<u8> {
-    (0..4096).map(|j| (i * 31 + j) as u8).collect()
-}
+use crate::common::value;
 
 /// A master client that gives up after 5 s: a refusal at the handshake must
 /// come back at once as PERMISSION_DENIED, not as "no master reachable"

@@ -11,41 +11,17 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crescent_client::{Client, ClientConfig, ReplicateConfig};
-use crescent_integration::{http_request, LocalCluster};
+use crescent_integration::LocalCluster;
 use crescent_store::protocol::{Grant, Status};
 use crescent_store::{TcpTransport, TransferError};
 
-fn value(seed: u8) -> Vec<u8> {
-    (0..4096)
-        .map(|i| (i as u8).wrapping_mul(29) ^ seed)
-        .collect()
-}
-
-fn one_replica() -> ReplicateConfig {
-    ReplicateConfig {
-        replica_num: 1,
-        ..Default::default()
-    }
-}
+use crate::common::{connect_client, metric_at, one_replica, value};
 
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-async fn forbidden_total(http: &str) -> f64 {
-    let (_, body) = http_request(http, "GET", "/metrics", &[]).await.unwrap();
-    body.lines()
-        .find_map(|l| {
-            l.strip_prefix("store_transfer_forbidden_total ")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .expect("/metrics lacks store_transfer_forbidden_total")
 }
 
 fn assert_forbidden<T: std::fmt::Debug>(what: &str, r: Result<T, TransferError>) {
@@ -78,12 +54,7 @@ async fn a_store_serves_only_what_the_master_granted() {
         .await
         .unwrap();
     let store_http = cluster.stores[0].http.clone();
-    let c = Client::connect(ClientConfig {
-        master: cluster.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let c = connect_client(&cluster).await;
     let (secret, neighbour) = (value(1), value(2));
     c.put("secret", &secret, &one_replica()).await.unwrap();
     c.put("neighbour", &neighbour, &one_replica())
@@ -113,7 +84,7 @@ async fn a_store_serves_only_what_the_master_granted() {
         .await
         .unwrap();
     assert_eq!(buf, secret);
-    let before = forbidden_total(&store_http).await;
+    let before = metric_at(&store_http, "store_transfer_forbidden_total").await;
 
     // Blind read from the start of the segment, with no grant ("tag 0").
     let blind = tcp
@@ -170,7 +141,10 @@ async fn a_store_serves_only_what_the_master_granted() {
         .await;
     assert_forbidden("an expired grant", r4);
 
-    assert_eq!(forbidden_total(&store_http).await - before, 6.0);
+    assert_eq!(
+        metric_at(&store_http, "store_transfer_forbidden_total").await - before,
+        6.0
+    );
     // Nothing changed: both objects read back as they were put.
     assert_eq!(c.get("secret").await.unwrap(), secret);
     assert_eq!(c.get("neighbour").await.unwrap(), neighbour);

@@ -19,17 +19,12 @@ use crescent_client::{Client, ClientConfig, ReplicateConfig};
 use crescent_integration::{http_request, LocalCluster};
 use crescent_proto::pb;
 
+use crate::common::{connect_client, leader_metric, metric_at, patterned};
+
 const VALUE: usize = 512 << 10;
 
 fn value(i: usize) -> Vec<u8> {
-    (0..VALUE)
-        .map(|j| {
-            (j as u8)
-                .wrapping_mul(13)
-                .wrapping_add(i as u8)
-                .rotate_left((i % 7) as u32)
-        })
-        .collect()
+    patterned(VALUE, i)
 }
 
 /// Masters that demote early and hold demoted memory briefly.
@@ -82,15 +77,6 @@ fn store_flags(disk: &std::path::Path) -> Vec<String> {
     ]
 }
 
-async fn client(c: &LocalCluster) -> Client {
-    Client::connect(ClientConfig {
-        master: c.masters_arg(),
-        ..Default::default()
-    })
-    .await
-    .expect("client")
-}
-
 /// Puts `key`, retrying while memory is full (demotion frees it).
 async fn put_retrying(c: &Client, key: &str, v: &[u8]) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -132,34 +118,6 @@ async fn on_disk(c: &LocalCluster, keys: &[String]) -> Vec<String> {
     out
 }
 
-async fn leader_metric(c: &LocalCluster, name: &str) -> u64 {
-    let (id, _, _) = c
-        .wait_for_leader(Duration::from_secs(15))
-        .await
-        .expect("leader");
-    let m = c
-        .masters
-        .iter()
-        .find(|m| m.id == id)
-        .expect("leader process");
-    let (_, body) = http_request(&m.http, "GET", "/metrics", &[])
-        .await
-        .expect("metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// A counter of store 0's `/metrics`.
-async fn store_metric(c: &LocalCluster, name: &str) -> u64 {
-    let (_, body) = http_request(&c.stores[0].http, "GET", "/metrics", &[])
-        .await
-        .expect("metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Three demoting masters and one store with an 8 MiB memory segment and a
 /// disk segment in `disk` (both mounted), and a client.
 async fn disk_cluster(disk: &std::path::Path) -> (LocalCluster, Client) {
@@ -188,7 +146,7 @@ async fn disk_cluster_serving(
         .wait_for_segments(2, Duration::from_secs(15))
         .await
         .unwrap();
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
     (cluster, c)
 }
 
@@ -273,15 +231,20 @@ async fn demote_and_restart(cluster: &mut LocalCluster, c: &Client) -> StoreCopi
     let mut demotions = 0;
     while demotions == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        demotions = leader_metric(cluster, "master_demotions_total").await;
+        demotions = leader_metric(cluster, "master_demotions_total").await as u64;
     }
-    let puts_to_disk = leader_metric(cluster, "master_puts_to_disk_total").await;
+    let puts_to_disk = leader_metric(cluster, "master_puts_to_disk_total").await as u64;
     assert!(demotions > 0, "no demotion ran");
     assert!(demotions + puts_to_disk >= demoted.len() as u64);
     // The store counts each COPY before it answers, the leader after: read
     // in this order, the store's count is never the smaller.
-    let by_store_per_leader = leader_metric(cluster, "master_tier_copies_on_store_total").await;
-    let by_store = store_metric(cluster, "store_tier_copies_total{from=\"memory\"}").await;
+    let by_store_per_leader =
+        leader_metric(cluster, "master_tier_copies_on_store_total").await as u64;
+    let by_store = metric_at(
+        &cluster.stores[0].http,
+        "store_tier_copies_total{from=\"memory\"}",
+    )
+    .await as u64;
 
     // SIGKILL the store and start it again on the same directory: its
     // memory objects are gone, its disk objects come back with no re-put.
@@ -431,7 +394,7 @@ async fn puts_memory_cannot_hold_go_to_disk_and_none_fails() {
             .await
             .unwrap_or_else(|e| panic!("{k} refused while the disk has room: {e}"));
     }
-    let to_disk = leader_metric(&cluster, "master_puts_to_disk_total").await;
+    let to_disk = leader_metric(&cluster, "master_puts_to_disk_total").await as u64;
     assert!(to_disk > 0, "no put went to disk: the test proved nothing");
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(
@@ -549,9 +512,13 @@ async fn an_object_read_twice_from_disk_is_promoted_and_keeps_its_disk_replica()
         let i: usize = k.trim_start_matches("p-").parse().unwrap();
         assert_eq!(c.get(k).await.unwrap(), value(i), "{k} from memory");
     }
-    assert!(leader_metric(&cluster, "master_promotions_total").await >= promoted.len() as u64);
+    assert!(leader_metric(&cluster, "master_promotions_total").await >= promoted.len() as f64);
     // Promotions too are copied by the store, from its disk to its memory.
-    let promoted_by_store = store_metric(&cluster, "store_tier_copies_total{from=\"disk\"}").await;
+    let promoted_by_store = metric_at(
+        &cluster.stores[0].http,
+        "store_tier_copies_total{from=\"disk\"}",
+    )
+    .await as u64;
     assert!(promoted_by_store > 0, "no promotion copied by the store");
     // A key read once stays only on disk.
     let unread = disk_only.last().unwrap();
@@ -603,7 +570,7 @@ async fn the_disk_watermark_releases_promoted_objects_disk_copies_first() {
         .wait_for_segments(2, Duration::from_secs(15))
         .await
         .unwrap();
-    let c = client(&cluster).await;
+    let c = connect_client(&cluster).await;
 
     // Objects on disk only, as in the promotion test; four promoted.
     let keys: Vec<String> = (0..24).map(|i| format!("w-{i}")).collect();
@@ -649,7 +616,7 @@ async fn the_disk_watermark_releases_promoted_objects_disk_copies_first() {
         }
     }
     assert_eq!(
-        leader_metric(&cluster, "master_disk_copies_released_total").await,
+        leader_metric(&cluster, "master_disk_copies_released_total").await as u64,
         0
     );
 
@@ -672,7 +639,7 @@ async fn the_disk_watermark_releases_promoted_objects_disk_copies_first() {
         for k in &promoted {
             assert_eq!(c.get(k).await.unwrap(), value(index(k)), "{k}");
         }
-        released = leader_metric(&cluster, "master_disk_copies_released_total").await;
+        released = leader_metric(&cluster, "master_disk_copies_released_total").await as u64;
     }
     // Their bytes are still there, from memory; at least one has no disk
     // replica any more.
@@ -742,7 +709,7 @@ async fn a_clients_own_disk_segment_takes_objects_and_keeps_them_across_its_rest
     for (i, k) in keys.iter().enumerate() {
         put_retrying(&engine, k, &value(i)).await.unwrap();
     }
-    let reader = client(&cluster).await;
+    let reader = connect_client(&cluster).await;
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(engine.get(k).await.unwrap(), value(i), "{k} (engine)");
         assert_eq!(reader.get(k).await.unwrap(), value(i), "{k} (reader)");
@@ -1109,7 +1076,7 @@ async fn a_same_host_client_reads_cached_disk_replicas_from_the_file_but_never_f
     );
     assert!(fallbacks(&here) >= 1, "the direct read was not refused");
     // A client without the cache, opening the file afresh, refuses it too.
-    let fresh = client(&cluster).await;
+    let fresh = connect_client(&cluster).await;
     assert!(fresh.get(&victim).await.is_err());
     assert_eq!(disk_file_bytes(&fresh), 0);
 }
