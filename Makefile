@@ -25,29 +25,10 @@ images: release
 # Multi-process tests run the binaries, so they are built first; the
 # container tests use an image of those same (debug) binaries, tagged
 # crescent:test so a release image from `make images` is left alone.
+# The time of each step is printed at the end (scripts/test-all.sh).
 TEST_IMAGE ?= crescent:test
-SKIP_LOG := $(CURDIR)/target/test-skips.txt
 test: deps
-	@mkdir -p target && rm -f $(SKIP_LOG)
-	$(CARGO) build --bins
-	CRESCENT_SKIP_LOG=$(SKIP_LOG) PROFILE=debug IMAGE=$(TEST_IMAGE) ./scripts/build-images.sh
-	@export CRESCENT_IMAGE=$(TEST_IMAGE) CRESCENT_CHAOS_IMAGE=$(TEST_IMAGE) CRESCENT_SKIP_LOG=$(SKIP_LOG); \
-	if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		$(CARGO) nextest run --workspace --no-fail-fast && \
-		$(CARGO) nextest run -p crescent-store --features rdma --no-fail-fast; \
-	elif ./scripts/require-all; then \
-		echo "make test: cargo-nextest is not installed (cargo install cargo-nextest --locked); CI needs it" >&2; exit 1; \
-	else \
-		echo "SKIPPED nextest: not installed; cargo test ignores .config/nextest.toml (threads, slow timeouts)" | tee -a $(SKIP_LOG) >&2; \
-		$(CARGO) test --workspace --no-fail-fast && \
-		$(CARGO) test -p crescent-store --features rdma --no-fail-fast; \
-	fi
-	./scripts/python-test.sh
-	@if [ -s $(SKIP_LOG) ]; then \
-		echo "make test: passed, with $$(wc -l < $(SKIP_LOG)) skipped:"; sed 's/^/  /' $(SKIP_LOG); \
-	else \
-		echo "make test: passed, 0 skipped"; \
-	fi
+	CARGO='$(CARGO)' TEST_IMAGE='$(TEST_IMAGE)' ./scripts/test-all.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check
