@@ -15,6 +15,22 @@ const DISK_FILE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Most disk segment files remembered (open or unreadable); more are
 /// forgotten at once and opened again as needed.
 const MAX_DISK_FILES: usize = 1024;
+/// Most same-host shared segments kept mapped; more are unmapped at once
+/// and mapped again as needed.
+const MAX_SHM_MAPPINGS: usize = 64;
+
+/// Drops the cached shared-memory mappings whose file is gone, before
+/// another is added. A store writes a new file each time it starts and
+/// removes the files of stores that died, and a mapping of a removed file
+/// keeps that segment's whole memory alive for as long as it is cached: a
+/// long-running client beside a store that restarts would grow by a
+/// segment per restart. Past [`MAX_SHM_MAPPINGS`] all are dropped.
+fn prune_shm_mappings<T>(maps: &mut HashMap<String, T>, exists: impl Fn(&str) -> bool) {
+    maps.retain(|path, _| exists(path));
+    if maps.len() >= MAX_SHM_MAPPINGS {
+        maps.clear();
+    }
+}
 
 /// A same-host disk segment file (by path), as this client last found it,
 /// for the segment (id, name and disk id) it was opened for: a descriptor
@@ -134,6 +150,7 @@ impl ClientCore {
         if let Some(m) = maps.get(path) {
             return Some(m.clone());
         }
+        prune_shm_mappings(&mut maps, |p| std::path::Path::new(p).exists());
         match ShmMapping::open(std::path::Path::new(path)) {
             Ok(m) => {
                 let m = Arc::new(m);
@@ -396,4 +413,27 @@ pub(super) fn chunks(offset: u64, len: usize) -> impl Iterator<Item = (u64, usiz
         let end = (start + step).min(len);
         (offset + start as u64, start, end)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_of_removed_files_are_dropped_and_the_rest_kept_up_to_a_bound() {
+        let mut maps: HashMap<String, u32> = HashMap::new();
+        maps.insert("/dev/shm/crescent-a-1".into(), 1);
+        maps.insert("/dev/shm/crescent-a-2".into(), 2);
+        maps.insert("/dev/shm/crescent-b-3".into(), 3);
+        prune_shm_mappings(&mut maps, |p| !p.ends_with("-1"));
+        let mut kept: Vec<&String> = maps.keys().collect();
+        kept.sort();
+        assert_eq!(kept, ["/dev/shm/crescent-a-2", "/dev/shm/crescent-b-3"]);
+
+        for i in 0..MAX_SHM_MAPPINGS as u32 {
+            maps.insert(format!("/dev/shm/crescent-c-{i}"), i);
+        }
+        prune_shm_mappings(&mut maps, |_| true);
+        assert!(maps.is_empty(), "past the bound every mapping goes");
+    }
 }

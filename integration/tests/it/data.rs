@@ -319,6 +319,59 @@ async fn local_segment_and_shared_memory_paths() {
     contributor.close().await;
 }
 
+/// This process's mappings of files under `dir` that were removed.
+fn removed_files_mapped_from(dir: &std::path::Path) -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let dir = dir.display().to_string();
+    maps.lines()
+        .filter(|l| l.contains(&dir) && l.ends_with("(deleted)"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A client that read a same-host store's shared memory lets go of it once
+/// the store restarted (its new process removed the old file): otherwise
+/// every restart kept a whole segment's memory alive in every such client,
+/// which starved a two-hour chaos soak of memory after about an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_stores_old_shared_memory_is_unmapped() {
+    let shm_dir = tempfile::tempdir().unwrap();
+    let flags = [
+        "--shm".to_string(),
+        "--shm-dir".into(),
+        shm_dir.path().display().to_string(),
+    ];
+    let mut cluster = cluster_with_stores(1, &flags).await;
+    let c = connect_client(&cluster).await;
+    let before = patterned(1 << 20, 1);
+    c.put("before", &before, &replicas(1)).await.unwrap();
+    assert_eq!(c.get("before").await.unwrap(), before);
+    assert!(
+        c.stats.shm_bytes.load(Ordering::Relaxed) >= 1 << 20,
+        "read through shm"
+    );
+
+    cluster.stores[0].kill();
+    cluster.stores[0].restart().unwrap();
+    let after = patterned(1 << 20, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while c.put("after", &after, &replicas(1)).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no put after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shm_before = c.stats.shm_bytes.load(Ordering::Relaxed);
+    assert_eq!(c.get("after").await.unwrap(), after);
+    assert!(
+        c.stats.shm_bytes.load(Ordering::Relaxed) >= shm_before + (1 << 20),
+        "the new file is read through shm"
+    );
+    let left = removed_files_mapped_from(shm_dir.path());
+    assert!(left.is_empty(), "the old file is still mapped: {left:?}");
+}
+
 /// An object over MAX_TRANSFER (1 GiB) crosses the TCP data path in several
 /// transfers and its checksum is computed over the pieces: a put and both
 /// kinds of get round-trip every byte. (Until this test the multi-piece path
