@@ -543,6 +543,8 @@ pub struct ShmMapping {
     map: MmapMut,
     ptr: *mut u8,
     len: u64,
+    /// Kept open to ask whether the store that made it still lives.
+    file: std::fs::File,
 }
 
 // SAFETY: as for Segment.
@@ -561,7 +563,27 @@ impl ShmMapping {
         // length seen at open time and the store never shrinks it.
         let mut map = unsafe { MmapOptions::new().len(len as usize).map_mut(&file)? };
         let ptr = map.as_mut_ptr();
-        Ok(Self { map, ptr, len })
+        Ok(Self {
+            map,
+            ptr,
+            len,
+            file,
+        })
+    }
+
+    /// Whether the store that made the file still lives. It holds an
+    /// exclusive lock on the file for its lifetime, so a shared lock that
+    /// can be taken means it is gone: bytes written into its memory then
+    /// reach nobody, whatever the masters still believe.
+    pub fn owner_alive(&self) -> bool {
+        match self.file.try_lock_shared() {
+            Ok(()) => {
+                let _ = self.file.unlock();
+                false
+            }
+            Err(std::fs::TryLockError::WouldBlock) => true,
+            Err(std::fs::TryLockError::Error(_)) => false,
+        }
     }
 
     pub fn len(&self) -> u64 {

@@ -19,14 +19,14 @@ const MAX_DISK_FILES: usize = 1024;
 /// and mapped again as needed.
 const MAX_SHM_MAPPINGS: usize = 64;
 
-/// Drops the cached shared-memory mappings whose file is gone, before
-/// another is added. A store writes a new file each time it starts and
-/// removes the files of stores that died, and a mapping of a removed file
-/// keeps that segment's whole memory alive for as long as it is cached: a
-/// long-running client beside a store that restarts would grow by a
-/// segment per restart. Past [`MAX_SHM_MAPPINGS`] all are dropped.
-fn prune_shm_mappings<T>(maps: &mut HashMap<String, T>, exists: impl Fn(&str) -> bool) {
-    maps.retain(|path, _| exists(path));
+/// Drops the cached shared-memory mappings whose store is gone, before
+/// another is added. A store writes a new file each time it starts, and a
+/// mapping of a dead store's file keeps that segment's whole memory alive
+/// for as long as it is cached: a long-running client beside a store that
+/// restarts would grow by a segment per restart. Past [`MAX_SHM_MAPPINGS`]
+/// all are dropped.
+fn prune_shm_mappings<T>(maps: &mut HashMap<String, T>, alive: impl Fn(&T) -> bool) {
+    maps.retain(|_, m| alive(m));
     if maps.len() >= MAX_SHM_MAPPINGS {
         maps.clear();
     }
@@ -147,11 +147,19 @@ impl ClientCore {
 
     pub(super) fn shm_mapping(&self, path: &str) -> Option<Arc<ShmMapping>> {
         let mut maps = self.shm.lock().expect("lock poisoned");
+        // Only a live store's memory: a put written into a dead one's would
+        // be acknowledged with bytes nobody serves (over TCP it fails, and
+        // goes elsewhere).
         if let Some(m) = maps.get(path) {
-            return Some(m.clone());
+            if m.owner_alive() {
+                return Some(m.clone());
+            }
+            maps.remove(path);
+            return None;
         }
-        prune_shm_mappings(&mut maps, |p| std::path::Path::new(p).exists());
+        prune_shm_mappings(&mut maps, |m| m.owner_alive());
         match ShmMapping::open(std::path::Path::new(path)) {
+            Ok(m) if !m.owner_alive() => None,
             Ok(m) => {
                 let m = Arc::new(m);
                 maps.insert(path.to_string(), m.clone());
@@ -420,12 +428,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mappings_of_removed_files_are_dropped_and_the_rest_kept_up_to_a_bound() {
+    fn mappings_of_dead_stores_are_dropped_and_the_rest_kept_up_to_a_bound() {
         let mut maps: HashMap<String, u32> = HashMap::new();
         maps.insert("/dev/shm/crescent-a-1".into(), 1);
         maps.insert("/dev/shm/crescent-a-2".into(), 2);
         maps.insert("/dev/shm/crescent-b-3".into(), 3);
-        prune_shm_mappings(&mut maps, |p| !p.ends_with("-1"));
+        prune_shm_mappings(&mut maps, |m| *m != 1);
         let mut kept: Vec<&String> = maps.keys().collect();
         kept.sort();
         assert_eq!(kept, ["/dev/shm/crescent-a-2", "/dev/shm/crescent-b-3"]);

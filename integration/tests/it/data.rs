@@ -329,10 +329,11 @@ fn removed_files_mapped_from(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// A client that read a same-host store's shared memory lets go of it once
-/// the store restarted (its new process removed the old file): otherwise
-/// every restart kept a whole segment's memory alive in every such client,
-/// which starved a two-hour chaos soak of memory after about an hour.
+/// A client that read a same-host store's shared memory writes nothing
+/// more into it once the store died (the put was acknowledged with bytes
+/// no store served), and lets go of the mapping: otherwise every restart
+/// kept a whole segment's memory alive in every such client, which starved
+/// a two-hour chaos soak of memory after about an hour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_stores_old_shared_memory_is_unmapped() {
     let shm_dir = tempfile::tempdir().unwrap();
@@ -352,6 +353,12 @@ async fn a_restarted_stores_old_shared_memory_is_unmapped() {
     );
 
     cluster.stores[0].kill();
+    // The masters still list the dead store's segment for a while.
+    let refused = c.put("while-dead", &before, &replicas(1)).await;
+    assert!(
+        refused.is_err(),
+        "a put into a dead store's memory: {refused:?}"
+    );
     cluster.stores[0].restart().unwrap();
     let after = patterned(1 << 20, 2);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
