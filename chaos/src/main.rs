@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use crescent_chaos::run::{ModeChoice, RunConfig, ScheduleKind};
+use crescent_chaos::run::{ModeChoice, RunConfig};
+use crescent_chaos::schedule::ScheduleKind;
 use crescent_chaos::workload::{run_worker, WorkerConfig};
 use crescent_proto::units::parse_duration;
 

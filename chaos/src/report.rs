@@ -9,8 +9,7 @@ use serde::Serialize;
 use crate::checker::{outcome_counts, CheckResult, ViolationKind};
 use crate::deploy::{Mode, WorkerExit};
 use crate::history::{Op, OpKind, Outcome, ReadPromise};
-use crate::run::{FaultRecord, ScheduleKind};
-use crate::schedule::FaultKind;
+use crate::schedule::{FaultKind, FaultRecord, ScheduleKind};
 
 pub struct Inputs<'a> {
     pub mode: Mode,

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use crescent_client::MasterClient;
 use crescent_proto::pb;
-use serde::Serialize;
 
 use crate::checker::{self, CheckResult};
 use crate::deploy::{
@@ -20,8 +19,9 @@ use crate::history::{now_us, read_lines, DiskCheck, Op, Recorder, RoleSample};
 use crate::report::{self, Report};
 use crate::schedule::{
     ci_schedule, clock_step_schedule, degraded_period_schedule, disk_restart_schedule,
-    failing_disk_schedule, late_write_schedule, rolling_restart_schedule, soak_schedule,
-    stalled_writer_schedule, store_skew_schedule, Fault, FaultKind,
+    failing_disk_schedule, late_write_schedule, leader_kill_schedule, rolling_restart_schedule,
+    soak_schedule, stalled_writer_schedule, store_skew_schedule, Fault, FaultKind, FaultRecord,
+    ScheduleKind,
 };
 use crate::stall::{StalledWriter, FAULT_HISTORY, WORKERS_PUT_FOR};
 
@@ -31,68 +31,6 @@ pub enum ModeChoice {
     Auto,
     Containers,
     Processes,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScheduleKind {
-    /// The fixed CI mix (10 leader kills, 2 pauses, 2 leader partitions, a paused store ...).
-    Ci,
-    /// Weighted random faults until --duration is up.
-    Soak,
-    /// Only stalled writers across failovers, several of them (the test of
-    /// --unsafe-adopt-foreign-reservations).
-    StalledWriters,
-    /// Only store restarts with the disk tier, several of them (the test of
-    /// --unsafe-forget-disk-on-restart).
-    DiskRestarts,
-    /// Only late writes after revokes, several of them (the test of
-    /// --unsafe-reuse-revoked-ranges).
-    LateWrites,
-    /// Only late writes across a step of the leader's wall clock, several of
-    /// them (the test of --unsafe-wall-clock; processes mode).
-    ClockSteps,
-    /// Only late requests to a store whose clock is an hour behind (the
-    /// test of the stores' --unsafe-wall-clock; processes mode).
-    StoreSkews,
-    /// Only rolling restarts until --duration is up (a reproducer for
-    /// leaders that start with a trailing state machine).
-    RollingRestarts,
-    /// Only degraded periods (every master paused) with a worker whose
-    /// client keeps a descriptor cache and goes degraded.
-    DegradedPeriods,
-    /// Only failing disks: the second store's disk answers EIO while the
-    /// leader demotes (processes mode, FUSE).
-    FailingDisks,
-}
-
-impl ScheduleKind {
-    /// Its name on the command line and in run directories.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScheduleKind::Ci => "ci",
-            ScheduleKind::Soak => "soak",
-            ScheduleKind::StalledWriters => "stalled-writers",
-            ScheduleKind::DiskRestarts => "disk-restarts",
-            ScheduleKind::LateWrites => "late-writes",
-            ScheduleKind::ClockSteps => "clock-steps",
-            ScheduleKind::StoreSkews => "store-skews",
-            ScheduleKind::RollingRestarts => "rolling-restarts",
-            ScheduleKind::DegradedPeriods => "degraded-periods",
-            ScheduleKind::FailingDisks => "failing-disks",
-        }
-    }
-
-    /// Whether a run of it adds a `cache_and_degrade` worker by default.
-    pub fn runs_cache_and_degrade_worker(self) -> bool {
-        matches!(self, ScheduleKind::Soak | ScheduleKind::DegradedPeriods)
-    }
-
-    /// Whether it draws faults until `--duration` is up (the others have a
-    /// fixed length).
-    pub fn runs_until_duration(self) -> bool {
-        matches!(self, ScheduleKind::Soak | ScheduleKind::RollingRestarts)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -120,18 +58,6 @@ impl RunConfig {
     fn all_workers(&self) -> u32 {
         self.workers + self.cache_and_degrade_workers
     }
-}
-
-/// What happened to one injected fault.
-#[derive(Debug, Clone, Serialize)]
-pub struct FaultRecord {
-    pub kind: FaultKind,
-    pub target: String,
-    pub start_us: u64,
-    pub healed_us: u64,
-    /// When a leader was known again with every master answering; None if
-    /// the cluster did not recover within the limit.
-    pub recovered_us: Option<u64>,
 }
 
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
@@ -394,6 +320,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     let faults: Box<dyn Iterator<Item = Fault>> = match cfg.schedule {
         ScheduleKind::Ci => Box::new(ci_schedule(cfg.seed, network).into_iter()),
         ScheduleKind::Soak => Box::new(soak_schedule(cfg.seed, network)),
+        ScheduleKind::LeaderKills => Box::new(leader_kill_schedule(cfg.seed).into_iter()),
         ScheduleKind::StalledWriters => Box::new(stalled_writer_schedule(cfg.seed).into_iter()),
         ScheduleKind::DiskRestarts => Box::new(disk_restart_schedule(cfg.seed).into_iter()),
         ScheduleKind::LateWrites => Box::new(late_write_schedule(cfg.seed).into_iter()),

@@ -8,6 +8,74 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    /// The fixed CI mix (10 leader kills, 2 pauses, 2 leader partitions, a paused store ...).
+    Ci,
+    /// Weighted random faults until --duration is up.
+    Soak,
+    /// Only leader kills, several of them: the short run for masters that
+    /// acknowledge before the commit or forget leases (the tests of
+    /// --unsafe-ack-before-commit and --unsafe-forget-leases), and a quick
+    /// check of a deployment.
+    LeaderKills,
+    /// Only stalled writers across failovers, several of them (the test of
+    /// --unsafe-adopt-foreign-reservations).
+    StalledWriters,
+    /// Only store restarts with the disk tier, several of them (the test of
+    /// --unsafe-forget-disk-on-restart).
+    DiskRestarts,
+    /// Only late writes after revokes, several of them (the test of
+    /// --unsafe-reuse-revoked-ranges).
+    LateWrites,
+    /// Only late writes across a step of the leader's wall clock, several of
+    /// them (the test of --unsafe-wall-clock; processes mode).
+    ClockSteps,
+    /// Only late requests to a store whose clock is an hour behind (the
+    /// test of the stores' --unsafe-wall-clock; processes mode).
+    StoreSkews,
+    /// Only rolling restarts until --duration is up (a reproducer for
+    /// leaders that start with a trailing state machine).
+    RollingRestarts,
+    /// Only degraded periods (every master paused) with a worker whose
+    /// client keeps a descriptor cache and goes degraded.
+    DegradedPeriods,
+    /// Only failing disks: the second store's disk answers EIO while the
+    /// leader demotes (processes mode, FUSE).
+    FailingDisks,
+}
+
+impl ScheduleKind {
+    /// Its name on the command line and in run directories.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::Ci => "ci",
+            ScheduleKind::Soak => "soak",
+            ScheduleKind::LeaderKills => "leader-kills",
+            ScheduleKind::StalledWriters => "stalled-writers",
+            ScheduleKind::DiskRestarts => "disk-restarts",
+            ScheduleKind::LateWrites => "late-writes",
+            ScheduleKind::ClockSteps => "clock-steps",
+            ScheduleKind::StoreSkews => "store-skews",
+            ScheduleKind::RollingRestarts => "rolling-restarts",
+            ScheduleKind::DegradedPeriods => "degraded-periods",
+            ScheduleKind::FailingDisks => "failing-disks",
+        }
+    }
+
+    /// Whether a run of it adds a `cache_and_degrade` worker by default.
+    pub fn runs_cache_and_degrade_worker(self) -> bool {
+        matches!(self, ScheduleKind::Soak | ScheduleKind::DegradedPeriods)
+    }
+
+    /// Whether it draws faults until `--duration` is up (the others have a
+    /// fixed length).
+    pub fn runs_until_duration(self) -> bool {
+        matches!(self, ScheduleKind::Soak | ScheduleKind::RollingRestarts)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultKind {
@@ -278,6 +346,27 @@ fn repeated(seed: u64, kind: FaultKind, n: usize) -> Vec<Fault> {
     (0..n).map(|_| fault(&mut rng, kind)).collect()
 }
 
+/// How many faults [`leader_kill_schedule`] has.
+pub const LEADER_KILL_FAULTS: usize = 6;
+
+/// Leader kills, [`LEADER_KILL_FAULTS`] of them, plain and amid removes
+/// in turn: each is a chance for a write acknowledged before its commit to
+/// be lost, and each new leader must honour its predecessor's leases while
+/// forced removes run.
+pub fn leader_kill_schedule(seed: u64) -> Vec<Fault> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..LEADER_KILL_FAULTS)
+        .map(|i| {
+            let kind = if i % 2 == 0 {
+                FaultKind::KillLeader
+            } else {
+                FaultKind::KillLeaderAmidRemoves
+            };
+            fault(&mut rng, kind)
+        })
+        .collect()
+}
+
 /// How many faults [`stalled_writer_schedule`] has.
 pub const STALLED_WRITER_FAULTS: usize = 8;
 
@@ -411,6 +500,18 @@ pub fn soak_schedule(seed: u64, network_control: bool) -> impl Iterator<Item = F
     })
 }
 
+/// What happened to one injected fault.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    pub kind: FaultKind,
+    pub target: String,
+    pub start_us: u64,
+    pub healed_us: u64,
+    /// When a leader was known again with every master answering; None if
+    /// the cluster did not recover within the limit.
+    pub recovered_us: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,6 +565,21 @@ mod tests {
             .all(|f| f.hold > Duration::from_millis(300)));
         let without = ci_schedule(7, false);
         assert!(without.iter().all(|f| !f.kind.needs_network_control()));
+    }
+
+    #[test]
+    fn the_leader_kill_schedule_alternates_plain_kills_and_kills_amid_removes() {
+        let s = leader_kill_schedule(3);
+        assert_eq!(s.len(), LEADER_KILL_FAULTS);
+        for (i, f) in s.iter().enumerate() {
+            let want = if i % 2 == 0 {
+                FaultKind::KillLeader
+            } else {
+                FaultKind::KillLeaderAmidRemoves
+            };
+            assert_eq!(f.kind, want, "fault {i}");
+        }
+        assert_eq!(s, leader_kill_schedule(3), "seeded");
     }
 
     #[test]

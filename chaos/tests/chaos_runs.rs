@@ -1,21 +1,21 @@
 //! Real chaos runs through the `crescent-chaos` binary.
 //!
-//! - `ci_schedule_twice_into_one_out_dir_has_no_violations`: the short CI
+//! - `ci_schedule_and_a_short_run_into_one_out_dir_have_no_violations`: the short CI
 //!   schedule (10 leader kills, 2 random-master kills, 2 pauses, 2 leader
 //!   partitions and a follower partition in container mode, a store kill, an
 //!   etcd member kill, a rolling restart, 2 leader kills amid removes, a big
 //!   batch, a connection flood, a stalled writer across a failover, a
 //!   store restart with its disk tier, a master killed with a torn log, a
 //!   paused store, a store cut off, a master added and removed, and late
-//!   writes and requests) must end with 0 violations, twice into the same
-//!   `--out` (the second run must not take the first run's stop file for
-//!   its own and run no workload).
+//!   writes and requests) must end with 0 violations; then a run of six
+//!   leader kills into the same `--out` must pass too (it must not take
+//!   the first run's stop file for its own and run no workload).
 //!   Container mode when a Docker engine answers and `make images` built
 //!   `$CRESCENT_CHAOS_IMAGE` (default crescent:latest); otherwise processes
 //!   mode, and it says so.
 //! - `acking_before_commit_is_caught`: masters started with the test-only
 //!   `--unsafe-ack-before-commit` lose acknowledged writes when the leader
-//!   is killed; the checker must fail the run.
+//!   is killed (six leader kills); the checker must fail the run.
 //! - `forgetting_leases_is_caught`: masters started with the test-only
 //!   `--unsafe-forget-leases` let a forced remove hand a leased object's
 //!   space to the next put; the workload's slow readers must see wrong bytes
@@ -136,13 +136,15 @@ fn assert_every_worker_recorded(run: &str) {
     }
 }
 
-fn ci_run(image: &str, out: &str, seed: &str) -> (String, serde_json::Value) {
+/// A passing run of `schedule` in the mode `auto` picks: its directory and
+/// report.
+fn auto_run(schedule: &str, image: &str, out: &str, seed: &str) -> (String, serde_json::Value) {
     let (code, text) = chaos(&[
         "run",
         "--mode",
         "auto",
         "--schedule",
-        "ci",
+        schedule,
         "--seed",
         seed,
         "--image",
@@ -166,11 +168,13 @@ fn ci_run(image: &str, out: &str, seed: &str) -> (String, serde_json::Value) {
 }
 
 #[test]
-fn ci_schedule_twice_into_one_out_dir_has_no_violations() {
+fn ci_schedule_and_a_short_run_into_one_out_dir_have_no_violations() {
     let image = std::env::var("CRESCENT_CHAOS_IMAGE").unwrap_or_else(|_| "crescent:latest".into());
     let out = out_dir("chaos-ci");
-    let (first, _) = ci_run(&image, &out, "20261121");
-    let (second, report) = ci_run(&image, &out, "20261122");
+    let (first, report) = auto_run("ci", &image, &out, "20261121");
+    // A second, short run into the same directory must not take the first
+    // run's stop file for its own.
+    let (second, _) = auto_run("leader-kills", &image, &out, "20261122");
     assert_ne!(first, second, "each run gets its own directory");
     // `crescent-chaos check` re-checks a saved run from its files alone.
     let first_report: serde_json::Value =
@@ -352,7 +356,12 @@ fn evicting_on_a_failing_disk_is_caught() {
 
 #[test]
 fn acking_before_commit_is_caught() {
-    let counts = broken_run("chaos-unsafe", "ci", "7", "--unsafe-ack-before-commit");
+    let counts = broken_run(
+        "chaos-unsafe",
+        "leader-kills",
+        "7",
+        "--unsafe-ack-before-commit",
+    );
     assert!(
         counts.contains_key("lost_write") || counts.contains_key("not_linearizable"),
         "expected lost or non-linearizable writes, got {counts:?}"
@@ -379,7 +388,12 @@ fn resuming_leadership_after_a_restart_is_caught() {
 
 #[test]
 fn forgetting_leases_is_caught() {
-    let counts = broken_run("chaos-forget-leases", "ci", "11", "--unsafe-forget-leases");
+    let counts = broken_run(
+        "chaos-forget-leases",
+        "leader-kills",
+        "11",
+        "--unsafe-forget-leases",
+    );
     assert!(
         counts.contains_key("wrong_bytes"),
         "expected slow readers to see wrong bytes, got {counts:?}"

@@ -6,11 +6,44 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use etcd_client::{Client, GetOptions, WatchOptions};
 
-use crate::master::{MasterRpcError, Targets};
-
 pub const DEFAULT_CLUSTER: &str = "crescent";
+
+/// Why the masters could not be found (a master client reports it as its
+/// own error).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum DiscoveryError {
+    #[error("invalid master address {0:?}: expected host:port or a comma-separated list")]
+    BadAddress(String),
+    #[error("no master reachable: {0}")]
+    Unavailable(String),
+}
+
+/// Where the masters are: seeds and the believed leader. Shared with the etcd
+/// watcher, which keeps them current when the address was `etcd://...`.
+/// Read on every request and written only when the cluster changes, so both
+/// are swapped whole (`arc-swap`) rather than locked.
+#[derive(Default)]
+pub struct Targets {
+    pub(crate) seeds: ArcSwap<Vec<String>>,
+    pub(crate) leader: ArcSwapOption<String>,
+}
+
+impl Targets {
+    pub fn set_seeds(&self, seeds: Vec<String>) {
+        if !seeds.is_empty() {
+            self.seeds.store(Arc::new(seeds));
+        }
+    }
+
+    pub fn set_leader_hint(&self, addr: Option<String>) {
+        if let Some(addr) = addr {
+            self.leader.store(Some(Arc::new(addr)));
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdSpec {
@@ -20,7 +53,7 @@ pub struct EtcdSpec {
 
 impl EtcdSpec {
     /// `None` when `s` is not an etcd address; `Some(Err)` when it is a bad one.
-    pub fn parse(s: &str) -> Option<Result<Self, MasterRpcError>> {
+    pub fn parse(s: &str) -> Option<Result<Self, DiscoveryError>> {
         let rest = s.trim().strip_prefix("etcd://")?;
         let (hosts, cluster) = match rest.split_once('/') {
             Some((h, c)) if !c.is_empty() => (h, c.to_string()),
@@ -36,7 +69,7 @@ impl EtcdSpec {
             .filter(|h| !h.is_empty())
             .collect();
         if endpoints.is_empty() || endpoints.iter().any(|e| !e.contains(':')) {
-            return Some(Err(MasterRpcError::BadAddress(s.to_string())));
+            return Some(Err(DiscoveryError::BadAddress(s.to_string())));
         }
         Some(Ok(Self { endpoints, cluster }))
     }
@@ -58,7 +91,7 @@ fn leader_addr(value: &str) -> Option<String> {
 /// TLS towards etcd: the client configuration of this process's TLS files.
 pub type EtcdTls = Option<tonic::transport::ClientTlsConfig>;
 
-async fn connect(spec: &EtcdSpec, tls: &EtcdTls) -> Result<Client, MasterRpcError> {
+async fn connect(spec: &EtcdSpec, tls: &EtcdTls) -> Result<Client, DiscoveryError> {
     let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(3));
@@ -67,7 +100,7 @@ async fn connect(spec: &EtcdSpec, tls: &EtcdTls) -> Result<Client, MasterRpcErro
     }
     Client::connect(&spec.endpoints, Some(opts))
         .await
-        .map_err(|e| MasterRpcError::Unavailable(format!("etcd {}: {e}", spec.endpoints.join(","))))
+        .map_err(|e| DiscoveryError::Unavailable(format!("etcd {}: {e}", spec.endpoints.join(","))))
 }
 
 /// Reads the masters and leader into `targets`.
@@ -75,8 +108,8 @@ async fn refresh(
     client: &mut Client,
     spec: &EtcdSpec,
     targets: &Targets,
-) -> Result<usize, MasterRpcError> {
-    let err = |e: etcd_client::Error| MasterRpcError::Unavailable(format!("etcd: {e}"));
+) -> Result<usize, DiscoveryError> {
+    let err = |e: etcd_client::Error| DiscoveryError::Unavailable(format!("etcd: {e}"));
     let resp = client
         .get(spec.masters_prefix(), Some(GetOptions::new().with_prefix()))
         .await
@@ -112,7 +145,7 @@ pub async fn start(
     spec: EtcdSpec,
     tls: EtcdTls,
     targets: Arc<Targets>,
-) -> Result<(), MasterRpcError> {
+) -> Result<(), DiscoveryError> {
     let mut client = connect(&spec, &tls).await?;
     let n = refresh(&mut client, &spec, &targets).await?;
     if n == 0 {

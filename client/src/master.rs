@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 
 use crescent_auth::capability::SegmentKey;
 use crescent_auth::{AuthedChannel, BearerToken};
@@ -16,6 +16,8 @@ use crescent_proto::pb::{
 use crescent_proto::ErrorCode;
 use rand::Rng;
 use tonic::transport::{Channel, ClientTlsConfig};
+
+use crate::discovery::{DiscoveryError, Targets};
 
 /// How long an attempt waits on its target before asking the other masters
 /// whether leadership has moved (see `leader_moved_away_from`).
@@ -33,6 +35,15 @@ pub enum MasterRpcError {
     Unavailable(String),
     #[error("invalid master address {0:?}: expected host:port or a comma-separated list")]
     BadAddress(String),
+}
+
+impl From<DiscoveryError> for MasterRpcError {
+    fn from(e: DiscoveryError) -> Self {
+        match e {
+            DiscoveryError::BadAddress(a) => MasterRpcError::BadAddress(a),
+            DiscoveryError::Unavailable(why) => MasterRpcError::Unavailable(why),
+        }
+    }
 }
 
 impl MasterRpcError {
@@ -145,30 +156,6 @@ pub fn parse_master_list(spec: &str) -> Result<Vec<String>, MasterRpcError> {
 pub fn new_client_id() -> String {
     let r: u128 = rand::rng().random();
     format!("{r:032x}")
-}
-
-/// Where the masters are: seeds and the believed leader. Shared with the etcd
-/// watcher, which keeps them current when the address was `etcd://...`.
-/// Read on every request and written only when the cluster changes, so both
-/// are swapped whole (`arc-swap`) rather than locked.
-#[derive(Default)]
-pub struct Targets {
-    seeds: ArcSwap<Vec<String>>,
-    leader: ArcSwapOption<String>,
-}
-
-impl Targets {
-    pub fn set_seeds(&self, seeds: Vec<String>) {
-        if !seeds.is_empty() {
-            self.seeds.store(Arc::new(seeds));
-        }
-    }
-
-    pub fn set_leader_hint(&self, addr: Option<String>) {
-        if let Some(addr) = addr {
-            self.leader.store(Some(Arc::new(addr)));
-        }
-    }
 }
 
 /// A refusal of the master's auth layer, or of the TLS handshake, as an

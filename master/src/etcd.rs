@@ -15,7 +15,6 @@
 //! its lease for discovery only. Raft stays the source of truth: nobody acts
 //! as leader because of this key, and clients still follow NOT_LEADER.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,8 +22,6 @@ use crescent_raft::NodeId;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
-
-use crate::node::MasterNode;
 
 /// Lease TTL of a master's keys; a dead master's key vanishes after this.
 pub const LEASE_TTL_SECS: i64 = 5;
@@ -200,67 +197,6 @@ impl EtcdMembership {
                 }
             }
             tokio::time::sleep(period).await;
-        }
-    }
-}
-
-/// Leader-only: publish the leader key and add registered masters that are not
-/// members yet (learner first, then voter). Runs until aborted.
-pub async fn leader_loop(node: Arc<MasterNode>, etcd: Arc<EtcdMembership>, term: u64) {
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tick.tick().await;
-        if !node.is_leader() {
-            continue;
-        }
-        let record = LeaderRecord {
-            id: node.id(),
-            addr: node.addr().to_string(),
-            term,
-        };
-        if let Err(e) = etcd.publish_leader(&record).await {
-            tracing::warn!(error = %e, "cannot publish the leader key");
-        }
-        let registered = match etcd.registered().await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list registered masters");
-                continue;
-            }
-        };
-        let (members, voters): (BTreeSet<NodeId>, BTreeSet<NodeId>) = node.members_and_voters();
-        for (id, addr, tag) in registered {
-            if voters.contains(&id) {
-                continue;
-            }
-            if !node
-                .verifier()
-                .member_tag_ok(&etcd.cluster, id, &addr, &tag)
-            {
-                tracing::warn!(
-                    id,
-                    addr,
-                    "a master registered in etcd without a valid tag (not signed with this \
-                     cluster's token); not adding it"
-                );
-                continue;
-            }
-            if !members.contains(&id) {
-                tracing::info!(
-                    id,
-                    addr,
-                    "new master registered in etcd; adding it as a learner"
-                );
-                if let Err(e) = node.add_learner(id, addr.clone()).await {
-                    tracing::warn!(id, error = %e, "add learner failed; will retry");
-                    continue;
-                }
-            }
-            tracing::info!(id, "promoting learner to voter");
-            match node.promote_to_voter(id).await {
-                Ok(_) => tracing::info!(id, "membership changed: master is now a voter"),
-                Err(e) => tracing::warn!(id, error = %e, "promotion failed; will retry"),
-            }
         }
     }
 }

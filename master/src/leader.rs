@@ -6,16 +6,17 @@
 //! granted, so it waits one lease TTL before evicting and treats every known
 //! client as alive for one client TTL before expiring any.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crescent_raft::state::{ObjectStamp, Op, Tier};
-use crescent_raft::Response;
+use crescent_raft::{NodeId, Response};
 use crescent_store::TcpTransport;
 use openraft::ServerState;
 use tokio::task::JoinSet;
 
+use crate::etcd::{EtcdMembership, LeaderRecord};
 use crate::node::{now_ms, MasterNode};
 use crate::tier_move;
 
@@ -57,7 +58,7 @@ pub async fn run_leadership_watch(node: Arc<MasterNode>) {
                 set.spawn(lease_sweep_loop(node.clone()));
                 set.spawn(reservation_loop(node.clone()));
                 if let Some(etcd) = node.etcd() {
-                    set.spawn(crate::etcd::leader_loop(node.clone(), etcd.clone(), term));
+                    set.spawn(etcd_membership_loop(node.clone(), etcd.clone(), term));
                 }
                 running = Some((term, set));
             }
@@ -371,7 +372,7 @@ async fn reclaim_loop(node: Arc<MasterNode>) {
         tick.tick().await;
         let due = node.state().has_reclaimable(now_ms());
         if due {
-            match node.propose(None, Op::ReclaimStalePuts).await {
+            match node.propose(None, Op::ReclaimStalePuts {}).await {
                 Ok(Response::Count(n)) => tracing::info!(reclaimed = n, "reclaimed abandoned puts"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "reclaim proposal failed"),
@@ -408,5 +409,66 @@ async fn reservation_loop(node: Arc<MasterNode>) {
     loop {
         tick.tick().await;
         node.upkeep_reservations().await;
+    }
+}
+
+/// Leader-only: publish the leader key and add registered masters that are not
+/// members yet (learner first, then voter). Runs until aborted.
+async fn etcd_membership_loop(node: Arc<MasterNode>, etcd: Arc<EtcdMembership>, term: u64) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if !node.is_leader() {
+            continue;
+        }
+        let record = LeaderRecord {
+            id: node.id(),
+            addr: node.addr().to_string(),
+            term,
+        };
+        if let Err(e) = etcd.publish_leader(&record).await {
+            tracing::warn!(error = %e, "cannot publish the leader key");
+        }
+        let registered = match etcd.registered().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list registered masters");
+                continue;
+            }
+        };
+        let (members, voters): (BTreeSet<NodeId>, BTreeSet<NodeId>) = node.members_and_voters();
+        for (id, addr, tag) in registered {
+            if voters.contains(&id) {
+                continue;
+            }
+            if !node
+                .verifier()
+                .member_tag_ok(&etcd.cluster, id, &addr, &tag)
+            {
+                tracing::warn!(
+                    id,
+                    addr,
+                    "a master registered in etcd without a valid tag (not signed with this \
+                     cluster's token); not adding it"
+                );
+                continue;
+            }
+            if !members.contains(&id) {
+                tracing::info!(
+                    id,
+                    addr,
+                    "new master registered in etcd; adding it as a learner"
+                );
+                if let Err(e) = node.add_learner(id, addr.clone()).await {
+                    tracing::warn!(id, error = %e, "add learner failed; will retry");
+                    continue;
+                }
+            }
+            tracing::info!(id, "promoting learner to voter");
+            match node.promote_to_voter(id).await {
+                Ok(_) => tracing::info!(id, "membership changed: master is now a voter"),
+                Err(e) => tracing::warn!(id, error = %e, "promotion failed; will retry"),
+            }
+        }
     }
 }

@@ -216,11 +216,6 @@ fn grant(
     }
 }
 
-/// Largest object copied between tiers: a bigger one is dropped at the
-/// watermark, as without a disk tier, and never promoted (its copy could
-/// not finish well within its grant).
-pub const MAX_MOVED_SIZE: u64 = 256 << 20;
-
 /// Most objects copied per round; the next round takes the rest.
 pub const MAX_MOVES_PER_ROUND: usize = 64;
 

@@ -5,6 +5,12 @@
 use bincode::Options;
 use serde::{de::DeserializeOwned, Serialize};
 
+/// The format of what this module encodes (log entries, snapshots, Raft
+/// messages): the journal names it in its header and masters in every
+/// Raft message, and a value of another format is refused, never misread.
+/// Bump it with any change that makes old bytes decode differently.
+pub const FORMAT_VERSION: &str = "2";
+
 /// Largest encoded value accepted (a snapshot of a very large cluster fits).
 pub const MAX_ENCODED_BYTES: u64 = 4 << 30;
 

@@ -10,7 +10,8 @@
 //! header and a sync; docs/benchmarks-history.md), and a replicated put
 //! waits for two of these flushes in series.
 //!
-//! Layout: a 16-byte file header, then batches, each at an 8-byte-aligned
+//! Layout: a 16-byte file header naming the format (`crescent-rlog-v2`:
+//! entries whose commands carry fixed tags, see [`crate::tagged`]), then batches, each at an 8-byte-aligned
 //! offset: `len: u32`, `crc: u32`, then `len` bytes of records. The CRC
 //! (crc32c) covers the batch's offset, its length and its records, so a
 //! batch is valid only at the place it was written. Records are
@@ -63,7 +64,11 @@ pub const FILE_NAME: &str = "raft.log";
 /// Held (flock) while a journal is open: two masters on one data dir would
 /// interleave their writes.
 const LOCK_NAME: &str = "raft.lock";
-const MAGIC: &[u8; 16] = b"crescent-rlog-v1";
+/// The file's header: the format of its records and of the entries and
+/// snapshots in them. A file of another format is refused, never misread.
+const MAGIC: &[u8; 16] = b"crescent-rlog-v2";
+/// The header of every format, before its version.
+const MAGIC_FAMILY: &[u8] = b"crescent-rlog-v";
 const BATCH_HEADER: usize = 8;
 const ALIGN: u64 = 8;
 /// The file grows by this much at a time, zero-filled and synced once.
@@ -96,6 +101,16 @@ pub enum JournalError {
     Locked { path: String, lock: String },
     #[error("{path} is damaged: {reason}")]
     Corrupt { path: String, reason: String },
+    #[error(
+        "{path} is a raft log of format v{found}, and this build reads format v{ours} only: \
+         start this master on an empty data dir (it catches up from the others), or run the \
+         build that wrote it"
+    )]
+    OtherFormat {
+        path: String,
+        found: String,
+        ours: String,
+    },
     #[error("the raft log is unusable after an earlier failed write; restart the master")]
     Failed,
     #[error("a raft log record of {bytes} bytes is larger than the 4 GiB a record can hold")]
@@ -432,6 +447,13 @@ fn replay(data: &[u8], purged_key: &str, path: &Path) -> Result<(Contents, u64),
         reason,
     };
     if data.len() < MAGIC.len() || &data[..MAGIC.len()] != MAGIC {
+        if data.starts_with(MAGIC_FAMILY) && data.len() >= MAGIC.len() {
+            return Err(JournalError::OtherFormat {
+                path: path.display().to_string(),
+                found: String::from_utf8_lossy(&data[MAGIC_FAMILY.len()..MAGIC.len()]).into(),
+                ours: String::from_utf8_lossy(&MAGIC[MAGIC_FAMILY.len()..]).into(),
+            });
+        }
         return Err(corrupt("not a Crescent raft log (bad file header)".into()));
     }
     let mut contents = Contents::default();
@@ -1019,6 +1041,24 @@ mod tests {
     use super::*;
 
     const PURGED: &str = "last_purged";
+
+    #[test]
+    fn the_header_names_the_codec_format() {
+        let version = &MAGIC[MAGIC_FAMILY.len()..];
+        assert_eq!(version, crate::codec::FORMAT_VERSION.as_bytes());
+    }
+
+    #[test]
+    fn a_journal_of_another_format_is_refused_by_name() {
+        let mut old = b"crescent-rlog-v1".to_vec();
+        old.resize(4096, 0);
+        let err = replay(&old, PURGED, Path::new("raft.log")).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("format v1") && text.contains("format v2"),
+            "{text}"
+        );
+    }
 
     /// Small chunks: each open of a new file zeroes one.
     const TEST_CHUNK: u64 = 256 << 10;

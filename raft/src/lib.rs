@@ -23,6 +23,7 @@ pub mod network;
 pub mod sizing;
 pub mod state;
 pub mod store;
+mod tagged;
 pub mod terms;
 
 pub use state::{Command, MetaError, MetaState, Op, Response};

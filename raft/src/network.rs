@@ -310,13 +310,23 @@ where
 {
     let mut request = tonic::Request::new(RaftPayload { data });
     request.set_timeout(timeout);
+    request.metadata_mut().insert(
+        FORMAT_HEADER,
+        tonic::metadata::MetadataValue::from_static(codec::FORMAT_VERSION),
+    );
     let resp = match method {
         Method::Append => client.append_entries(request).await,
         Method::Vote => client.vote(request).await,
         Method::Snapshot => client.install_snapshot(request).await,
     };
     let payload = match resp {
-        Ok(r) => r.into_inner(),
+        Ok(r) => {
+            if let Err(refused) = check_format(r.metadata()) {
+                let err = TransportError(refused.message().to_string());
+                return Err(RPCError::Network(NetworkError::new(&err)));
+            }
+            r.into_inner()
+        }
         Err(status) => {
             let err = TransportError(format!("{}: {}", status.code(), status.message()));
             return Err(match status.code() {
@@ -455,14 +465,43 @@ impl RaftGrpcServer {
     }
 }
 
+/// The gRPC metadata naming the sender's [`codec::FORMAT_VERSION`].
+const FORMAT_HEADER: &str = "crescent-format";
+
+/// Refuses a Raft message (or its answer) of another format than this
+/// build's: a master of another build would misread its entries. A message
+/// without the header comes from a build before format 2.
+fn check_format(metadata: &tonic::metadata::MetadataMap) -> Result<(), tonic::Status> {
+    let theirs = metadata
+        .get(FORMAT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("1");
+    if theirs == codec::FORMAT_VERSION {
+        return Ok(());
+    }
+    Err(tonic::Status::failed_precondition(format!(
+        "a master of log format v{theirs} sent this, and this one speaks v{}: every master \
+         must run a build of the same format",
+        codec::FORMAT_VERSION
+    )))
+}
+
 fn decode_req<T: DeserializeOwned>(req: tonic::Request<RaftPayload>) -> Result<T, tonic::Status> {
+    check_format(req.metadata())?;
     codec::decode(&req.into_inner().data)
         .map_err(|e| tonic::Status::invalid_argument(format!("undecodable raft message: {e}")))
 }
 
 fn encode_resp<T: Serialize>(value: &T) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
     codec::encode(value)
-        .map(|data| tonic::Response::new(RaftPayload { data }))
+        .map(|data| {
+            let mut resp = tonic::Response::new(RaftPayload { data });
+            resp.metadata_mut().insert(
+                FORMAT_HEADER,
+                tonic::metadata::MetadataValue::from_static(codec::FORMAT_VERSION),
+            );
+            resp
+        })
         .map_err(|e| tonic::Status::internal(format!("cannot encode raft response: {e}")))
 }
 
@@ -502,5 +541,32 @@ impl RaftService for RaftGrpcServer {
         self.check_term(req.vote.leader_id.term)?;
         let result = self.raft.install_snapshot(req).await;
         encode_resp(&result)
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    #[test]
+    fn a_raft_message_of_another_format_is_refused_by_name() {
+        let mut ours = tonic::metadata::MetadataMap::new();
+        ours.insert(
+            FORMAT_HEADER,
+            tonic::metadata::MetadataValue::from_static(codec::FORMAT_VERSION),
+        );
+        assert!(check_format(&ours).is_ok());
+
+        let old = tonic::metadata::MetadataMap::new();
+        let refused = check_format(&old).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(refused.message().contains("log format v1"), "{refused:?}");
+
+        let mut newer = tonic::metadata::MetadataMap::new();
+        newer.insert(
+            FORMAT_HEADER,
+            tonic::metadata::MetadataValue::from_static("3"),
+        );
+        assert!(check_format(&newer).unwrap_err().message().contains("v3"));
     }
 }

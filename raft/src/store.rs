@@ -12,8 +12,6 @@
 //!   `HINT_EVERY_TXNS` batches the writer makes anyway, and in one at
 //!   close. A batch of its own per commit cost a second fsync per
 //!   entry, queued ahead of the next append (about 10 % of a 3-node put).
-//! * A data dir written by an earlier version (`raft.redb`) is copied into a
-//!   journal once, at open, and the old file renamed `raft.redb.migrated`.
 //! * State machine: held in memory ([`SharedState`]) and made durable by
 //!   snapshots stored in the same file; on restart the snapshot is loaded and
 //!   openraft re-applies the committed log after it.
@@ -30,19 +28,14 @@ use openraft::{
     Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
     StorageError, StorageIOError, StoredMembership, Vote,
 };
-use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::codec;
-use crate::journal::{Contents, Journal, JournalError, Record};
+use crate::journal::{Journal, JournalError, Record};
 use crate::state::{MetaState, Response};
 use crate::{NodeId, TypeConfig};
 
-/// The tables of the redb file earlier versions kept (read once, to migrate).
-const REDB_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-const REDB_META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-const REDB_FILE: &str = "raft.redb";
 const KEY_VOTE: &str = "vote";
 const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "last_purged";
@@ -70,11 +63,6 @@ pub enum OpenError {
     },
     #[error("cannot open raft store: {0}")]
     Journal(#[from] JournalError),
-    #[error("cannot migrate the raft store {path} of an earlier version: {source}")]
-    Migrate {
-        path: String,
-        source: Box<redb::Error>,
-    },
     #[error("raft store {path} is corrupt: {reason}")]
     Corrupt { path: String, reason: String },
 }
@@ -216,9 +204,8 @@ pub fn open_with(
         path: dir.display().to_string(),
         source,
     })?;
-    // Locked before anything is read or written, the migration included.
+    // Locked before anything is read or written.
     let lock = crate::journal::lock_dir(dir)?;
-    migrate_from_redb(dir)?;
     let path_s = dir.join(crate::journal::FILE_NAME).display().to_string();
     let corrupt = |reason: String| OpenError::Corrupt {
         path: path_s.clone(),
@@ -338,71 +325,6 @@ fn decode_sm(data: &[u8]) -> Result<SmData, String> {
 fn without_leadership(mut vote: Vote<NodeId>) -> Vote<NodeId> {
     vote.committed = false;
     vote
-}
-
-/// Copies a data dir of an earlier version (`raft.redb`) into a journal, once.
-/// The journal is written whole and renamed into place before the old file
-/// is renamed away, so a crash at any point leaves one of the two complete.
-/// The caller holds the dir's lock.
-fn migrate_from_redb(dir: &Path) -> Result<(), OpenError> {
-    let old = dir.join(REDB_FILE);
-    if !old.exists() {
-        return Ok(());
-    }
-    let migrate_err = |e: redb::Error| OpenError::Migrate {
-        path: old.display().to_string(),
-        source: Box::new(e),
-    };
-    let journal_path = dir.join(crate::journal::FILE_NAME);
-    if !journal_path.exists() {
-        let mut contents = Contents::default();
-        {
-            let db = Database::open(&old).map_err(|e| migrate_err(e.into()))?;
-            let txn = db.begin_read().map_err(|e| migrate_err(e.into()))?;
-            // Any error stops the migration, which leaves raft.redb in place.
-            let log = redb_table_if_any(&txn, REDB_LOG).map_err(|e| migrate_err(e.into()))?;
-            if let Some(log) = log {
-                for item in log.iter().map_err(|e| migrate_err(e.into()))? {
-                    let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
-                    contents.entries.insert(k.value(), v.value().to_vec());
-                }
-            }
-            let meta = redb_table_if_any(&txn, REDB_META).map_err(|e| migrate_err(e.into()))?;
-            if let Some(meta) = meta {
-                for item in meta.iter().map_err(|e| migrate_err(e.into()))? {
-                    let (k, v) = item.map_err(|e| migrate_err(e.into()))?;
-                    contents
-                        .metas
-                        .insert(k.value().to_string(), v.value().to_vec());
-                }
-            }
-        }
-        crate::journal::write_fresh(dir, &journal_path, &contents, KEY_PURGED)?;
-        tracing::info!(
-            entries = contents.entries.len(),
-            from = %old.display(),
-            "raft store migrated to the journal"
-        );
-    }
-    let done = dir.join(format!("{REDB_FILE}.migrated"));
-    std::fs::rename(&old, &done).map_err(|source| OpenError::DataDir {
-        path: old.display().to_string(),
-        source,
-    })?;
-    Ok(())
-}
-
-/// `def` in an old redb file, or `None` if that file never had it (a store
-/// that never wrote one): a missing table is empty, not an error.
-fn redb_table_if_any<K: redb::Key + 'static, V: redb::Value + 'static>(
-    txn: &redb::ReadTransaction,
-    def: TableDefinition<K, V>,
-) -> Result<Option<redb::ReadOnlyTable<K, V>>, redb::TableError> {
-    match txn.open_table(def) {
-        Ok(table) => Ok(Some(table)),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// The single writer: folds queued requests into one journal batch, writes

@@ -25,6 +25,11 @@ fn cmd(now_ms: u64, client: &str, seq: u64, op: Op) -> Command {
     }
 }
 
+/// The key every test segment is mounted with.
+fn test_key() -> SegmentKeyBytes {
+    SegmentKeyBytes(vec![1; 32])
+}
+
 fn mount(state: &mut MetaState, now: u64, name: &str, owner: &str, cap: u64) -> SegmentId {
     let c = Command {
         now_ms: now,
@@ -38,6 +43,9 @@ fn mount(state: &mut MetaState, now: u64, name: &str, owner: &str, cap: u64) -> 
                 ..Default::default()
             },
             owner: owner.into(),
+            key: test_key(),
+            tier: Tier::Memory,
+            disk_id: String::new(),
         },
     };
     match state.apply(&c) {
@@ -60,7 +68,7 @@ fn put(
         client,
         seq,
         Op::PutStart {
-            items: vec![(key.into(), size)],
+            items: vec![(key.into(), size, 0)],
             config: ReplicateConfig {
                 replica_num: replicas,
                 ..Default::default()
@@ -76,7 +84,7 @@ fn put_end(state: &mut MetaState, now: u64, client: &str, seq: u64, key: &str) -
         client,
         seq,
         Op::PutEnd {
-            items: vec![(key.into(), 7)],
+            items: vec![(key.into(), 7, 0)],
         },
     ))
 }
@@ -113,6 +121,9 @@ fn workload(n: usize) -> Vec<Command> {
                     ..Default::default()
                 },
                 owner: format!("owner-{name}"),
+                key: test_key(),
+                tier: Tier::Memory,
+                disk_id: String::new(),
             },
         });
     }
@@ -120,9 +131,8 @@ fn workload(n: usize) -> Vec<Command> {
         let now = 1_000 + i as u64 * 50;
         let key = format!("k{}", rnd() % 200);
         let client = format!("c{}", rnd() % 4);
-        // Half the puts use the older unnamed ops; named ones pick ids from a
-        // small range, so ends and revokes both match and miss.
-        let legacy = rnd() % 2 == 0;
+        // Put ids come from a small range, so ends and revokes both match
+        // and miss (0: any of the writer's puts).
         let put_id = rnd() % 3;
         let op = match rnd() % 10 {
             0..=3 => {
@@ -133,24 +143,13 @@ fn workload(n: usize) -> Vec<Command> {
                     hard_pin: rnd() % 11 == 0,
                     preferred_segments: vec![],
                 };
-                if legacy {
-                    Op::PutStart {
-                        items: vec![(key, size)],
-                        config,
-                        policy: policy(),
-                    }
-                } else {
-                    Op::PutStartNamed {
-                        items: vec![(key, size, put_id)],
-                        config,
-                        policy: policy(),
-                    }
+                Op::PutStart {
+                    items: vec![(key, size, put_id)],
+                    config,
+                    policy: policy(),
                 }
             }
-            4..=6 if legacy => Op::PutEnd {
-                items: vec![(key, rnd() as u32)],
-            },
-            4..=6 => Op::PutEndNamed {
+            4..=6 => Op::PutEnd {
                 items: vec![(key, rnd() as u32, put_id)],
             },
             7 => {
@@ -166,9 +165,20 @@ fn workload(n: usize) -> Vec<Command> {
                     hold_ms: rnd() % 20_000,
                 }
             }
-            8 => Op::Evict { keys: vec![key] },
-            _ if legacy => Op::PutRevoke { keys: vec![key] },
-            _ => Op::PutRevokeNamed {
+            // Chosen by a policy that saw some other object under the key:
+            // applied, it must leave the key's object alone.
+            8 => Op::EvictObjects {
+                items: vec![(
+                    key,
+                    ObjectStamp {
+                        created_ms: now,
+                        put_id,
+                        checksum: 0,
+                        size: 0,
+                    },
+                )],
+            },
+            _ => Op::PutRevoke {
                 items: vec![(key, put_id)],
             },
         };
@@ -178,7 +188,7 @@ fn workload(n: usize) -> Vec<Command> {
                 now_ms: now + 700_000,
                 seed: 0,
                 origin: None,
-                op: Op::ReclaimStalePuts,
+                op: Op::ReclaimStalePuts {},
             });
         }
     }
@@ -315,7 +325,7 @@ fn retried_request_is_applied_once() {
             "c",
             seq,
             Op::PutRevoke {
-                keys: vec!["nope".into()],
+                items: vec![("nope".into(), 0)],
             },
         ));
     }
@@ -358,7 +368,7 @@ fn remove_rules() {
         "c",
         2,
         Op::PutStart {
-            items: vec![("pinned".into(), 100)],
+            items: vec![("pinned".into(), 100, 0)],
             config: ReplicateConfig {
                 replica_num: 1,
                 hard_pin: true,
@@ -389,7 +399,7 @@ fn remove_rules() {
         now_ms: 15 + 600_000,
         seed: 0,
         origin: None,
-        op: Op::ReclaimStalePuts,
+        op: Op::ReclaimStalePuts {},
     });
     assert_eq!(s.total_allocated(), 0);
 }
@@ -482,7 +492,7 @@ fn space_of_a_leased_object_removed_with_force_is_not_reused_until_the_lease_end
         now_ms: 30 + 10_000,
         seed: 0,
         origin: None,
-        op: Op::ReclaimStalePuts,
+        op: Op::ReclaimStalePuts {},
     });
     assert!(s.pending_release.is_empty());
     let Response::PutStart(v) = put(&mut s, 10_050, "y", 2, "k3", 4000, 2) else {
@@ -508,61 +518,6 @@ fn space_of_a_leased_object_removed_with_force_is_not_reused_until_the_lease_end
     assert_eq!(s.total_allocated(), before, "space held for a lease TTL");
 }
 
-/// Logs written before the lease verdict was replicated still decode: the
-/// old Remove keeps its position in the enum, and applies as it did then.
-#[test]
-fn a_remove_from_an_older_log_still_decodes_and_frees_at_once() {
-    #[derive(serde::Serialize)]
-    #[allow(dead_code)]
-    enum OldOp {
-        PutStart,
-        PutEnd,
-        PutRevoke,
-        Remove { keys: Vec<String>, force: bool },
-    }
-    let bytes = bincode::serialize(&OldOp::Remove {
-        keys: vec!["k".into()],
-        force: false,
-    })
-    .unwrap();
-    let op: Op = bincode::deserialize(&bytes).unwrap();
-    assert_eq!(
-        op,
-        Op::LegacyRemove {
-            keys: vec!["k".into()],
-            force: false
-        }
-    );
-    let mut s = MetaState::new();
-    mount(&mut s, 0, "a", "oa", 4 * MB);
-    first_item(&put(&mut s, 10, "w", 1, "k", 4000, 1)).unwrap();
-    first_item(&put_end(&mut s, 20, "w", 2, "k")).unwrap();
-    first_item(&s.apply(&cmd(30, "x", 1, op))).unwrap();
-    assert_eq!(s.total_allocated(), 0);
-}
-
-/// A forced remove from a log written before puts in flight were left
-/// alone still takes one, as it did when that log was written: masters
-/// replaying it and masters that applied it then agree.
-#[test]
-fn a_forced_remove_from_an_older_log_still_takes_a_put_in_flight() {
-    let mut s = MetaState::new();
-    mount(&mut s, 0, "a", "oa", 4 * MB);
-    first_item(&put(&mut s, 10, "w", 1, "k", 4000, 1)).unwrap();
-    let remove = |force| Op::RemoveTakingUnfinished {
-        keys: vec!["k".into()],
-        force,
-        leased: Default::default(),
-        hold_ms: 0,
-    };
-    assert_eq!(
-        first_item(&s.apply(&cmd(20, "x", 1, remove(false)))),
-        Err(MetaError::ReplicaNotReady("k".into()))
-    );
-    first_item(&s.apply(&cmd(30, "x", 2, remove(true)))).unwrap();
-    assert!(s.lookup("k").is_err(), "taken as then");
-}
-
 #[test]
 fn put_end_and_revoke_check_the_writer() {
     let mut s = MetaState::new();
@@ -578,7 +533,7 @@ fn put_end_and_revoke_check_the_writer() {
             "bob",
             2,
             Op::PutRevoke {
-                keys: vec!["k".into()]
+                items: vec![("k".into(), 0)],
             }
         ))),
         Err(MetaError::InvalidWrite("k".into()))
@@ -589,7 +544,7 @@ fn put_end_and_revoke_check_the_writer() {
             "alice",
             2,
             Op::PutRevoke {
-                keys: vec!["k".into()]
+                items: vec![("k".into(), 0)],
             }
         ))),
         Ok(())
@@ -607,7 +562,7 @@ fn put_end_and_revoke_check_the_writer() {
             now_ms: now,
             seed: 0,
             origin: None,
-            op: Op::ReclaimStalePuts,
+            op: Op::ReclaimStalePuts {},
         });
         assert_eq!(s.total_allocated() == 0, freed, "at {now}");
     }
@@ -618,7 +573,7 @@ fn put_end_and_revoke_check_the_writer() {
         "alice",
         4,
         Op::PutRevoke {
-            keys: vec!["late".into()],
+            items: vec![("late".into(), 0)],
         },
     )))
     .unwrap();
@@ -651,14 +606,14 @@ fn zombie_put_is_taken_over_and_reclaimed() {
         now_ms: 500_000,
         seed: 0,
         origin: None,
-        op: Op::ReclaimStalePuts,
+        op: Op::ReclaimStalePuts {},
     });
     assert_eq!(s.total_allocated(), 2 * MB);
     s.apply(&Command {
         now_ms: 601_000,
         seed: 0,
         origin: None,
-        op: Op::ReclaimStalePuts,
+        op: Op::ReclaimStalePuts {},
     });
     assert_eq!(s.total_allocated(), MB);
     assert!(s.exists("k"));
@@ -676,7 +631,7 @@ fn silent_clients_segments_expire_and_come_back_on_remount() {
         "c",
         3,
         Op::PutStart {
-            items: vec![("only-a".into(), 100)],
+            items: vec![("only-a".into(), 100, 0)],
             config: ReplicateConfig {
                 replica_num: 1,
                 preferred_segments: vec!["a".into()],
@@ -714,7 +669,7 @@ fn silent_clients_segments_expire_and_come_back_on_remount() {
         "c",
         5,
         Op::PutStart {
-            items: vec![("new".into(), 100)],
+            items: vec![("new".into(), 100, 0)],
             config: ReplicateConfig {
                 replica_num: 2,
                 ..Default::default()
@@ -786,6 +741,9 @@ fn mount_is_idempotent_per_owner() {
                 ..Default::default()
             },
             owner: "intruder".into(),
+            key: test_key(),
+            tier: Tier::Memory,
+            disk_id: String::new(),
         },
     });
     assert_eq!(
@@ -806,7 +764,7 @@ fn filled_state() -> MetaState {
             "c",
             2 * i,
             Op::PutStart {
-                items: vec![(key.clone(), 9 * MB)],
+                items: vec![(key.clone(), 9 * MB, 0)],
                 config: ReplicateConfig {
                     replica_num: 1,
                     soft_pin: soft,
@@ -861,8 +819,11 @@ fn evict_applies_only_to_evictable_objects() {
         now_ms: 2_000,
         seed: 0,
         origin: None,
-        op: Op::Evict {
-            keys: vec!["k1".into(), "k9".into(), "k5".into(), "nope".into()],
+        op: Op::EvictObjects {
+            items: crate::eviction::stamped(
+                &s,
+                vec!["k1".into(), "k9".into(), "k5".into(), "nope".into()],
+            ),
         },
     });
     assert_eq!(r, Response::Count(1));
@@ -974,90 +935,6 @@ mod durability {
         assert_eq!(log.read_committed().await.unwrap(), at(1));
     }
 
-    /// A data dir of an earlier version kept its log in redb (`raft.redb`,
-    /// tables "log" and "meta"): it is copied into the journal at the first
-    /// open, and the old file is renamed away, not deleted.
-    #[tokio::test]
-    async fn a_redb_store_of_an_earlier_version_is_migrated_once() {
-        use openraft::{Entry, EntryPayload};
-        use redb::TableDefinition;
-        const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
-        const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-        let dir = tempfile::TempDir::new().unwrap();
-        let entry = |index| Entry::<crate::TypeConfig> {
-            log_id: LogId::new(CommittedLeaderId::new(7, 1), index),
-            payload: EntryPayload::Blank,
-        };
-        {
-            let db = redb::Database::create(dir.path().join("raft.redb")).unwrap();
-            let txn = db.begin_write().unwrap();
-            {
-                let mut log = txn.open_table(LOG).unwrap();
-                for index in 3..=5 {
-                    let bytes = crate::codec::encode(&entry(index)).unwrap();
-                    log.insert(index, bytes.as_slice()).unwrap();
-                }
-                let mut meta = txn.open_table(META).unwrap();
-                let vote = crate::codec::encode(&Vote::<crate::NodeId>::new(7, 1)).unwrap();
-                meta.insert("vote", vote.as_slice()).unwrap();
-                let purged = crate::codec::encode(&LogId::<crate::NodeId>::new(
-                    CommittedLeaderId::new(6, 1),
-                    2,
-                ))
-                .unwrap();
-                meta.insert("last_purged", purged.as_slice()).unwrap();
-                let committed = crate::codec::encode(&Some(LogId::<crate::NodeId>::new(
-                    CommittedLeaderId::new(7, 1),
-                    4,
-                )))
-                .unwrap();
-                meta.insert("committed", committed.as_slice()).unwrap();
-            }
-            txn.commit().unwrap();
-        }
-        // Round 0 migrates; round 1 must read the journal (which saw a new
-        // vote), not migrate again; round 2 is a crash after the journal
-        // was written but before raft.redb was renamed: the journal wins.
-        for round in 0..3 {
-            if round == 2 {
-                std::fs::copy(
-                    dir.path().join("raft.redb.migrated"),
-                    dir.path().join("raft.redb"),
-                )
-                .unwrap();
-            }
-            let (mut log, _sm) = store::open(dir.path()).unwrap();
-            let vote = if round == 0 {
-                Vote::new(7, 1)
-            } else {
-                Vote::new(8, 1)
-            };
-            assert_eq!(log.read_vote().await.unwrap(), Some(vote), "round {round}");
-            assert_eq!(
-                log.read_committed().await.unwrap().map(|l| l.index),
-                Some(4),
-                "round {round}"
-            );
-            let state = log.get_log_state().await.unwrap();
-            assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(2));
-            assert_eq!(state.last_log_id.map(|l| l.index), Some(5));
-            let indexes: Vec<u64> = log
-                .try_get_log_entries(0..10)
-                .await
-                .unwrap()
-                .iter()
-                .map(|e| e.log_id.index)
-                .collect();
-            assert_eq!(indexes, vec![3, 4, 5], "round {round}");
-            assert!(!dir.path().join("raft.redb").exists());
-            assert!(dir.path().join("raft.redb.migrated").exists());
-            assert!(dir.path().join("raft.log").exists());
-            if round == 0 {
-                log.save_vote(&Vote::new(8, 1)).await.unwrap();
-            }
-        }
-    }
-
     /// A persisted vote with an absurd term (a forged Vote with
     /// term u64::MAX was saved, then openraft panicked at every start's
     /// election) is refused when the store opens, with a clear error.
@@ -1098,6 +975,9 @@ fn an_absurd_segment_capacity_is_refused_and_totals_never_wrap() {
                 ..Default::default()
             },
             owner: "attacker".into(),
+            key: test_key(),
+            tier: Tier::Memory,
+            disk_id: String::new(),
         },
     });
     assert!(
@@ -1173,7 +1053,7 @@ fn put_named(state: &mut MetaState, now: u64, seq: u64, key: &str, put_id: PutId
         now,
         "writer",
         seq,
-        Op::PutStartNamed {
+        Op::PutStart {
             items: vec![(key.into(), 100, put_id)],
             config: ReplicateConfig {
                 replica_num: 1,
@@ -1196,7 +1076,7 @@ fn end_named(
         now,
         "writer",
         seq,
-        Op::PutEndNamed {
+        Op::PutEnd {
             items: vec![(key.into(), crc, put_id)],
         },
     ))
@@ -1221,7 +1101,7 @@ fn a_put_end_or_revoke_finishes_only_the_put_it_names() {
             30_015,
             "writer",
             3,
-            Op::PutRevokeNamed {
+            Op::PutRevoke {
                 items: vec![("k".into(), first)],
             },
         ));
@@ -1539,7 +1419,7 @@ fn reservations_and_objects_never_overlap_under_random_commands() {
                     policy: policy(),
                 }
             }
-            5 => Op::PutStartNamed {
+            5 => Op::PutStart {
                 items: vec![(key, 1 + rnd() % MB, seq)],
                 config: ReplicateConfig {
                     replica_num: 1,
@@ -1553,12 +1433,11 @@ fn reservations_and_objects_never_overlap_under_random_commands() {
                 leased: Default::default(),
                 hold_ms: 0,
             },
-            7 if i % 2 == 0 => Op::Evict { keys: vec![key] },
             7 => Op::EvictObjects {
                 items: crate::eviction::stamped(&s, vec![key]),
             },
             _ if i % 500 == 499 => Op::UnmountSegment { segment_id: seg },
-            _ => Op::ReclaimStalePuts,
+            _ => Op::ReclaimStalePuts {},
         };
         s.apply(&cmd(now, "c", seq, op));
         let mut ranges: Vec<(SegmentId, u64, u64)> = s

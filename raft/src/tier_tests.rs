@@ -54,7 +54,7 @@ fn mount_tier(
     match run(
         s,
         now,
-        Op::MountTieredSegment {
+        Op::MountSegment {
             spec: SegmentSpec {
                 name: name.into(),
                 endpoint: format!("{name}:1"),
@@ -79,7 +79,7 @@ fn put_done(s: &mut MetaState, now: u64, seq: u64, key: &str, size: u64) -> Repl
         now,
         "w",
         seq,
-        Op::PutStartNamed {
+        Op::PutStart {
             items: vec![(key.into(), size, seq)],
             config: ReplicateConfig {
                 replica_num: 1,
@@ -96,7 +96,7 @@ fn put_done(s: &mut MetaState, now: u64, seq: u64, key: &str, size: u64) -> Repl
         now,
         "w",
         seq + 1_000_000,
-        Op::PutEndNamed {
+        Op::PutEnd {
             items: vec![(key.into(), 42, seq)],
         },
     ) {
@@ -193,7 +193,7 @@ fn puts_go_to_disk_only_when_memory_is_full_and_each_tier_has_its_own_usage() {
         2,
         "w",
         99,
-        Op::PutStartNamed {
+        Op::PutStart {
             items: vec![("two".into(), 64, 99)],
             config: ReplicateConfig {
                 replica_num: 2,
@@ -229,7 +229,7 @@ fn puts_go_to_disk_only_when_memory_is_full_and_each_tier_has_its_own_usage() {
             now,
             "w",
             seq,
-            Op::PutStartNamed {
+            Op::PutStart {
                 items: vec![(key.into(), size, seq)],
                 config: ReplicateConfig {
                     replica_num: 1,
@@ -276,7 +276,7 @@ fn puts_go_to_disk_only_when_memory_is_full_and_each_tier_has_its_own_usage() {
             6,
             "w",
             seq,
-            Op::PutStartNamed {
+            Op::PutStart {
                 items: vec![(format!("pref{seq}"), 2 * MB, seq)],
                 config: ReplicateConfig {
                     replica_num: 1,
@@ -373,7 +373,7 @@ fn a_demotion_moves_an_object_to_disk_and_holds_its_memory_for_readers() {
     recount_equal(&s);
     assert!(!s.has_reclaimable(129));
     assert!(s.has_reclaimable(130));
-    run(&mut s, 130, Op::ReclaimStalePuts);
+    run(&mut s, 130, Op::ReclaimStalePuts {});
     assert_eq!(s.tier_usage(Tier::Memory).1, 0);
     // Now on disk only: a disk victim, no longer a memory one.
     assert!(select_victims_in(&s, Tier::Memory, 140, 1.0, |_| AccessInfo::default()).is_empty());
@@ -383,14 +383,9 @@ fn a_demotion_moves_an_object_to_disk_and_holds_its_memory_for_readers() {
     );
     // A demoted object can be removed and evicted like any other.
     let _ = mem;
+    let chosen = stamped(&s, vec!["k".into()]);
     assert_eq!(
-        run(
-            &mut s,
-            150,
-            Op::Evict {
-                keys: vec!["k".into()]
-            }
-        ),
+        run(&mut s, 150, Op::EvictObjects { items: chosen }),
         Response::Count(1)
     );
     assert_eq!(s.tier_usage(Tier::Disk).1, 0);
@@ -446,7 +441,7 @@ fn eviction_leaves_a_victim_being_copied_alone_and_demotes_it_once_released() {
     // released, the object is still whole in memory, and the next round
     // demotes it.
     assert!(s.has_reclaimable(orphan.release_at_ms));
-    run(&mut s, orphan.release_at_ms, Op::ReclaimStalePuts);
+    run(&mut s, orphan.release_at_ms, Op::ReclaimStalePuts {});
     assert!(!s.is_moving("copying"));
     assert_eq!(
         s.lookup("copying").unwrap().replicas,
@@ -520,7 +515,6 @@ fn an_eviction_drops_only_the_object_it_chose_never_a_later_put_of_its_key() {
         "no disk: the unchanged victim is evicted"
     );
 
-    let before = s.clone();
     assert_eq!(
         run(&mut s, 40, Op::EvictObjects { items: chosen }),
         Response::Count(1)
@@ -528,20 +522,6 @@ fn an_eviction_drops_only_the_object_it_chose_never_a_later_put_of_its_key() {
     assert_eq!(s.lookup("k").unwrap(), again, "the later put stays");
     assert!(s.lookup("other").is_err(), "the chosen object goes");
     recount_equal(&s);
-
-    // The old entry, kept for older logs, drops whatever the key names.
-    let mut legacy = before;
-    assert_eq!(
-        run(
-            &mut legacy,
-            40,
-            Op::Evict {
-                keys: vec!["k".into()]
-            }
-        ),
-        Response::Count(1)
-    );
-    assert!(legacy.lookup("k").is_err());
 }
 
 /// A promotion copies a disk-only object back to memory and keeps its disk
@@ -614,7 +594,7 @@ fn a_promotion_adds_a_memory_replica_and_keeps_the_disk_one() {
         "held for readers"
     );
     recount_equal(&s);
-    run(&mut s, 180, Op::ReclaimStalePuts);
+    run(&mut s, 180, Op::ReclaimStalePuts {});
     assert_eq!(s.tier_usage(Tier::Memory).1, memory_used - MB);
     recount_equal(&s);
 
@@ -701,7 +681,7 @@ fn the_disk_watermark_releases_disk_copies_of_promoted_objects_first() {
     assert!(crate::eviction::should_evict_disk(&before, watermark));
     assert!(!crate::eviction::should_evict_disk(&s, watermark));
     recount_equal(&s);
-    run(&mut s, 190, Op::ReclaimStalePuts);
+    run(&mut s, 190, Op::ReclaimStalePuts {});
     assert_eq!(s.tier_usage(Tier::Disk).1, disk_used - MB);
     recount_equal(&s);
 
@@ -732,33 +712,6 @@ fn the_disk_watermark_releases_disk_copies_of_promoted_objects_first() {
     );
     assert_eq!(s.objects, before.objects);
     assert!(select_disk_copies(&s, 240, 1.0, |_| AccessInfo::default()).is_empty());
-}
-
-/// Logs written before promotion existed hold DemoteStart/DemoteEnd: they
-/// keep decoding and apply as tier moves to disk.
-#[test]
-fn retired_demote_entries_apply_as_moves_to_disk() {
-    let mut s = MetaState::new();
-    mount_tier(&mut s, 0, "m", "store", 4 * MB, Tier::Memory, "").unwrap();
-    let disk = mount_tier(&mut s, 0, "m-disk", "store", 8 * MB, Tier::Disk, "d1").unwrap();
-    put_done(&mut s, 10, 1, "k", MB);
-    let start = Op::DemoteStart {
-        items: vec![("k".into(), disk)],
-        release_after_ms: 1_000,
-    };
-    let start: Op = bincode::deserialize(&bincode::serialize(&start).unwrap()).unwrap();
-    let d = match run(&mut s, 20, start) {
-        Response::TierMoves(mut r) => r.remove(0).unwrap(),
-        other => panic!("unexpected {other:?}"),
-    };
-    assert_eq!(d.to, Tier::Disk);
-    let end = Op::DemoteEnd {
-        items: vec![(d.id, true)],
-        hold_ms: 0,
-    };
-    assert_eq!(run(&mut s, 30, end), Response::Items(vec![Ok(())]));
-    assert_eq!(s.lookup("k").unwrap().replicas, vec![d.target]);
-    recount_equal(&s);
 }
 
 /// A promoted object whose disk store went silent keeps its disk replica
@@ -845,7 +798,7 @@ fn a_demotion_keeps_nothing_of_an_object_that_changed_or_of_a_failed_copy() {
     let dc = demote_start(&mut s, 30, "c", disk).unwrap();
     assert!(!s.has_reclaimable(30 + 999));
     assert!(s.has_reclaimable(30 + 1000));
-    run(&mut s, 1030, Op::ReclaimStalePuts);
+    run(&mut s, 1030, Op::ReclaimStalePuts {});
     assert_eq!(s.tier_usage(Tier::Disk).1, 0);
     assert!(demote_end(&mut s, 1031, dc.id, true, 100).is_err());
     assert_eq!(
@@ -927,7 +880,7 @@ fn a_restarted_store_takes_its_disk_segment_back_with_its_objects() {
     let copied = run(
         &mut s,
         31,
-        Op::MountTieredSegment {
+        Op::MountSegment {
             spec: elsewhere.clone(),
             owner: "thief".into(),
             key: SegmentKeyBytes(vec![9; 32]),
@@ -1022,7 +975,7 @@ fn tiers_never_overlap_under_random_commands() {
         let key = format!("k{}", rnd() % 60);
         let store = rnd() % 2;
         let op = match rnd() % 10 {
-            0 | 1 => Op::PutStartNamed {
+            0 | 1 => Op::PutStart {
                 items: vec![(key, 1 + rnd() % MB, seq)],
                 config: ReplicateConfig {
                     replica_num: 1 + (rnd() % 2) as u32,
@@ -1034,7 +987,7 @@ fn tiers_never_overlap_under_random_commands() {
                     soft_pin_ttl_ms: 0,
                 },
             },
-            2 => Op::PutEndNamed {
+            2 => Op::PutEnd {
                 items: s
                     .objects
                     .iter()
@@ -1081,7 +1034,6 @@ fn tiers_never_overlap_under_random_commands() {
                 leased: Default::default(),
                 hold_ms: rnd() % 20,
             },
-            7 if i % 4 == 0 => Op::Evict { keys: vec![key] },
             7 if i % 2 == 0 => Op::EvictObjects {
                 items: stamped(&s, vec![key]),
             },
@@ -1096,7 +1048,7 @@ fn tiers_never_overlap_under_random_commands() {
             8 if i % 97 == 0 => Op::UnmountClient {
                 client_id: format!("p{store}"),
             },
-            8 if i % 5 == 0 => Op::MountTieredSegment {
+            8 if i % 5 == 0 => Op::MountSegment {
                 spec: SegmentSpec {
                     name: format!("m{store}"),
                     endpoint: "x:1".into(),
@@ -1109,7 +1061,7 @@ fn tiers_never_overlap_under_random_commands() {
                 tier: Tier::Memory,
                 disk_id: String::new(),
             },
-            8 if i % 7 == 0 => Op::MountTieredSegment {
+            8 if i % 7 == 0 => Op::MountSegment {
                 spec: SegmentSpec {
                     name: format!("d{store}"),
                     endpoint: "x:1".into(),
@@ -1121,7 +1073,7 @@ fn tiers_never_overlap_under_random_commands() {
                 tier: Tier::Disk,
                 disk_id: format!("id{store}"),
             },
-            _ => Op::ReclaimStalePuts,
+            _ => Op::ReclaimStalePuts {},
         };
         run_as(&mut s, now, "w", seq, op);
         let mut ranges: Vec<(SegmentId, u64, u64)> = s

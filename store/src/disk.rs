@@ -32,7 +32,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::segment::SegmentError;
+use crate::segment_error::SegmentError;
 
 /// The file's name in the segment directory.
 pub const DISK_FILE: &str = "crescent-disk.seg";

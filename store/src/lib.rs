@@ -1,7 +1,7 @@
 //! Crescent's data plane.
 //!
 //! Owns the clock grants are written and checked on ([`clock`]), segments ([`segment`]: memory, or a file on local disk whose format
-//! and opening are in [`disk`]), the transfer wire format ([`protocol`]), the
+//! and opening are in [`disk`]; their errors in [`segment_error`]), the transfer wire format ([`protocol`]), the
 //! TCP server that serves a segment ([`server`]), the pooled, pipelined TCP
 //! client ([`transport`]) and the RDMA transport ([`rdma`]: one-sided
 //! reads/writes of memory segments, behind the `rdma` feature).
@@ -16,6 +16,7 @@ pub mod disk;
 pub mod protocol;
 pub mod rdma;
 pub mod segment;
+pub mod segment_error;
 pub mod server;
 pub mod transport;
 

@@ -713,7 +713,7 @@ impl Placer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crescent_raft::state::{Command, Op, Response, SegmentSpec};
+    use crescent_raft::state::{Command, Op, Response, SegmentKeyBytes, SegmentSpec, Tier};
 
     const MB: u64 = 1 << 20;
 
@@ -739,6 +739,9 @@ mod tests {
                     ..Default::default()
                 },
                 owner: "o".into(),
+                key: SegmentKeyBytes(vec![7; 32]),
+                tier: Tier::Memory,
+                disk_id: String::new(),
             },
         );
         assert_eq!(r, Response::Mounted(Ok(1)));
