@@ -5,7 +5,8 @@
 //! them, read from files so they never show in `ps`, their constant-time
 //! comparison, the one table of which gRPC method needs which role
 //! ([`role_for_grpc_path`]), and the interceptor a client attaches its
-//! token with ([`BearerToken`]). Servers check with [`Verifier`].
+//! token (and the current request id) with ([`BearerToken`]). Servers
+//! check with [`Verifier`].
 //!
 //! It must not hold any other policy, open sockets or know the metadata;
 //! where a check is enforced (the master's gRPC layer and admin HTTP) is the
@@ -547,6 +548,14 @@ impl tonic::service::Interceptor for BearerToken {
     ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(header) = self.current() {
             request.metadata_mut().insert("authorization", header);
+        }
+        // The call's request id rides along so the master logs under it.
+        if let Some(id) = crescent_proto::request_id::current() {
+            if let Ok(value) = AsciiMetadataValue::try_from(id.to_string()) {
+                request
+                    .metadata_mut()
+                    .insert(crescent_proto::request_id::HEADER, value);
+            }
         }
         Ok(request)
     }

@@ -807,6 +807,22 @@ impl LocalCluster {
         Ok(c)
     }
 
+    /// [`start`](Self::start), master `id` started with the environment
+    /// variables `env(id)` (`RUST_LOG`, say).
+    pub fn start_with_env(
+        n: usize,
+        extra: &[String],
+        env: &dyn Fn(u64) -> Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("crescent-cluster-")
+            .tempdir()?;
+        let root = dir.path().to_path_buf();
+        let mut c = Self::start_mode(&root, n, extra, true, Security::Insecure, env)?;
+        c._dir = Some(dir);
+        Ok(c)
+    }
+
     /// Like [`start`](Self::start) in a directory that is kept afterwards.
     pub fn start_in(root: &Path, n: usize, extra: &[String]) -> anyhow::Result<Self> {
         Self::start_mode(root, n, extra, true, Security::Insecure, &no_env)

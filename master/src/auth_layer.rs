@@ -1,6 +1,9 @@
 //! The gRPC port's gate: every request is checked against the role its
 //! method needs ([`crescent_auth::role_for_grpc_path`]) before any service
-//! sees it, so no handler can forget the check.
+//! sees it, so no handler can forget the check. Every request is also
+//! served inside a `grpc` span carrying its method and the caller's
+//! request id ([`crescent_proto::request_id`]), so what the handler, the
+//! proposal and the store grants log can be tied to one engine call.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +11,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crescent_auth::{role_for_grpc_path, Verifier};
+use crescent_proto::request_id::{RequestId, HEADER};
+use tracing::Instrument;
 
 /// Wraps the gRPC routes with [`AuthService`].
 #[derive(Clone)]
@@ -57,15 +62,26 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let needed = role_for_grpc_path(request.uri().path());
+        let path = request.uri().path();
+        let request_id = request
+            .headers()
+            .get(HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(RequestId::parse);
+        let span = match request_id {
+            Some(id) => tracing::info_span!("grpc", method = path, request_id = %id),
+            None => tracing::info_span!("grpc", method = path),
+        };
+        let _entered = span.enter();
+        let needed = role_for_grpc_path(path);
         let authorization = request
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
         match self.verifier.check(authorization, needed) {
-            Ok(()) => Box::pin(self.inner.call(request)),
+            Ok(()) => Box::pin(self.inner.call(request).instrument(span.clone())),
             Err(denied) => {
-                tracing::debug!(path = request.uri().path(), %denied, "refused a gRPC request");
+                tracing::debug!(%denied, "refused a gRPC request");
                 let status: tonic::Status = denied.into();
                 Box::pin(std::future::ready(Ok(status.into_http())))
             }

@@ -40,6 +40,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
 use tokio::sync::futures::Notified;
 use tokio::sync::{mpsc, oneshot, watch};
+use tracing::Instrument;
 
 use crate::config::{MasterConfig, ReadMode};
 
@@ -507,11 +508,14 @@ impl MasterNode {
                 return refused;
             }
         };
-        let task = tokio::spawn(async move {
-            let outcome = node.write_until_decided(cmd).await;
-            settle(&node, &outcome);
-            outcome
-        });
+        let task = tokio::spawn(
+            async move {
+                let outcome = node.write_until_decided(cmd).await;
+                settle(&node, &outcome);
+                outcome
+            }
+            .in_current_span(),
+        );
         match tokio::time::timeout(self.config.write_timeout, task).await {
             Err(_) => Err(NodeError::Timeout),
             Ok(Ok(outcome)) => outcome,
@@ -526,7 +530,12 @@ impl MasterNode {
         let outcome = self.raft.client_write(cmd).await;
         self.counters.proposal_latency.observe(started.elapsed());
         match outcome {
-            Ok(resp) => Ok(resp.data),
+            Ok(resp) => {
+                // `apply` logs the same index: the link from this request's
+                // span to the state machine.
+                tracing::debug!(log_index = resp.log_id.index, "applied");
+                Ok(resp.data)
+            }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(NodeError::NotLeader {
                     leader_id: f.leader_id,

@@ -3,10 +3,12 @@
 //! Owns the protobuf messages and gRPC service stubs (`MasterService`,
 //! `ClusterService`, `RaftService`), the mapping of Mooncake-style error codes,
 //! the parsing of human sizes (`16gb`) and durations (`10s`) that every
-//! binary accepts, and Prometheus text rendering helpers. It must not contain
-//! behaviour: no I/O, no state, no policy.
+//! binary accepts, Prometheus text rendering helpers, and the request id
+//! that follows one call through the logs (a task-local, no shared state).
+//! It must not contain behaviour: no I/O, no state, no policy.
 
 pub mod metrics;
+pub mod request_id;
 pub mod units;
 
 /// Generated protobuf types and tonic stubs (package `crescent`).

@@ -630,7 +630,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             sm.last_applied = Some(entry.log_id);
             let resp = match entry.payload {
                 EntryPayload::Blank => Response::Empty,
-                EntryPayload::Normal(cmd) => sm.state.apply(&cmd),
+                EntryPayload::Normal(cmd) => {
+                    // The proposer's request span logged this index.
+                    tracing::debug!(
+                        log_index = entry.log_id.index,
+                        op = cmd.op.name(),
+                        client_id = cmd.origin.as_ref().map(|o| o.client_id.as_str()),
+                        seq = cmd.origin.as_ref().map(|o| o.seq),
+                        "apply"
+                    );
+                    sm.state.apply(&cmd)
+                }
                 EntryPayload::Membership(m) => {
                     sm.last_membership = StoredMembership::new(Some(entry.log_id), m);
                     Response::Empty

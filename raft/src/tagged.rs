@@ -39,6 +39,13 @@ macro_rules! tagged_enum {
                     $( $name::$variant { .. } => $tag, )*
                 }
             }
+
+            /// This variant's name, for logs.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( $name::$variant { .. } => stringify!($variant), )*
+                }
+            }
         }
 
         impl serde::Serialize for $name {

@@ -12,6 +12,8 @@
 
 pub mod conn_limit;
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Logs of a long-running server to stdout: `format` is `text` or `json`;
@@ -19,7 +21,11 @@ use tracing_subscriber::EnvFilter;
 pub fn init_server_logging(format: &str, default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: escape codes in a log file or journal
+    // break every search through it.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     if format == "json" {
         builder.json().init();
     } else {
@@ -34,6 +40,7 @@ pub fn init_tool_logging(default_filter: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

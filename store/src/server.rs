@@ -371,6 +371,14 @@ where
             }
             Err(e) => return Err(e.into()),
         };
+        tracing::debug!(
+            op = ?req.op,
+            request_id = req.request_id,
+            segment_id = req.grant.segment_id,
+            offset = req.offset,
+            len = req.len,
+            "request"
+        );
         let deadline = limits.request_deadline(req.len);
         let serve = serve_one(&segment, local, &req, &mut r, &mut w, stats, limits);
         tokio::time::timeout(deadline, serve)

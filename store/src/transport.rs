@@ -54,6 +54,8 @@ struct Conn {
     r: BufReader<ReadHalf>,
     w: BufWriter<WriteHalf>,
     next_id: u64,
+    /// This end's address: the store logs its requests under it (`peer`).
+    local: Option<std::net::SocketAddr>,
 }
 
 /// Connection pools to stores.
@@ -139,6 +141,7 @@ impl TcpTransport {
             }
         };
         let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().ok();
         let (r, w): (ReadHalf, WriteHalf) = match &self.tls {
             None => {
                 let (r, w) = stream.into_split();
@@ -154,6 +157,7 @@ impl TcpTransport {
             r: BufReader::with_capacity(IO_BUFFER, r),
             w: BufWriter::with_capacity(IO_BUFFER, w),
             next_id: 1,
+            local,
         })
     }
 
@@ -295,6 +299,7 @@ impl TcpTransport {
         let mut crcs = vec![0u32; reads.len()];
         let first_id = conn.next_id;
         conn.next_id += reads.len() as u64;
+        log_exchange(conn, endpoint, "read", first_id, reads.len(), total);
         let headers: Vec<[u8; REQUEST_LEN]> = reads
             .iter()
             .enumerate()
@@ -377,6 +382,7 @@ impl TcpTransport {
         let total: u64 = writes.iter().map(|(_, _, b)| b.len() as u64).sum();
         let first_id = conn.next_id;
         conn.next_id += writes.len() as u64;
+        log_exchange(conn, endpoint, "write", first_id, writes.len(), total);
         let Conn { r, w, .. } = conn;
         let send = async {
             for (i, (grant, off, buf)) in writes.iter().enumerate() {
@@ -495,6 +501,7 @@ impl TcpTransport {
     ) -> Result<u64, (TransferError, AtomicUsize)> {
         req.request_id = conn.next_id;
         conn.next_id += 1;
+        log_exchange(conn, endpoint, "one", req.request_id, 1, req.len);
         let answered = AtomicUsize::new(0);
         let mut value = 0;
         let Conn { r, w, .. } = conn;
@@ -686,4 +693,18 @@ fn check_response(resp: &Response, id: u64, len: u64) -> Result<(), IoOrRefused>
         )));
     }
     Ok(())
+}
+
+/// The debug line that ties a caller's span to the store's log: the store
+/// logs each request under this connection's address and the same ids.
+fn log_exchange(conn: &Conn, endpoint: &str, kind: &str, first_id: u64, count: usize, bytes: u64) {
+    tracing::debug!(
+        store = endpoint,
+        local = ?conn.local,
+        kind,
+        first_request_id = first_id,
+        count,
+        bytes,
+        "store exchange"
+    );
 }

@@ -162,104 +162,118 @@ impl ClientCore {
 
     /// Fetches `key`'s bytes, verified against their checksum.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        if self.is_degraded() {
-            return self
-                .get_degraded(key, None)
-                .await
-                .map(|(_, v)| v.unwrap_or_default());
-        }
-        if let Some(found) = self.cached_descriptor(key) {
-            let mut buf = vec![0u8; found.size as usize];
-            if let Some(read) = self.read_cached(key, &found, &mut buf).await {
-                return read.map(|n| {
-                    buf.truncate(n);
-                    buf
-                });
+        traced("get", key, async move {
+            if self.is_degraded() {
+                return self
+                    .get_degraded(key, None)
+                    .await
+                    .map(|(_, v)| v.unwrap_or_default());
             }
-        }
-        match self.lookup(key).await {
-            Ok(found) => {
+            if let Some(found) = self.cached_descriptor(key) {
                 let mut buf = vec![0u8; found.size as usize];
-                self.read_verified(key, &found, &mut buf).await?;
-                Ok(buf)
-            }
-            Err(Error::NotFound(k)) => {
-                match self.local_only.lock().expect("lock poisoned").get(key) {
-                    // Stored while degraded and not yet published.
-                    Some(v) => Ok(v.to_vec()),
-                    None => Err(Error::NotFound(k)),
+                if let Some(read) = self.read_cached(key, &found, &mut buf).await {
+                    return read.map(|n| {
+                        buf.truncate(n);
+                        buf
+                    });
                 }
             }
-            Err(e) if self.is_degraded() => {
-                let _ = e;
-                self.get_degraded(key, None)
-                    .await
-                    .map(|(_, v)| v.unwrap_or_default())
+            match self.lookup(key).await {
+                Ok(found) => {
+                    let mut buf = vec![0u8; found.size as usize];
+                    self.read_verified(key, &found, &mut buf).await?;
+                    Ok(buf)
+                }
+                Err(Error::NotFound(k)) => {
+                    match self.local_only.lock().expect("lock poisoned").get(key) {
+                        // Stored while degraded and not yet published.
+                        Some(v) => Ok(v.to_vec()),
+                        None => Err(Error::NotFound(k)),
+                    }
+                }
+                Err(e) if self.is_degraded() => {
+                    let _ = e;
+                    self.get_degraded(key, None)
+                        .await
+                        .map(|(_, v)| v.unwrap_or_default())
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        }
+        })
+        .await
     }
 
     /// Reads `key` into `buf` without an intermediate copy; returns the object's size.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
-        if self.is_degraded() {
-            return self.get_degraded(key, Some(buf)).await.map(|(n, _)| n);
-        }
-        if let Some(found) = self.cached_descriptor(key) {
-            if let Some(read) = self.read_cached(key, &found, buf).await {
-                return read;
+        traced("get_into", key, async move {
+            if self.is_degraded() {
+                return self.get_degraded(key, Some(buf)).await.map(|(n, _)| n);
             }
-        }
-        match self.lookup(key).await {
-            Ok(found) => self.read_verified(key, &found, buf).await,
-            Err(e @ Error::Unavailable(_)) if self.is_degraded() => {
-                let _ = e;
-                self.get_degraded(key, Some(buf)).await.map(|(n, _)| n)
+            if let Some(found) = self.cached_descriptor(key) {
+                if let Some(read) = self.read_cached(key, &found, buf).await {
+                    return read;
+                }
             }
-            Err(e) => Err(e),
-        }
+            match self.lookup(key).await {
+                Ok(found) => self.read_verified(key, &found, buf).await,
+                Err(e @ Error::Unavailable(_)) if self.is_degraded() => {
+                    let _ = e;
+                    self.get_degraded(key, Some(buf)).await.map(|(n, _)| n)
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
     }
 
     /// Fetches many objects: one GetReplicaList, one pipelined exchange per store.
     pub async fn get_batch(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
-        if self.is_degraded() {
-            return Ok(self.get_batch_degraded(keys).await);
-        }
-        let (found, cached) = match self.lookup_batch_cached(keys).await {
-            Ok(found) => found,
-            Err(Error::Unavailable(_)) if self.is_degraded() => {
-                return Ok(self.get_batch_degraded(keys).await)
-            }
-            Err(e) => return Err(e),
-        };
-        let mut bufs = buffers_for(&found);
-        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let (sizes, retry) = self
-            .read_batch_cached(keys, &found, &cached, &mut slices)
-            .await;
-        let mut out: Vec<Result<Vec<u8>>> = sizes.into_iter().zip(bufs).map(fit).collect();
-        if retry.is_empty() {
-            return Ok(out);
-        }
-        // Looked up again: the object may have another size now.
-        let again_keys: Vec<&str> = retry.iter().map(|&i| keys[i]).collect();
-        match self.lookup_batch(&again_keys).await {
-            Ok(again) => {
-                let mut bufs = buffers_for(&again);
+        traced(
+            "get_batch",
+            keys.first().copied().unwrap_or_default(),
+            async move {
+                if self.is_degraded() {
+                    return Ok(self.get_batch_degraded(keys).await);
+                }
+                let (found, cached) = match self.lookup_batch_cached(keys).await {
+                    Ok(found) => found,
+                    Err(Error::Unavailable(_)) if self.is_degraded() => {
+                        return Ok(self.get_batch_degraded(keys).await)
+                    }
+                    Err(e) => return Err(e),
+                };
+                let mut bufs = buffers_for(&found);
                 let mut slices: Vec<&mut [u8]> =
                     bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                let sizes = self.read_batch(&again_keys, &again, &mut slices).await;
-                for ((&i, r), b) in retry.iter().zip(sizes).zip(bufs) {
-                    out[i] = fit((r, b));
+                let (sizes, retry) = self
+                    .read_batch_cached(keys, &found, &cached, &mut slices)
+                    .await;
+                let mut out: Vec<Result<Vec<u8>>> = sizes.into_iter().zip(bufs).map(fit).collect();
+                if retry.is_empty() {
+                    return Ok(out);
                 }
-            }
-            Err(e) => {
-                for &i in &retry {
-                    out[i] = Err(e.clone());
+                // Looked up again: the object may have another size now.
+                let again_keys: Vec<&str> = retry.iter().map(|&i| keys[i]).collect();
+                match self.lookup_batch(&again_keys).await {
+                    Ok(again) => {
+                        let mut bufs = buffers_for(&again);
+                        let mut slices: Vec<&mut [u8]> =
+                            bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                        let sizes = self.read_batch(&again_keys, &again, &mut slices).await;
+                        for ((&i, r), b) in retry.iter().zip(sizes).zip(bufs) {
+                            out[i] = fit((r, b));
+                        }
+                    }
+                    Err(e) => {
+                        for &i in &retry {
+                            out[i] = Err(e.clone());
+                        }
+                    }
                 }
-            }
-        }
-        Ok(out)
+                Ok(out)
+            },
+        )
+        .await
     }
 
     /// Reads many objects into caller buffers; per-item sizes.
@@ -268,49 +282,57 @@ impl ClientCore {
         keys: &[&str],
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<Result<usize>>> {
-        if keys.len() != bufs.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} keys but {} buffers",
-                keys.len(),
-                bufs.len()
-            )));
-        }
-        if self.is_degraded() {
-            return Ok(self.batch_get_into_degraded(keys, bufs).await);
-        }
-        let (found, cached) = match self.lookup_batch_cached(keys).await {
-            Ok(found) => found,
-            Err(Error::Unavailable(_)) if self.is_degraded() => {
-                return Ok(self.batch_get_into_degraded(keys, bufs).await)
-            }
-            Err(e) => return Err(e),
-        };
-        let (mut results, retry) = self.read_batch_cached(keys, &found, &cached, bufs).await;
-        if retry.is_empty() {
-            return Ok(results);
-        }
-        let again_keys: Vec<&str> = retry.iter().map(|&i| keys[i]).collect();
-        match self.lookup_batch(&again_keys).await {
-            Ok(again) => {
-                // `retry` is in ascending order, as `again_keys`.
-                let mut slices: Vec<&mut [u8]> = bufs
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(i, _)| retry.binary_search(i).is_ok())
-                    .map(|(_, b)| &mut **b)
-                    .collect();
-                let sizes = self.read_batch(&again_keys, &again, &mut slices).await;
-                for (&i, r) in retry.iter().zip(sizes) {
-                    results[i] = r;
+        traced(
+            "batch_get_into",
+            keys.first().copied().unwrap_or_default(),
+            async move {
+                if keys.len() != bufs.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} keys but {} buffers",
+                        keys.len(),
+                        bufs.len()
+                    )));
                 }
-            }
-            Err(e) => {
-                for &i in &retry {
-                    results[i] = Err(e.clone());
+                if self.is_degraded() {
+                    return Ok(self.batch_get_into_degraded(keys, bufs).await);
                 }
-            }
-        }
-        Ok(results)
+                let (found, cached) = match self.lookup_batch_cached(keys).await {
+                    Ok(found) => found,
+                    Err(Error::Unavailable(_)) if self.is_degraded() => {
+                        return Ok(self.batch_get_into_degraded(keys, bufs).await)
+                    }
+                    Err(e) => return Err(e),
+                };
+                let (mut results, retry) =
+                    self.read_batch_cached(keys, &found, &cached, bufs).await;
+                if retry.is_empty() {
+                    return Ok(results);
+                }
+                let again_keys: Vec<&str> = retry.iter().map(|&i| keys[i]).collect();
+                match self.lookup_batch(&again_keys).await {
+                    Ok(again) => {
+                        // `retry` is in ascending order, as `again_keys`.
+                        let mut slices: Vec<&mut [u8]> = bufs
+                            .iter_mut()
+                            .enumerate()
+                            .filter(|(i, _)| retry.binary_search(i).is_ok())
+                            .map(|(_, b)| &mut **b)
+                            .collect();
+                        let sizes = self.read_batch(&again_keys, &again, &mut slices).await;
+                        for (&i, r) in retry.iter().zip(sizes) {
+                            results[i] = r;
+                        }
+                    }
+                    Err(e) => {
+                        for &i in &retry {
+                            results[i] = Err(e.clone());
+                        }
+                    }
+                }
+                Ok(results)
+            },
+        )
+        .await
     }
 
     /// [`lookup_batch`](Self::lookup_batch) of the keys with no usable

@@ -14,11 +14,15 @@
 //! lookups, renewed in the background with `descriptor_cache`) and `error`.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crescent_proto::pb;
+use crescent_proto::request_id::{self, RequestId};
 use crescent_store::{DiskFileReader, ShmMapping, TcpTransport};
 
 use crate::agent::{AgentConfig, StoreAgent};
@@ -455,60 +459,91 @@ impl ClientCore {
     }
 
     pub async fn exists(&self, key: &str) -> Result<bool> {
-        self.master
-            .exists(key)
-            .await
-            .map_err(|e| Error::from_master(e, key))
+        traced("exists", key, async move {
+            self.master
+                .exists(key)
+                .await
+                .map_err(|e| Error::from_master(e, key))
+        })
+        .await
     }
 
     pub async fn batch_exists(&self, keys: &[&str]) -> Result<Vec<Result<bool>>> {
-        let r = self
-            .master
-            .batch_exists(keys.iter().map(|k| k.to_string()).collect())
-            .await
-            .map_err(|e| Error::from_master(e, ""))?;
-        Ok(r.into_iter()
-            .zip(keys)
-            .map(
-                |(x, k)| match x.status.as_ref().and_then(|s| Error::from_status(s, k)) {
-                    Some(e) => Err(e),
-                    None => Ok(x.exists),
-                },
-            )
-            .collect())
+        traced(
+            "batch_exists",
+            keys.first().copied().unwrap_or_default(),
+            async move {
+                let r = self
+                    .master
+                    .batch_exists(keys.iter().map(|k| k.to_string()).collect())
+                    .await
+                    .map_err(|e| Error::from_master(e, ""))?;
+                Ok(r.into_iter()
+                    .zip(keys)
+                    .map(
+                        |(x, k)| match x.status.as_ref().and_then(|s| Error::from_status(s, k)) {
+                            Some(e) => Err(e),
+                            None => Ok(x.exists),
+                        },
+                    )
+                    .collect())
+            },
+        )
+        .await
     }
 
     /// Size of the object in bytes.
     pub async fn get_size(&self, key: &str) -> Result<u64> {
-        Ok(self
-            .master
-            .get_replica_list(key)
-            .await
-            .map_err(|e| Error::from_master(e, key))?
-            .size)
+        traced("get_size", key, async move {
+            Ok(self
+                .master
+                .get_replica_list(key)
+                .await
+                .map_err(|e| Error::from_master(e, key))?
+                .size)
+        })
+        .await
     }
 
     /// Removes `key`. Its cached descriptor is dropped before and after,
     /// so this client does not read it again from one.
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
-        self.removing(Some(key));
-        let removed = self.master.remove(key, force).await;
-        self.removing(Some(key));
-        removed.map_err(|e| Error::from_master(e, key))
+        traced("remove", key, async move {
+            self.removing(Some(key));
+            let removed = self.master.remove(key, force).await;
+            self.removing(Some(key));
+            removed.map_err(|e| Error::from_master(e, key))
+        })
+        .await
     }
 
     pub async fn remove_by_regex(&self, regex: &str, force: bool) -> Result<u64> {
-        self.removing(None);
-        let removed = self.master.remove_by_regex(regex, force).await;
-        self.removing(None);
-        removed.map_err(|e| Error::from_master(e, ""))
+        traced("remove_by_regex", regex, async move {
+            self.removing(None);
+            let removed = self.master.remove_by_regex(regex, force).await;
+            self.removing(None);
+            removed.map_err(|e| Error::from_master(e, ""))
+        })
+        .await
     }
 
     pub async fn remove_all(&self, force: bool) -> Result<u64> {
-        self.removing(None);
-        self.local_only.lock().expect("lock poisoned").clear();
-        let removed = self.master.remove_all(force).await;
-        self.removing(None);
-        removed.map_err(|e| Error::from_master(e, ""))
+        traced("remove_all", "", async move {
+            self.removing(None);
+            self.local_only.lock().expect("lock poisoned").clear();
+            let removed = self.master.remove_all(force).await;
+            self.removing(None);
+            removed.map_err(|e| Error::from_master(e, ""))
+        })
+        .await
     }
+}
+
+/// Runs one engine call in a `request` span under a fresh request id, which
+/// every master RPC made for it carries (see [`crescent_proto::request_id`]):
+/// one slow call can be followed through the masters' and stores' logs.
+pub(super) async fn traced<F: Future>(op: &'static str, key: &str, fut: F) -> F::Output {
+    let id = RequestId::random();
+    let span = tracing::info_span!("request", op, request_id = %id, key);
+    request_id::scope(id, fut).instrument(span).await
 }

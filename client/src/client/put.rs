@@ -35,33 +35,36 @@ impl ClientCore {
         value: &[u8],
         cfg: &ReplicateConfig,
     ) -> Result<Stored> {
-        if value.is_empty() {
-            return Err(Error::InvalidArgument("value is empty".into()));
-        }
-        if self.is_degraded() {
-            return self.put_local(key, value).map(|_| Stored::LocalOnly);
-        }
-        let put = self.put_cluster(key, value, cfg).await;
-        // Whatever this client had cached for the key (an object removed by
-        // force meanwhile, say) is not read instead of what it just put.
-        self.forget_descriptor(key);
-        match put {
-            Ok(()) => {
-                // The cluster's object is the key's now: a value kept while
-                // degraded and not published is not read instead of it.
-                self.local_only.lock().expect("lock poisoned").remove(key);
-                Ok(Stored::InCluster)
+        traced("put", key, async move {
+            if value.is_empty() {
+                return Err(Error::InvalidArgument("value is empty".into()));
             }
-            Err(e @ Error::Unavailable(_)) => {
-                self.note_unavailable(&e);
-                if self.is_degraded() {
-                    self.put_local(key, value).map(|_| Stored::LocalOnly)
-                } else {
-                    Err(e)
+            if self.is_degraded() {
+                return self.put_local(key, value).map(|_| Stored::LocalOnly);
+            }
+            let put = self.put_cluster(key, value, cfg).await;
+            // Whatever this client had cached for the key (an object removed by
+            // force meanwhile, say) is not read instead of what it just put.
+            self.forget_descriptor(key);
+            match put {
+                Ok(()) => {
+                    // The cluster's object is the key's now: a value kept while
+                    // degraded and not published is not read instead of it.
+                    self.local_only.lock().expect("lock poisoned").remove(key);
+                    Ok(Stored::InCluster)
                 }
+                Err(e @ Error::Unavailable(_)) => {
+                    self.note_unavailable(&e);
+                    if self.is_degraded() {
+                        self.put_local(key, value).map(|_| Stored::LocalOnly)
+                    } else {
+                        Err(e)
+                    }
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        }
+        })
+        .await
     }
 
     /// A put through the masters. A write that fails on some segment (a dead
@@ -280,26 +283,33 @@ impl ClientCore {
         items: &[(&str, &[u8])],
         cfg: &ReplicateConfig,
     ) -> Result<Vec<Result<Stored>>> {
-        let (results, stored) = if self.is_degraded() {
-            let local = items.iter().map(|(k, v)| self.put_local(k, v)).collect();
-            (local, Stored::LocalOnly)
-        } else {
-            let put = self.put_batch_cluster(items, cfg).await;
-            // As in `put_placed`.
-            for (k, _) in items {
-                self.forget_descriptor(k);
-            }
-            let put = put?;
-            let mut local = self.local_only.lock().expect("lock poisoned");
-            for ((k, _), r) in items.iter().zip(&put) {
-                if r.is_ok() {
-                    local.remove(k);
-                }
-            }
-            drop(local);
-            (put, Stored::InCluster)
-        };
-        Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
+        traced(
+            "put_batch",
+            items.first().map_or("", |(k, _)| *k),
+            async move {
+                let (results, stored) = if self.is_degraded() {
+                    let local = items.iter().map(|(k, v)| self.put_local(k, v)).collect();
+                    (local, Stored::LocalOnly)
+                } else {
+                    let put = self.put_batch_cluster(items, cfg).await;
+                    // As in `put_placed`.
+                    for (k, _) in items {
+                        self.forget_descriptor(k);
+                    }
+                    let put = put?;
+                    let mut local = self.local_only.lock().expect("lock poisoned");
+                    for ((k, _), r) in items.iter().zip(&put) {
+                        if r.is_ok() {
+                            local.remove(k);
+                        }
+                    }
+                    drop(local);
+                    (put, Stored::InCluster)
+                };
+                Ok(results.into_iter().map(|r| r.map(|_| stored)).collect())
+            },
+        )
+        .await
     }
 
     /// A batch through the masters. Items whose placement made ahead did

@@ -19,5 +19,6 @@ mod http;
 mod limits;
 mod liveness;
 mod masters;
+mod request_ids;
 mod security;
 mod tls;

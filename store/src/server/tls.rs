@@ -2,6 +2,7 @@
 //! deadline, and a clear-text peer told so with a TLS alert.
 
 use super::*;
+use tracing::Instrument;
 
 /// Accepts connections forever (until the task is dropped): with `tls`,
 /// mutual TLS only, each connection with the acceptor `tls` holds when it
@@ -47,25 +48,29 @@ pub async fn serve_tls(
                 // Counted from here, handshake included: a connection
                 // stuck in its handshake holds a slot like any other.
                 stats.connections.fetch_add(1, Ordering::Relaxed);
-                connections.spawn(async move {
-                    let served = match acceptor {
-                        None => {
-                            let (r, w) = stream.into_split();
-                            handle(segment, &local, r, w, &stats, &limits, true).await
+                let span = tracing::info_span!("conn", %peer);
+                connections.spawn(
+                    async move {
+                        let served = match acceptor {
+                            None => {
+                                let (r, w) = stream.into_split();
+                                handle(segment, &local, r, w, &stats, &limits, true).await
+                            }
+                            Some(acceptor) => {
+                                handle_tls(segment, &local, stream, acceptor, &stats, &limits).await
+                            }
+                        };
+                        if let Err(e) = served {
+                            stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
+                            if matches!(e, ConnError::Tls(_) | ConnError::TlsOnClearText) {
+                                stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                            tracing::warn!(%peer, error = %e, "closing transfer connection");
                         }
-                        Some(acceptor) => {
-                            handle_tls(segment, &local, stream, acceptor, &stats, &limits).await
-                        }
-                    };
-                    if let Err(e) = served {
-                        stats.rejected_connections.fetch_add(1, Ordering::Relaxed);
-                        if matches!(e, ConnError::Tls(_) | ConnError::TlsOnClearText) {
-                            stats.tls_refused.fetch_add(1, Ordering::Relaxed);
-                        }
-                        tracing::warn!(%peer, error = %e, "closing transfer connection");
+                        stats.connections.fetch_sub(1, Ordering::Relaxed);
                     }
-                    stats.connections.fetch_sub(1, Ordering::Relaxed);
-                });
+                    .instrument(span),
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
