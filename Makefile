@@ -32,8 +32,7 @@ test: deps
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p crescent-store --features rdma --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features crescent-store/rdma -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

@@ -4,13 +4,12 @@
 #
 #   build      the binaries (multi-process tests and images run them)
 #   images     crescent:test, the container image of those debug binaries
-#   build tests  every test binary, and the store's again with `rdma`
-#   unit       unit tests of every crate (kind lib and bin)
+#   build tests  every test binary
+#   unit       unit tests of every crate (kind lib and bin), rdma's included
 #   integration  in-process and multi-process clusters, etcd, deploy files
 #   containers   docker-compose cluster
 #   chaos checks processes-mode runs with each --unsafe-... switch
-#   chaos ci     the CI chaos schedule, twice, in containers
-#   rdma       the store's tests with the rdma feature
+#   chaos ci     the CI chaos schedule and a short one, in containers
 #   python     the wheel, built with maturin, under pytest
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,26 +75,52 @@ CHAOS_CI="$CHAOS & test(ci_schedule)"
 CHAOS_CHECKS="$CHAOS & not test(ci_schedule)"
 INTEGRATION="not (($UNIT) | ($CONTAINERS) | ($CHAOS))"
 
-nextest() { "${CARGO[@]}" nextest run --no-fail-fast "$@"; }
-build_tests() {
-  "${CARGO[@]}" nextest run --workspace --no-run &&
-    "${CARGO[@]}" nextest run -p crescent-store --features rdma --no-run
+# One build serves every step: the store's `rdma` feature is on for the
+# whole workspace (it only adds the verbs module), so the binaries, the
+# test binaries and the rdma tests share one compilation.
+FEATURES=(--features crescent-store/rdma)
+TIMES=target/test-times
+rm -rf "$TIMES"
+mkdir -p "$TIMES"
+
+# nextest <label> <args...>: a nextest run; its per-test times (JUnit) are
+# kept under $TIMES for the slowest-tests list at the end.
+nextest() {
+  local label=$1
+  shift
+  local rc=0
+  "${CARGO[@]}" nextest run --no-fail-fast "${FEATURES[@]}" "$@" || rc=$?
+  if [ -f target/nextest/default/junit.xml ]; then
+    mv target/nextest/default/junit.xml "$TIMES/${label// /-}.xml"
+  fi
+  return "$rc"
 }
-cargo_test() {
-  "${CARGO[@]}" test --workspace --no-fail-fast &&
-    "${CARGO[@]}" test -p crescent-store --features rdma --no-fail-fast
+cargo_test() { "${CARGO[@]}" test --workspace --no-fail-fast "${FEATURES[@]}"; }
+
+# The slowest tests of this run, from the JUnit files nextest wrote.
+slowest() {
+  python3 - "$TIMES" <<'PY' >&2 || true
+import glob, sys, xml.etree.ElementTree as ET
+cases = []
+for f in glob.glob(sys.argv[1] + "/*.xml"):
+    for c in ET.parse(f).getroot().iter("testcase"):
+        cases.append((float(c.get("time", 0)), c.get("name", "?")))
+if cases:
+    print("make test: slowest tests")
+    for t, name in sorted(cases, reverse=True)[:12]:
+        print(f"  {t:7.1f} s  {name}")
+PY
 }
 
-build build "${CARGO[@]}" build --bins
+build build "${CARGO[@]}" build --bins "${FEATURES[@]}"
 build images env PROFILE=debug IMAGE="$TEST_IMAGE" ./scripts/build-images.sh
 if "${CARGO[@]}" nextest --version >/dev/null 2>&1; then
-  build "build tests" build_tests
-  check unit nextest --workspace -E "$UNIT"
-  check integration nextest --workspace -E "$INTEGRATION"
-  check containers nextest --workspace -E "$CONTAINERS"
-  check "chaos checks" nextest --workspace -E "$CHAOS_CHECKS"
-  check "chaos ci" nextest --workspace -E "$CHAOS_CI"
-  check rdma nextest -p crescent-store --features rdma
+  build "build tests" "${CARGO[@]}" nextest run --workspace --no-run "${FEATURES[@]}"
+  check unit nextest unit --workspace -E "$UNIT"
+  check integration nextest integration --workspace -E "$INTEGRATION"
+  check containers nextest containers --workspace -E "$CONTAINERS"
+  check "chaos checks" nextest "chaos checks" --workspace -E "$CHAOS_CHECKS"
+  check "chaos ci" nextest "chaos ci" --workspace -E "$CHAOS_CI"
 elif ./scripts/require-all; then
   echo "make test: cargo-nextest is not installed (cargo install cargo-nextest --locked); CI needs it" >&2
   exit 1
@@ -106,6 +131,7 @@ fi
 check python ./scripts/python-test.sh
 
 report
+slowest
 if [ "${#FAILED[@]}" -gt 0 ]; then
   echo "make test: FAILED in: ${FAILED[*]}" >&2
   exit 1
