@@ -23,8 +23,10 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The Python package is built with maturin and tested with pytest, both from
-# PyPI, in a venv under target/ (never the system's site-packages).
+# The Python package is built with maturin and tested with pytest, and the
+# Kubernetes manifests are checked with kubernetes-validate (the API's own
+# schemas), all from PyPI, in a venv under target/ (never the system's
+# site-packages).
 VENV=target/pyenv
 if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   echo "install-deps: installing python3-venv"
@@ -33,10 +35,12 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
 fi
-if [ ! -x "$VENV/bin/maturin" ] || [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/wheel" ]; then
-  echo "install-deps: creating $VENV with maturin, pytest and setuptools"
+if [ ! -x "$VENV/bin/maturin" ] || [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/wheel" ] ||
+  [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+  echo "install-deps: creating $VENV with maturin, pytest, setuptools and kubernetes-validate"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.7,<2" "pytest>=7" "setuptools>=61" wheel
+  "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.7,<2" "pytest>=7" "setuptools>=61" wheel \
+    "kubernetes-validate==1.37.0"
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -1,5 +1,6 @@
-//! The deployment files under `deploy/`, checked against the real binaries:
-//! the Kubernetes manifests (shape, ports, probes, selectors), every flag and
+//! The deployment files under `deploy/`: the Kubernetes manifests against the
+//! API's schemas (`kubernetes-validate --strict`) and against each other and
+//! the real binaries (ports, probes, selectors), every flag and
 //! `CRESCENT_*` variable they (and `deploy/docker-compose.yml`, when present)
 //! hand to `crescent-master`/`crescent-store` (against each binary's `--help`),
 //! and every metric the Grafana dashboard queries (against a live master's and
@@ -473,15 +474,79 @@ fn check_explicit_port(d: &Doc, c: &Value, flag: &str, port: u64) {
     }
 }
 
+/// `kubernetes-validate` from the venv `scripts/install-deps.sh` makes.
+fn kubernetes_validate() -> Option<PathBuf> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/kubernetes-validate");
+    path.is_file().then_some(path)
+}
+
+/// Runs `kubernetes-validate --strict` on `files`: whether they all pass,
+/// and what it said.
+fn validate_strictly(validator: &Path, files: &[PathBuf]) -> (bool, String) {
+    let out = Command::new(validator)
+        .arg("--strict")
+        .arg("--quiet")
+        .args(files)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", validator.display()));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+/// Every manifest against the Kubernetes API's own schemas, strictly (an
+/// unknown field fails, as `kubectl apply --validate=strict` would).
+#[test]
+fn kubernetes_manifests_pass_the_api_schemas() {
+    let Some(validator) = kubernetes_validate() else {
+        crescent_integration::skip_or_fail(
+            "the Kubernetes schema check",
+            "target/pyenv/bin/kubernetes-validate is missing (scripts/install-deps.sh installs it)",
+        );
+        return;
+    };
+    let dir = deploy_dir().join("kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 5, "the five manifests: {files:?}");
+    let (passed, said) = validate_strictly(&validator, &files);
+    assert!(passed, "the manifests fail the Kubernetes schemas:\n{said}");
+
+    // The check can fail: a field the API does not know, and a wrong type.
+    let broken = tempfile::tempdir().unwrap();
+    let master = std::fs::read_to_string(dir.join("master-statefulset.yaml")).unwrap();
+    for (name, edit) in [
+        (
+            "unknown-field.yaml",
+            master.replacen("\nspec:\n", "\nspec:\n  replica: 3\n", 1),
+        ),
+        (
+            "wrong-type.yaml",
+            master.replacen("replicas: 3", "replicas: three", 1),
+        ),
+    ] {
+        assert_ne!(edit, master, "{name}: the edit must change the manifest");
+        let path = broken.path().join(name);
+        std::fs::write(&path, edit).unwrap();
+        let (passed, said) = validate_strictly(&validator, &[path]);
+        assert!(!passed, "{name} passed the schema check: {said}");
+    }
+}
+
+/// What the schemas cannot see: the manifests against each other and
+/// against the binaries (ports, probes, selectors, flags, security).
 #[test]
 fn kubernetes_manifests_are_well_formed() {
     let docs = manifests();
     for d in &docs {
-        assert!(
-            s(&d.v["apiVersion"]).contains('v') && !d.kind().is_empty() && !d.name().is_empty(),
-            "{}: every document needs apiVersion, kind and metadata.name",
-            d.file
-        );
         assert!(
             d.v["metadata"]["namespace"].is_null(),
             "{}: leave the namespace to `kubectl apply -n`",
