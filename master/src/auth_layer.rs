@@ -1,9 +1,9 @@
 //! The gRPC port's gate: every request is checked against the role its
 //! method needs ([`crescent_auth::role_for_grpc_path`]) before any service
-//! sees it, so no handler can forget the check. Every request is also
-//! served inside a `grpc` span carrying its method and the caller's
-//! request id ([`crescent_proto::request_id`]), so what the handler, the
-//! proposal and the store grants log can be tied to one engine call.
+//! sees it, so no handler can forget the check. A request that carries a
+//! request id ([`crescent_proto::request_id`]) is served inside a `grpc`
+//! span with its method and that id, so what the handler and its proposal
+//! log can be tied to one engine call.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -68,9 +68,11 @@ where
             .get(HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(RequestId::parse);
+        // Only calls made for an engine's request carry an id; Raft traffic
+        // and other calls get no span, so they cost nothing here.
         let span = match request_id {
             Some(id) => tracing::info_span!("grpc", method = path, request_id = %id),
-            None => tracing::info_span!("grpc", method = path),
+            None => tracing::Span::none(),
         };
         let _entered = span.enter();
         let needed = role_for_grpc_path(path);

@@ -103,8 +103,9 @@ pub enum JournalError {
     Corrupt { path: String, reason: String },
     #[error(
         "{path} is a raft log of format v{found}, and this build reads format v{ours} only: \
-         start this master on an empty data dir (it catches up from the others), or run the \
-         build that wrote it"
+         run the build that wrote it, or start a new cluster of this build (emptying one \
+         master's data dir under the same node id would forget its vote; see \
+         docs/operations.md, Upgrading)"
     )]
     OtherFormat {
         path: String,

@@ -308,12 +308,8 @@ where
     E: std::error::Error + DeserializeOwned,
     Result<Resp, E>: DeserializeOwned,
 {
-    let mut request = tonic::Request::new(RaftPayload { data });
+    let mut request = raft_request(data);
     request.set_timeout(timeout);
-    request.metadata_mut().insert(
-        FORMAT_HEADER,
-        tonic::metadata::MetadataValue::from_static(codec::FORMAT_VERSION),
-    );
     let resp = match method {
         Method::Append => client.append_entries(request).await,
         Method::Vote => client.vote(request).await,
@@ -467,6 +463,17 @@ impl RaftGrpcServer {
 
 /// The gRPC metadata naming the sender's [`codec::FORMAT_VERSION`].
 const FORMAT_HEADER: &str = "crescent-format";
+
+/// A Raft message carrying `data` (a [`codec`]-encoded request), marked with
+/// this build's format.
+pub fn raft_request(data: Vec<u8>) -> tonic::Request<RaftPayload> {
+    let mut request = tonic::Request::new(RaftPayload { data });
+    request.metadata_mut().insert(
+        FORMAT_HEADER,
+        tonic::metadata::MetadataValue::from_static(codec::FORMAT_VERSION),
+    );
+    request
+}
 
 /// Refuses a Raft message (or its answer) of another format than this
 /// build's: a master of another build would misread its entries. A message

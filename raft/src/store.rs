@@ -65,7 +65,20 @@ pub enum OpenError {
     Journal(#[from] JournalError),
     #[error("raft store {path} is corrupt: {reason}")]
     Corrupt { path: String, reason: String },
+    #[error(
+        "{path} holds a raft store of an earlier build ({old}) and no {journal}: this build \
+         cannot read it, and starting empty here could found a new, empty cluster; run the \
+         build that wrote it, or start this master on a new data dir under a new node id"
+    )]
+    EarlierStore {
+        path: String,
+        old: &'static str,
+        journal: &'static str,
+    },
 }
+
+/// The file earlier builds kept the log in.
+const EARLIER_STORE_FILE: &str = "raft.redb";
 
 enum WriteReq {
     Append(Vec<(u64, Vec<u8>)>, LogFlushed<TypeConfig>),
@@ -206,6 +219,13 @@ pub fn open_with(
     })?;
     // Locked before anything is read or written.
     let lock = crate::journal::lock_dir(dir)?;
+    if dir.join(EARLIER_STORE_FILE).exists() && !dir.join(crate::journal::FILE_NAME).exists() {
+        return Err(OpenError::EarlierStore {
+            path: dir.display().to_string(),
+            old: EARLIER_STORE_FILE,
+            journal: crate::journal::FILE_NAME,
+        });
+    }
     let path_s = dir.join(crate::journal::FILE_NAME).display().to_string();
     let corrupt = |reason: String| OpenError::Corrupt {
         path: path_s.clone(),

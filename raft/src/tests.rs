@@ -885,6 +885,21 @@ mod durability {
         assert_eq!(sm.applied_state().await.unwrap().0, None);
     }
 
+    /// A data dir of an earlier build (its `raft.redb`, no journal) is refused
+    /// by name: opened as empty, the master could found a new, empty cluster.
+    #[test]
+    fn a_data_dir_of_an_earlier_build_is_refused() {
+        let dir = tempfile::TempDir::new().unwrap();
+        std::fs::write(dir.path().join("raft.redb"), b"earlier").unwrap();
+        let refused = store::open(dir.path()).err().expect("refused");
+        assert!(
+            matches!(refused, store::OpenError::EarlierStore { .. }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("raft.redb"), "{refused}");
+        assert!(!dir.path().join("raft.log").exists(), "nothing was written");
+    }
+
     /// A committed vote (this node led, or followed a leader, in term 5)
     /// comes back uncommitted: openraft would otherwise restore a restarted
     /// leader in its old term without a blank entry (see

@@ -128,9 +128,9 @@ async fn admin_and_peer_calls_fail(
     };
     outcomes.push((
         "AppendEntries",
-        raft.append_entries(pb::RaftPayload {
-            data: codec::encode(&append).unwrap(),
-        })
+        raft.append_entries(crescent_raft::network::raft_request(
+            codec::encode(&append).unwrap(),
+        ))
         .await
         .map(drop),
     ));
@@ -140,9 +140,9 @@ async fn admin_and_peer_calls_fail(
     };
     outcomes.push((
         "Vote",
-        raft.vote(pb::RaftPayload {
-            data: codec::encode(&vote).unwrap(),
-        })
+        raft.vote(crescent_raft::network::raft_request(
+            codec::encode(&vote).unwrap(),
+        ))
         .await
         .map(drop),
     ));
@@ -356,9 +356,9 @@ async fn a_vote_from_outside_the_membership_is_refused_even_with_the_cluster_tok
         last_log_id: None,
     };
     let refused = raft
-        .vote(pb::RaftPayload {
-            data: codec::encode(&vote).unwrap(),
-        })
+        .vote(crescent_raft::network::raft_request(
+            codec::encode(&vote).unwrap(),
+        ))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");

@@ -584,9 +584,9 @@ async fn a_vote_with_an_absurd_term_is_refused() {
             last_log_id: None,
         };
         let refused = raft
-            .vote(pb::RaftPayload {
-                data: codec::encode(&vote).unwrap(),
-            })
+            .vote(crescent_raft::network::raft_request(
+                codec::encode(&vote).unwrap(),
+            ))
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
