@@ -32,6 +32,9 @@ pub struct Inputs<'a> {
     /// Objects with a disk replica at the end (the leader's
     /// `master_disk_key_count`): shows that demotion ran.
     pub disk_keys: Option<u64>,
+    /// Why the fault schedule stopped before its end (a fault the cluster
+    /// did not recover from): the run fails, and what ran is still checked.
+    pub stopped_early: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -261,6 +264,9 @@ pub fn build(i: Inputs<'_>) -> Report {
     }
     if acknowledged_writes == 0 {
         failure_reasons.push("no put was acknowledged".into());
+    }
+    if let Some(why) = &i.stopped_early {
+        failure_reasons.insert(0, format!("the run stopped early: {why}"));
     }
     match i.evicted_keys {
         // The checker takes a missing key as lost; only eviction excuses it.
@@ -526,6 +532,7 @@ mod tests {
             allow_inconclusive: false,
             evicted_keys: Some(0),
             disk_keys: Some(0),
+            stopped_early: None,
         }
     }
 
@@ -541,6 +548,24 @@ mod tests {
         let r = build(inputs(&ops, vec![], vec![exit(0, Some(0), false)]));
         assert!(r.passed, "{:?}", r.failure_reasons);
         assert_eq!(r.verdict(), "PASSED");
+    }
+
+    /// A run cut short by a fault the cluster did not recover from fails with
+    /// that reason first, and what ran is still checked and counted.
+    #[test]
+    fn a_run_stopped_early_fails_with_the_reason_first() {
+        let ops = steady_ops();
+        let mut i = inputs(&ops, vec![fault(FaultKind::KillLeader, 50)], vec![]);
+        i.stopped_early = Some("the cluster did not recover within 60 s of fault #1".into());
+        let r = build(i);
+        assert!(!r.passed);
+        assert!(
+            r.verdict()
+                .starts_with("FAILED: the run stopped early: the cluster did not recover"),
+            "{}",
+            r.verdict()
+        );
+        assert_eq!(r.acknowledged_writes, 200);
     }
 
     /// The 13.2 s "no-write" window of the seed-777 soak was its last fault's

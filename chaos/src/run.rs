@@ -178,6 +178,7 @@ pub async fn run(mut cfg: RunConfig) -> anyhow::Result<Report> {
         allow_inconclusive: cfg.allow_inconclusive,
         evicted_keys: driven.evicted_keys,
         disk_keys: driven.disk_keys,
+        stopped_early: driven.stopped_early,
     });
     std::fs::write(
         cfg.out.join("report.json"),
@@ -263,6 +264,8 @@ struct Driven {
     /// report is made (teardown and checking are not time without writes).
     workload_stopped_us: u64,
     worker_exits: Vec<WorkerExit>,
+    /// Why the schedule stopped before its end, if it did.
+    stopped_early: Option<String>,
 }
 
 async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driven> {
@@ -333,6 +336,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
     let deadline = Instant::now() + cfg.duration;
     let mut records = Vec::new();
     let mut outcome = Ok(());
+    let mut stopped_early = None;
     let timed = cfg.schedule.runs_until_duration();
     for (n, fault) in faults.enumerate() {
         if timed && Instant::now() >= deadline {
@@ -354,7 +358,13 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
                 let stuck = rec.recovered_us.is_none();
                 records.push(rec);
                 if stuck {
-                    outcome = Err(anyhow::anyhow!("the cluster did not recover; stopping"));
+                    // What ran up to here is still checked and reported.
+                    println!("chaos: the cluster did not recover; stopping");
+                    stopped_early = Some(format!(
+                        "the cluster did not recover within 60 s of fault #{} ({})",
+                        n + 1,
+                        fault.kind.name()
+                    ));
                     break;
                 }
             }
@@ -384,6 +394,7 @@ async fn drive(cfg: &RunConfig, dep: &mut dyn Deployment) -> anyhow::Result<Driv
         workload_started_us,
         workload_stopped_us,
         worker_exits,
+        stopped_early,
     })
 }
 
