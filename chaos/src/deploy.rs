@@ -173,10 +173,12 @@ pub trait Deployment: Send {
 /// Each store's memory segment. Far more than the workload holds: the
 /// masters demote at a low watermark instead (see the `run` command).
 pub const MEMORY_SEGMENT: &str = "256mb";
-/// Each store's disk segment (a pre-allocated file). Far more than the
-/// workload ever demotes: an object dropped from disk at the disk
-/// watermark counts as evicted, and any eviction fails a run.
-pub const DISK_SEGMENT: &str = "64mb";
+/// Each store's disk segment (a pre-allocated file). An object dropped
+/// from disk at the disk watermark counts as evicted, and any eviction
+/// fails a run, so this must hold all a soak demotes: the workload's
+/// never-removed keys pile up there at about 110 MiB an hour over both
+/// stores (a 2-hour soak filled two 64 MiB segments after 70 minutes).
+pub const DISK_SEGMENT: &str = "512mb";
 /// Where a store container keeps its disk segment: its own filesystem,
 /// which survives a restart of the container (and goes with it at teardown).
 const CONTAINER_DISK_PATH: &str = "/var/lib/crescent/disk";
