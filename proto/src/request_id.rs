@@ -24,7 +24,7 @@ impl RequestId {
     /// The id a header carries: exactly 16 hex digits, else none (a header
     /// is caller input and is never logged unchecked).
     pub fn parse(text: &str) -> Option<Self> {
-        if text.len() != 16 {
+        if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         u64::from_str_radix(text, 16).ok().map(Self)
