@@ -268,7 +268,8 @@ fn yaml_documents(text: &str) -> Vec<String> {
     docs
 }
 
-fn manifests() -> Vec<Doc> {
+/// The manifest files under `deploy/kubernetes`, sorted.
+fn manifest_files() -> Vec<PathBuf> {
     let dir = deploy_dir().join("kubernetes");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
@@ -277,6 +278,11 @@ fn manifests() -> Vec<Doc> {
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no manifests in {}", dir.display());
+    files
+}
+
+fn manifests() -> Vec<Doc> {
+    let files = manifest_files();
     let mut docs = Vec::new();
     for f in files {
         let file = f.file_name().unwrap().to_string_lossy().into_owned();
@@ -509,20 +515,15 @@ fn kubernetes_manifests_pass_the_api_schemas() {
         );
         return;
     };
-    let dir = deploy_dir().join("kubernetes");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
-    files.sort();
+    let files = manifest_files();
     assert_eq!(files.len(), 5, "the five manifests: {files:?}");
     let (passed, said) = validate_strictly(&validator, &files);
     assert!(passed, "the manifests fail the Kubernetes schemas:\n{said}");
 
     // The check can fail: a field the API does not know, and a wrong type.
     let broken = tempfile::tempdir().unwrap();
-    let master = std::fs::read_to_string(dir.join("master-statefulset.yaml")).unwrap();
+    let master =
+        std::fs::read_to_string(deploy_dir().join("kubernetes/master-statefulset.yaml")).unwrap();
     for (name, edit) in [
         (
             "unknown-field.yaml",
