@@ -23,7 +23,8 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-# The Python package is built with maturin and tested with pytest, and the
+# The Python package is built with maturin and tested with pytest (numpy for
+# its tensor calls: torch is optional and not installed here), and the
 # Kubernetes manifests are checked with kubernetes-validate (the API's own
 # schemas), all from PyPI, in a venv under target/ (never the system's
 # site-packages).
@@ -36,10 +37,10 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
 fi
 if [ ! -x "$VENV/bin/maturin" ] || [ ! -x "$VENV/bin/pytest" ] || [ ! -x "$VENV/bin/wheel" ] ||
-  [ ! -x "$VENV/bin/kubernetes-validate" ]; then
-  echo "install-deps: creating $VENV with maturin, pytest, setuptools and kubernetes-validate"
+  [ ! -x "$VENV/bin/kubernetes-validate" ] || ! "$VENV/bin/python" -c "import numpy" 2>/dev/null; then
+  echo "install-deps: creating $VENV with maturin, pytest, numpy, setuptools and kubernetes-validate"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.7,<2" "pytest>=7" "setuptools>=61" wheel \
+  "$VENV/bin/pip" install --quiet --upgrade "maturin>=1.7,<2" "pytest>=7" numpy "setuptools>=61" wheel \
     "kubernetes-validate==1.37.0"
 fi
 

@@ -9,6 +9,7 @@
 //! releases the GIL. It must not implement any protocol (the client does) and
 //! holds no state a master owns.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
 use std::future::Future;
@@ -105,8 +106,56 @@ fn code_of<T>(r: &crescent_client::client::Result<T>) -> i32 {
     }
 }
 
+/// Puts `values` (index into `keys`, bytes) in one batch and writes each
+/// result into `codes`, which arrives holding the codes of items already
+/// refused. A key twice in one batch is one object: the first occurrence is
+/// put, the others get its result (Mooncake answers them "already exists",
+/// which it reports as success).
+fn put_each(
+    py: Python<'_>,
+    c: &Client,
+    cfg: &crescent_client::ReplicateConfig,
+    keys: &[String],
+    mut codes: Vec<i32>,
+    mut values: Vec<(usize, Cow<'_, [u8]>)>,
+) -> Vec<i32> {
+    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    let mut duplicates: Vec<(usize, usize)> = Vec::new();
+    values.retain(|(i, _)| match first_of.get(keys[*i].as_str()) {
+        Some(&first) => {
+            duplicates.push((*i, first));
+            false
+        }
+        None => {
+            first_of.insert(keys[*i].as_str(), *i);
+            true
+        }
+    });
+    let items: Vec<(&str, &[u8])> = values
+        .iter()
+        .map(|(i, v)| (keys[*i].as_str(), v.as_ref()))
+        .collect();
+    match block(py, async { c.batch_put_from(&items, cfg).await }) {
+        Ok(rs) => {
+            for ((i, _), r) in values.iter().zip(&rs) {
+                codes[*i] = code_of(r);
+            }
+        }
+        Err(e) => {
+            for (i, _) in &values {
+                codes[*i] = error_number(&e);
+            }
+        }
+    }
+    for (dup, first) in duplicates {
+        codes[dup] = codes[first];
+    }
+    codes
+}
+
 /// Mooncake's `MooncakeDistributedStore`, backed by a Crescent client.
-#[pyclass(module = "crescent._native")]
+/// Subclassed in Python (`crescent.store`), which adds the tensor calls.
+#[pyclass(subclass, module = "crescent._native")]
 struct MooncakeDistributedStore {
     client: Arc<ClientSlot>,
     registered: Mutex<Registered>,
@@ -452,6 +501,50 @@ impl MooncakeDistributedStore {
         })))
     }
 
+    /// One object per key, made of that key's parts in order (buffer
+    /// objects, as `put_parts` takes); per key, 0 or a negative code.
+    #[pyo3(signature = (keys, all_parts, config=None))]
+    fn batch_put_parts(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_parts: Vec<Vec<Bound<'_, PyAny>>>,
+        config: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<i32>> {
+        if keys.len() != all_parts.len() {
+            return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
+        }
+        let Some(cfg) = replicate_config(config.as_ref())? else {
+            return Ok(vec![mooncake::INVALID_PARAMS; keys.len()]);
+        };
+        let bufs = all_parts
+            .iter()
+            .map(|parts| Self::buffers(parts))
+            .collect::<PyResult<Vec<_>>>()?;
+        let Some(c) = self.client() else {
+            return Ok(vec![NOT_SET_UP; keys.len()]);
+        };
+        let values = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, parts)| {
+                let value = match parts.as_slice() {
+                    [one] => Cow::Borrowed(buffer_slice(one)),
+                    many => Cow::Owned(many.iter().flat_map(buffer_slice).copied().collect()),
+                };
+                (i, value)
+            })
+            .collect();
+        Ok(put_each(
+            py,
+            &c,
+            &cfg,
+            &keys,
+            vec![mooncake::OK; keys.len()],
+            values,
+        ))
+    }
+
     /// One code for the batch: 0, or the first item's error.
     #[pyo3(signature = (keys, values, config=None))]
     fn put_batch(
@@ -714,6 +807,23 @@ impl MooncakeDistributedStore {
         }
     }
 
+    /// A copy of `[buffer_ptr, buffer_ptr + size)` if it lies in a registered
+    /// buffer, else None: the tensor calls read a caller's header through it
+    /// rather than touching memory nobody vouched for.
+    fn _read_registered<'py>(
+        &self,
+        py: Python<'py>,
+        buffer_ptr: usize,
+        size: usize,
+    ) -> Option<Bound<'py, PyBytes>> {
+        if !self.registry().covers(buffer_ptr, size, Access::Read) {
+            return None;
+        }
+        // SAFETY: covered (see `Registered`).
+        let bytes = unsafe { std::slice::from_raw_parts(buffer_ptr as *const u8, size) };
+        Some(PyBytes::new(py, bytes))
+    }
+
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn put_from(
         &self,
@@ -951,40 +1061,19 @@ impl MooncakeDistributedStore {
             return Ok(vec![NOT_SET_UP; keys.len()]);
         };
         let mut codes = vec![mooncake::OK; keys.len()];
-        let mut valid: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        let mut values: Vec<(usize, Cow<'_, [u8]>)> = Vec::new();
         {
             let reg = self.registry();
             for (i, rs) in ranges.into_iter().enumerate() {
                 if !reg.covers_all(&rs, Access::Read) {
                     codes[i] = mooncake::INVALID_PARAMS;
-                } else {
-                    valid.push((i, rs));
+                    continue;
                 }
-            }
-        }
-        // A key twice in one batch is one object: the first occurrence is
-        // put, the others get its result (Mooncake answers them "already
-        // exists", which it reports as success).
-        let mut first_of: HashMap<&str, usize> = HashMap::new();
-        let mut duplicates: Vec<(usize, usize)> = Vec::new();
-        valid.retain(|(i, _)| match first_of.get(keys[*i].as_str()) {
-            Some(&first) => {
-                duplicates.push((*i, first));
-                false
-            }
-            None => {
-                first_of.insert(keys[*i].as_str(), *i);
-                true
-            }
-        });
-        let results = block(py, async {
-            // SAFETY (both slices below): covered (see `Registered`).
-            let gathered: Vec<std::borrow::Cow<'_, [u8]>> = valid
-                .iter()
-                .map(|(_, rs)| match rs.as_slice() {
-                    [(p, s)] => std::borrow::Cow::Borrowed(unsafe {
-                        std::slice::from_raw_parts(*p as *const u8, *s)
-                    }),
+                // SAFETY (both slices): covered (see `Registered`).
+                let value = match rs.as_slice() {
+                    [(p, s)] => {
+                        Cow::Borrowed(unsafe { std::slice::from_raw_parts(*p as *const u8, *s) })
+                    }
                     many => {
                         let mut v = Vec::with_capacity(many.iter().map(|r| r.1).sum());
                         for &(p, s) in many {
@@ -992,33 +1081,13 @@ impl MooncakeDistributedStore {
                                 std::slice::from_raw_parts(p as *const u8, s)
                             });
                         }
-                        std::borrow::Cow::Owned(v)
+                        Cow::Owned(v)
                     }
-                })
-                .collect();
-            let items: Vec<(&str, &[u8])> = valid
-                .iter()
-                .zip(&gathered)
-                .map(|((i, _), g)| (keys[*i].as_str(), g.as_ref()))
-                .collect();
-            c.batch_put_from(&items, &cfg).await
-        });
-        match results {
-            Ok(rs) => {
-                for ((i, _), r) in valid.iter().zip(&rs) {
-                    codes[*i] = code_of(r);
-                }
-            }
-            Err(e) => {
-                for (i, _) in &valid {
-                    codes[*i] = error_number(&e);
-                }
+                };
+                values.push((i, value));
             }
         }
-        for (dup, first) in duplicates {
-            codes[dup] = codes[first];
-        }
-        Ok(codes)
+        Ok(put_each(py, &c, &cfg, &keys, codes, values))
     }
 
     /// Reads one object per key into that key's registered ranges. A single

@@ -4,7 +4,8 @@ Method names, parameters, defaults and return codes follow Mooncake's
 ``MooncakeDistributedStore``: 0 is success, a negative number is Mooncake's
 error code (-704 OBJECT_NOT_FOUND, -200 NO_AVAILABLE_HANDLE, -600
 INVALID_PARAMS, -900 RPC_FAIL, ...), a missed ``get`` returns ``b""``.
-Every call that does I/O releases the GIL.
+Every call that does I/O releases the GIL. The tensor calls
+(``put_tensor``, ``get_tensor``, ...) are in ``crescent.tensor``.
 """
 
 from crescent._native import (
@@ -13,13 +14,25 @@ from crescent._native import (
     OBJECT_NOT_FOUND,
     RPC_FAIL,
     BufferHandle,
-    MooncakeDistributedStore,
     MooncakeHostMemAllocator,
     ObjectDataType,
     ReplicaDescriptor,
     ReplicateConfig,
     SoftPinAction,
 )
+from crescent._native import MooncakeDistributedStore as _NativeStore
+from crescent.tensor import (  # noqa: F401 - structured_object_store imports these from here
+    TensorCalls,
+    _deserialize_tensor,
+    _serialize_tensor,
+    _tensor_metadata_size,
+)
+
+
+class MooncakeDistributedStore(TensorCalls, _NativeStore):
+    """Mooncake's store client: the byte calls are native, the tensor calls
+    encode tensors over them."""
+
 
 # Mooncake exports ObjectDataType's members at module level too (not
 # SoftPinAction's).
