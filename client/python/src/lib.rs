@@ -807,21 +807,17 @@ impl MooncakeDistributedStore {
         }
     }
 
-    /// A copy of `[buffer_ptr, buffer_ptr + size)` if it lies in a registered
-    /// buffer, else None: the tensor calls read a caller's header through it
-    /// rather than touching memory nobody vouched for.
-    fn _read_registered<'py>(
-        &self,
-        py: Python<'py>,
-        buffer_ptr: usize,
-        size: usize,
-    ) -> Option<Bound<'py, PyBytes>> {
-        if !self.registry().covers(buffer_ptr, size, Access::Read) {
-            return None;
-        }
-        // SAFETY: covered (see `Registered`).
-        let bytes = unsafe { std::slice::from_raw_parts(buffer_ptr as *const u8, size) };
-        Some(PyBytes::new(py, bytes))
+    /// Whether `[buffer_ptr, buffer_ptr + size)` lies in one registered
+    /// buffer (a writable one when `writable`): the tensor calls check this
+    /// before they read a caller's header or write a tensor they rebuilt.
+    #[pyo3(signature = (buffer_ptr, size, writable=false))]
+    fn _registered(&self, buffer_ptr: usize, size: usize, writable: bool) -> bool {
+        let access = if writable {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        self.registry().covers(buffer_ptr, size, access)
     }
 
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]

@@ -227,6 +227,23 @@ def test_tensor_parallel_shards(lib, store):
     # tp_size 1 is the plain key.
     k1 = key("tp1")
     assert store.put_tensor_with_tp(k1, t) == 0 and same(t, store.get_tensor(k1))
+    # From a registered buffer holding the whole tensor object.
+    src, kf = key("tp-src"), key("tp-from")
+    assert store.put_tensor(src, t) == 0
+    size = store.get_size(src)
+    buf = ctypes.create_string_buffer(size)
+    ptr = ctypes.addressof(buf)
+    assert store.register_buffer(ptr, size) == 0
+    try:
+        assert store.get_into(src, ptr, size) == size
+        assert store.put_tensor_with_tp_from(kf, ptr, size, tp_size=2, split_dim=0) == 0
+        assert same(t[2:] if lib is np else t[2:].contiguous(), store.get_tensor(f"{kf}_tp_1"))
+        assert store.batch_put_tensor_with_tp_from([key("a"), key("b")], [ptr, ptr], [size, size - 1], tp_size=2) == [
+            0,
+            INVALID_PARAMS,
+        ]
+    finally:
+        store.unregister_buffer(ptr)
     keys = [key("tpb"), key("tpb")]
     assert store.batch_put_tensor_with_tp(keys, [t, t[:3]], tp_size=2, split_dim=0) == [0, INVALID_PARAMS]
     assert same(t[2:], store.batch_get_tensor_with_tp(keys, tp_rank=1, tp_size=2)[0])
@@ -268,6 +285,21 @@ def test_torch_only_dtypes_and_layouts(store):
         assert store.get_tensor(k) is None
     finally:
         tensor_module._torch = tensor_module_torch
+
+
+def test_an_encoded_tensor_keeps_its_memory_alive():
+    if torch is None:
+        pytest.skip("torch is not installed")
+    import gc
+
+    # A non-contiguous tensor is encoded from a contiguous copy that only
+    # the returned buffer refers to.
+    data, nbytes = encode(torch.arange(4096, dtype=torch.int64).reshape(64, 64).t())[1:3]
+    gc.collect()
+    churn = [torch.full((64, 64), -1, dtype=torch.int64) for _ in range(64)]
+    want = torch.arange(4096, dtype=torch.int64).reshape(64, 64).t().contiguous()
+    assert bytes(data) == want.numpy().tobytes() and nbytes == 4096 * 8
+    del churn
 
 
 def test_safetensors_files(store, tmp_path):

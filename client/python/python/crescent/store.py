@@ -21,6 +21,7 @@ from crescent._native import (
     SoftPinAction,
 )
 from crescent._native import MooncakeDistributedStore as _NativeStore
+from crescent.tensor_parallel import ParallelAxis, ParallelTensorCalls, ReadTarget, TensorParallelism
 from crescent.tensor import (  # noqa: F401 - structured_object_store imports these from here
     TensorCalls,
     _deserialize_tensor,
@@ -29,7 +30,7 @@ from crescent.tensor import (  # noqa: F401 - structured_object_store imports th
 )
 
 
-class MooncakeDistributedStore(TensorCalls, _NativeStore):
+class MooncakeDistributedStore(ParallelTensorCalls, TensorCalls, _NativeStore):
     """Mooncake's store client: the byte calls are native, the tensor calls
     encode tensors over them."""
 
@@ -55,9 +56,12 @@ __all__ = [
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
     "ObjectDataType",
+    "ParallelAxis",
+    "ReadTarget",
     "ReplicaDescriptor",
     "ReplicateConfig",
     "SoftPinAction",
+    "TensorParallelism",
     "INVALID_PARAMS",
     "NO_AVAILABLE_HANDLE",
     "OBJECT_NOT_FOUND",

@@ -255,6 +255,86 @@ class MooncakeDistributedStore:
     def save_tensor_to_safetensor(self, key: str, file_name: Optional[str] = None) -> int: ...
     def load_tensor_from_safetensor(self, key: Optional[str] = None, file_name: Optional[str] = None) -> Optional[Tensor]: ...
 
+    # The unified parallelism API (crescent.tensor_parallel): a layout is
+    # one to four ParallelAxis (tp needs split_dim, ep expert_id, pp
+    # stage_id); a writer_partition is any object with rank, size, split_dim.
+    def put_tensor_with_parallelism(
+        self,
+        key: str,
+        tensor: Tensor,
+        parallelism: Optional[TensorParallelism] = None,
+        config: Optional[ReplicateConfig] = None,
+        writer_partition: Any = None,
+    ) -> int: ...
+    def batch_put_tensor_with_parallelism(
+        self,
+        keys: Sequence[str],
+        tensors_list: Sequence[Tensor],
+        parallelisms: Optional[list[TensorParallelism]] = None,
+        config: Optional[ReplicateConfig] = None,
+        writer_partitions: Optional[list[Any]] = None,
+    ) -> list[int]: ...
+    def put_tensor_with_parallelism_from(
+        self,
+        key: str,
+        buffer_ptr: int,
+        size: int,
+        parallelism: Optional[TensorParallelism] = None,
+        config: Optional[ReplicateConfig] = None,
+        writer_partition: Any = None,
+    ) -> int: ...
+    def batch_put_tensor_with_parallelism_from(
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        parallelisms: Optional[list[TensorParallelism]] = None,
+        config: Optional[ReplicateConfig] = None,
+        writer_partitions: Optional[list[Any]] = None,
+    ) -> list[int]: ...
+    def get_tensor_with_parallelism(self, key: str, target: Optional[ReadTarget] = None) -> Optional[Tensor]: ...
+    def batch_get_tensor_with_parallelism(
+        self, keys: Sequence[str], targets: Optional[list[ReadTarget]] = None
+    ) -> list[Optional[Tensor]]: ...
+    def get_tensor_with_parallelism_into(
+        self, key: str, buffer_ptr: int, size: int, target: Optional[ReadTarget] = None
+    ) -> Optional[Tensor]: ...
+    def batch_get_tensor_with_parallelism_into(
+        self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int], targets: Optional[list[ReadTarget]] = None
+    ) -> list[Optional[Tensor]]: ...
+    def put_tensor_with_tp_from(
+        self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
+    ) -> int: ...
+    def batch_put_tensor_with_tp_from(
+        self,
+        base_keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[int]: ...
+
+class ParallelAxis:
+    kind: str
+    rank: int
+    size: int
+    split_dim: Optional[int]
+    expert_id: Optional[int]
+    stage_id: Optional[int]
+    def __init__(self) -> None: ...
+
+class TensorParallelism:
+    # Reading gives a copy: assign the whole list.
+    axes: list[ParallelAxis]
+    def __init__(self) -> None: ...
+
+class ReadTarget:
+    # "as_stored", "shard" or "full"; anything else raises RuntimeError.
+    mode: str
+    parallelism: Optional[TensorParallelism]
+    def __init__(self) -> None: ...
+
 def _tensor_metadata_size() -> int: ...
 def _serialize_tensor(tensor: Tensor) -> tuple[bytes, int, int, Any]: ...
 def _deserialize_tensor(payload: Any) -> Tensor: ...

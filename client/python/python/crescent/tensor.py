@@ -181,7 +181,7 @@ def encode(value: Any, axes=(), global_shape=None) -> tuple[bytes, Any, int, Any
         if name not in _DTYPES:
             raise TensorError(f"Crescent cannot store a tensor of {t.dtype}")
         nbytes = t.numel() * t.element_size()
-        data = _memory_at(t.data_ptr(), nbytes)
+        data = _memory_at(t.data_ptr(), nbytes, t)
         owner = t
     else:
         np = _numpy()
@@ -200,12 +200,15 @@ def encode(value: Any, axes=(), global_shape=None) -> tuple[bytes, Any, int, Any
     return head, data, nbytes, owner
 
 
-def _memory_at(ptr: int, nbytes: int) -> Any:
-    """A buffer object over `nbytes` at `ptr` (which its owner keeps alive)."""
+def _memory_at(ptr: int, nbytes: int, owner: Any = None) -> Any:
+    """A buffer object over `nbytes` at `ptr` that keeps `owner`, the
+    object the memory belongs to, alive as long as it lives."""
     if nbytes == 0:
         return b""
+    array = (ctypes.c_ubyte * nbytes).from_address(ptr)
+    array.owner = owner
     # (ctypes' own buffer format, "<B", is refused where "B" is expected.)
-    return memoryview((ctypes.c_ubyte * nbytes).from_address(ptr)).cast("B")
+    return memoryview(array).cast("B")
 
 
 def decode(buf: Any, total: Optional[int] = None, into: bool = False) -> Any:
@@ -242,14 +245,25 @@ def _ok_header(store, ptr: int, size: int) -> Optional[Header]:
     None (logged) when it is not one."""
     if ptr == 0 or size < TENSOR_METADATA_SIZE:
         return None
-    raw = store._read_registered(ptr, TENSOR_METADATA_SIZE)
-    if raw is None:
+    if not store._registered(ptr, size):
         log.warning("tensor buffer at %#x is not inside a registered buffer", ptr)
         return None
+    raw = ctypes.string_at(ptr, TENSOR_METADATA_SIZE)
     try:
         return Header(raw, size)
     except TensorError as e:
         log.warning("buffer at %#x is not a tensor object: %s", ptr, e)
+        return None
+
+
+def tensor_in_buffer(store, key: str, ptr: int, size: int) -> Any:
+    """A copy of the tensor object in a registered buffer, or None (logged)."""
+    if _ok_header(store, ptr, size) is None:
+        return None
+    try:
+        return decode(bytearray(ctypes.string_at(ptr, size)))
+    except TensorError as e:
+        log.warning("put %r: %s", key, e)
         return None
 
 
@@ -410,12 +424,35 @@ class TensorCalls:
                 keys.append(f"{key}_tp_{r}")
                 parts.append([h, d])
                 owner_of.append(i)
-            del shards
         if keys:
             for i, rc in zip(owner_of, self.batch_put_parts(keys, parts, config=config)):
                 if rc != 0 and codes[i] == 0:
                     codes[i] = rc
         return codes
+
+    def put_tensor_with_tp_from(
+        self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
+    ) -> int:
+        """The buffer holds the whole tensor object; every rank's shard is put."""
+        return self.batch_put_tensor_with_tp_from([key], [buffer_ptr], [size], tp_rank, tp_size, split_dim)[0]
+
+    def batch_put_tensor_with_tp_from(
+        self,
+        base_keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[int]:
+        base_keys = list(base_keys)
+        if not base_keys or not (len(base_keys) == len(buffer_ptrs) == len(sizes)):
+            return [INVALID_PARAMS] * len(base_keys)
+        if tp_size <= 1:
+            return [self.put_tensor_from(k, p, s) for k, p, s in zip(base_keys, buffer_ptrs, sizes)]
+        tensors = [tensor_in_buffer(self, k, p, s) for k, p, s in zip(base_keys, buffer_ptrs, sizes)]
+        codes = self.batch_put_tensor_with_tp(base_keys, tensors, tp_rank, tp_size, split_dim)
+        return [INVALID_PARAMS if t is None else c for t, c in zip(tensors, codes)]
 
     def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
         return self.get_tensor(key if tp_size <= 1 else f"{key}_tp_{tp_rank}")
