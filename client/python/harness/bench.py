@@ -8,6 +8,10 @@ call themselves "<host>-remote" so bytes move over loopback TCP, and both
 use zero-copy calls (Rust: put/get_into and put_batch/batch_get_into; Python:
 put_from/get_into and batch_put_from/batch_get_into on registered buffers).
 
+Then the tensor calls next to the byte calls they ride on, from Python:
+put_tensor/get_tensor of a 1 MiB and a 16 MiB tensor (torch if installed,
+else numpy) against put/get of bytes of the same size.
+
     make bench-python        # release wheel and binaries
 """
 
@@ -111,6 +115,52 @@ def python_rows(cluster):
     return rows
 
 
+def tensor_rows(cluster):
+    """Per size and op: GB/s of the tensor call and of the byte call."""
+    try:
+        import torch
+
+        make = lambda n: torch.arange(n, dtype=torch.int32) % 251  # noqa: E731
+        lib = f"torch {torch.__version__}"
+    except ImportError:
+        import numpy as np
+
+        make = lambda n: np.arange(n, dtype=np.int32) % 251  # noqa: E731
+        lib = f"numpy {np.__version__} (torch is not installed)"
+    store = MooncakeDistributedStore()
+    rc = store.setup(f"{socket.gethostname()}-remote", "P2PHANDSHAKE", 0, 64 << 20, "tcp", "",
+                     cluster.masters)
+    assert rc == 0, f"setup returned {rc}"
+    rows = []
+    for size in (1 << 20, 16 << 20):
+        ops = ops_for(size, 1)
+        tensor = make(size // 4)
+        value = bytes(tensor.numpy() if hasattr(tensor, "numpy") else tensor)
+        prefix = f"bench-py-tensor/{uuid.uuid4().hex[:8]}/"
+        calls = {
+            "bytes": (lambda k: store.put(k, value) == 0, lambda k: len(store.get(k)) == size),
+            "tensor": (lambda k: store.put_tensor(k, tensor) == 0, lambda k: store.get_tensor(k) is not None),
+        }
+        # Two rounds in opposite orders (bytes, tensor; tensor, bytes), so
+        # neither call gets the warmer segment; the rate is the mean.
+        seconds, errors = {}, 0
+        for rnd, kinds in enumerate((("bytes", "tensor"), ("tensor", "bytes"))):
+            for kind in kinds:
+                put, get = calls[kind]
+                for op, call in (("put", put), ("get", get)):
+                    start = time.perf_counter()
+                    errors += sum(not call(f"{prefix}{kind}/{rnd}/{i}") for i in range(ops))
+                    seconds[(kind, op)] = seconds.get((kind, op), 0.0) + time.perf_counter() - start
+        gbps = {k: 2 * ops * size / t / 1e9 for k, t in seconds.items()}
+        for op in ("put", "get"):
+            rows.append({"size": size, "op": op, "ops": ops, "bytes_gbps": gbps[("bytes", op)],
+                         "tensor_gbps": gbps[("tensor", op)],
+                         "tensor_over_bytes": gbps[("tensor", op)] / gbps[("bytes", op)], "errors": errors})
+        store.remove_by_regex("^" + prefix, force=True)
+    store.close()
+    return lib, rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", type=Path, default=Path(__file__).resolve().parents[3] / "target" / "release")
@@ -128,6 +178,8 @@ def main():
         rust, (tcp_ceiling, memcpy) = rust_rows(cluster, args.bin_dir)
         print("running the Python client ...", file=sys.stderr)
         py = python_rows(cluster)
+        print("running the Python tensor calls ...", file=sys.stderr)
+        tensor_lib, tensors = tensor_rows(cluster)
     finally:
         cluster.stop()
     out = []
@@ -144,7 +196,8 @@ def main():
                 "errors": p["errors"] + r["errors"],
             })
     if args.json:
-        print(json.dumps({"loopback_tcp_gb_per_s": tcp_ceiling, "memcpy_gb_per_s": memcpy, "rows": out}, indent=2))
+        print(json.dumps({"loopback_tcp_gb_per_s": tcp_ceiling, "memcpy_gb_per_s": memcpy, "rows": out,
+                          "tensor_library": tensor_lib, "tensor_rows": tensors}, indent=2))
         return
     print(f"ceilings (same run): loopback TCP {tcp_ceiling:.2f} GB/s, memcpy {memcpy:.2f} GB/s")
     print("one client process, 3 masters + 1 store over loopback TCP; zero-copy calls on both sides")
@@ -161,9 +214,14 @@ def main():
         print(f"{case:<22}{r['op']:<5}{r['rust_p50_ms']:>8.3f} /{r['rust_p99_ms']:>7.3f}"
               f"{r['py_p50_ms']:>10.3f} /{r['py_p99_ms']:>7.3f}{rt:>14}{pt:>14}"
               f"{r['py_over_rust_throughput']:>8.2f}x")
-    failed = [r for r in out if r["errors"]]
+    print(f"\ntensor calls next to byte calls, Python, {tensor_lib} (put/get of bytes is the ceiling)")
+    print(f"{'case':<22}{'op':<5}{'bytes':>14}{'tensor':>14}{'tensor/bytes':>14}")
+    for r in tensors:
+        print(f"{r['size'] >> 20} MiB single{'':<11}{r['op']:<5}{r['bytes_gbps']:>9.2f} GB/s"
+              f"{r['tensor_gbps']:>9.2f} GB/s{r['tensor_over_bytes']:>13.2f}x")
+    failed = [r for r in out + tensors if r["errors"]]
     for r in failed:
-        print(f"errors: {r['errors']} in {r['size']}-byte x{r['batch']} {r['op']}", file=sys.stderr)
+        print(f"errors: {r['errors']} in {r['size']}-byte x{r.get('batch', 1)} {r['op']}", file=sys.stderr)
     if failed:
         sys.exit(1)
 
