@@ -530,7 +530,13 @@ impl MooncakeDistributedStore {
             .map(|(i, parts)| {
                 let value = match parts.as_slice() {
                     [one] => Cow::Borrowed(buffer_slice(one)),
-                    many => Cow::Owned(many.iter().flat_map(buffer_slice).copied().collect()),
+                    many => {
+                        let mut v = Vec::with_capacity(many.iter().map(|b| b.len_bytes()).sum());
+                        for b in many {
+                            v.extend_from_slice(buffer_slice(b));
+                        }
+                        Cow::Owned(v)
+                    }
                 };
                 (i, value)
             })

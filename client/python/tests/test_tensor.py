@@ -154,7 +154,8 @@ def test_put_get_round_trips_dtype_and_shape(lib, store, values, dtype):
     assert store.put_tensor(k, t) == 0
     back = store.get_tensor(k)
     assert same(t, back), (t, back)
-    assert store.get_size(k) == TENSOR_METADATA_SIZE + t.nbytes if lib is np else TENSOR_METADATA_SIZE + t.numel() * t.element_size()
+    nbytes = t.nbytes if lib is np else t.numel() * t.element_size()
+    assert store.get_size(k) == TENSOR_METADATA_SIZE + nbytes
     store.remove(k)
 
 
@@ -199,8 +200,12 @@ def test_from_and_into_registered_buffers(lib, store):
         assert same(t, store.get_tensor(k_from))
         assert store.put_tensor_from(key("short"), ptr, size + 8) == INVALID_PARAMS, "size must be exact"
         assert store.put_tensor_from(key("zero"), 0, size) == INVALID_PARAMS
-        got = store.batch_get_tensor_into([k, key("never-put")], [ptr, ptr + 0], [len(buf), len(buf)])
-        assert got[1] is None
+        other = ctypes.create_string_buffer(size)
+        optr = ctypes.addressof(other)
+        assert store.register_buffer(optr, size) == 0
+        got = store.batch_get_tensor_into([k, k_from, key("never-put")], [ptr, optr, ptr + size], [size, size, 64])
+        store.unregister_buffer(optr)
+        assert same(t, got[0]) and same(t, got[1]) and got[2] is None
         assert store.batch_get_tensor_into([k], [ptr, ptr], [len(buf)]) == [INVALID_PARAMS]
         assert store.batch_put_tensor_from([key("b1"), key("b2")], [ptr, ptr], [size, 8]) == [INVALID_PARAMS] * 2
     finally:
@@ -221,7 +226,8 @@ def test_tensor_parallel_shards(lib, store):
         raw = store.get(f"{k}_tp_{rank}")
         h = Header(raw[:304], len(raw))
         assert h.global_shape == (4, 6) and h.local_shape == (4, 2)
-        assert [a[:5] for a in h.axes] == [(1, 0, rank, 3, 1)]
+        # kind TP, axis 0, rank, count, split dim, no id, local extent.
+        assert h.axes == [(1, 0, rank, 3, 1, 0, 2)]
     assert store.put_tensor_with_tp(key("uneven"), t, tp_size=4, split_dim=1) == INVALID_PARAMS
     assert store.put_tensor_with_tp(key("nodim"), t, tp_size=2, split_dim=2) == INVALID_PARAMS
     # tp_size 1 is the plain key.
@@ -249,12 +255,16 @@ def test_tensor_parallel_shards(lib, store):
     assert same(t[2:], store.batch_get_tensor_with_tp(keys, tp_rank=1, tp_size=2)[0])
 
 
-def test_a_store_not_set_up_answers_like_mooncake(lib):
+def test_a_store_not_set_up_answers_like_mooncake(lib, tmp_path):
     s = MooncakeDistributedStore()
     t = array(lib, [1, 2], "int8")
-    assert s.put_tensor(key("x"), t) < 0
+    assert s.put_tensor(key("x"), t) == INVALID_PARAMS
     assert s.get_tensor(key("x")) is None
-    assert s.batch_put_tensor([key("x")], [t])[0] < 0
+    assert s.batch_put_tensor([key("x")], [t]) == [INVALID_PARAMS]
+    assert s.put_tensor_with_tp(key("x"), t, tp_size=2) == INVALID_PARAMS
+    assert s.batch_get_tensor_into([key("x")], [1], [8]) == [INVALID_PARAMS]
+    assert s.save_tensor_to_safetensor(key("x"), str(tmp_path / "f")) == INVALID_PARAMS
+    assert s.get_tensor_into_cuda(key("x"), t) == INVALID_PARAMS
 
 
 # -- torch only -----------------------------------------------------------
@@ -263,6 +273,12 @@ def test_a_store_not_set_up_answers_like_mooncake(lib):
 def test_torch_only_dtypes_and_layouts(store):
     if torch is None:
         pytest.skip("torch is not installed")
+    for dtype, number in ((torch.bfloat16, 12), (torch.float8_e4m3fn, 13), (torch.float8_e5m2, 14)):
+        head = encode(torch.zeros(2, dtype=dtype))[0]
+        assert struct.unpack_from("<i", head, 8) == (number,)
+    # One tensor that cannot be stored fails its key only.
+    keys = [key("ok"), key("sparse")]
+    assert store.batch_put_tensor(keys, [torch.ones(2), torch.eye(2).to_sparse()]) == [0, INVALID_PARAMS]
     cases = [
         torch.randn(3, 5).to(torch.bfloat16),
         torch.randn(8).to(torch.float8_e4m3fn),
@@ -317,10 +333,12 @@ def test_safetensors_files(store, tmp_path):
     assert store.save_tensor_to_safetensor(key("never-put"), str(path)) == FILE_NOT_FOUND
 
     two = tmp_path / "two.safetensors"
-    save_file({"a": torch.ones(2), "b": torch.zeros(3)}, str(two))
+    named = key("named")
+    save_file({"a": torch.ones(2), named: torch.zeros(3)}, str(two))
     kb = key("b")
     # The entry named like the key, else the first; stored under the key.
-    assert torch.equal(store.load_tensor_from_safetensor("b", str(two)), torch.zeros(3))
+    assert torch.equal(store.load_tensor_from_safetensor(named, str(two)), torch.zeros(3))
+    assert torch.equal(store.get_tensor(named), torch.zeros(3))
     assert torch.equal(store.load_tensor_from_safetensor(kb, str(two)), torch.ones(2))
     assert torch.equal(store.get_tensor(kb), torch.ones(2))
     assert store.load_tensor_from_safetensor(kb, str(tmp_path / "missing")) is None

@@ -4,6 +4,7 @@ where each layout's shards land, reading a shard back exactly or rebuilt
 from another layout, rebuilding the whole tensor, and refusals."""
 
 import ctypes
+import struct
 import uuid
 from dataclasses import dataclass
 
@@ -42,7 +43,10 @@ def grid(lib, rows, cols):
 
 
 def same(a, b):
-    return b is not None and np.array_equal(np.asarray(a), np.asarray(b)) and tuple(a.shape) == tuple(b.shape)
+    """Equal values, shape and dtype, and the same kind of array."""
+    if b is None or type(a) is not type(b) or a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return False
+    return np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def axis(kind, rank=0, size=1, split_dim=None, expert_id=None, stage_id=None):
@@ -95,7 +99,10 @@ def test_each_rank_writes_its_shard_and_any_layout_reads_it(lib, store):
         raw = store.get(f"{k}_tp_{rank}")
         h = Header(raw[:304], len(raw))
         assert h.global_shape == (4, 8) and h.local_shape == (4, 2)
-    assert len(store.get(f"{k}__parallelism_manifest")) == 96
+    manifest = store.get(f"{k}__parallelism_manifest")
+    # magic "NAMW", version 1, size 96, float32, 2 dims, split dim 1, 4
+    # shards, then the global shape padded with -1.
+    assert struct.unpack("<IHHiiiii4x8q", manifest) == (0x574D414E, 1, 96, 0, 2, 1, 4, 0, 4, 8, -1, -1, -1, -1, -1, -1)
     # Exact shard, a shard of a layout nobody wrote (2 ranks), and the whole.
     assert same(whole[:, 2:4], store.get_tensor_with_parallelism(k, target("shard", layout(axis("tp", 1, 4, 1)))))
     assert same(whole[:, 4:8], store.get_tensor_with_parallelism(k, target("shard", layout(axis("tp", 1, 2, 1)))))
@@ -116,6 +123,12 @@ def test_several_axes_and_axes_without_tp(lib, store):
     assert store.put_tensor_with_parallelism(k, whole, p) == 0
     assert same(whole[2:4], store.get_tensor(f"{k}__dp_1of2__tp_1of3_sd0"))
     assert same(whole[2:4], store.get_tensor_with_parallelism(k, target("shard", p)))
+
+    # An id on any axis is part of its key name.
+    d = key("dp-id")
+    p2 = layout(axis("tp", 0, 2, split_dim=0), axis("dp", 0, 2, expert_id=7))
+    assert store.put_tensor_with_parallelism(d, whole, p2) == 0
+    assert same(whole[:3], store.get_tensor(f"{d}__dp_0of2_eid7__tp_0of2_sd0"))
 
     e = key("ep")
     ep = layout(axis("ep", 0, 2, expert_id=11))
@@ -158,6 +171,14 @@ def test_refusals(lib, store):
         INVALID_PARAMS
     ] * 2
     assert store.get_tensor_with_parallelism(key("never-put"), target("full", layout(axis("tp", 0, 2, 0)))) is None
+    # Shards that do not fit together rebuild nothing, without raising.
+    k = key("misfit")
+    assert store.put_tensor_with_parallelism(k, grid(lib, 2, 2), writer_partition=WriterPartition(0, 2, 1)) == 0
+    assert store.put_tensor_with_parallelism(k, grid(lib, 4, 4), writer_partition=WriterPartition(1, 2, 1)) == 0
+    assert store.get_tensor_with_parallelism(k, target("full")) is None
+    # Axis fields that are not 32-bit ints are refused, not raised.
+    assert store.put_tensor_with_parallelism(key("big"), whole, layout(axis("tp", 0, 2**40, split_dim=0))) == INVALID_PARAMS
+    assert store.put_tensor_with_parallelism(key("str"), whole, layout(axis("ep", 0, 2, expert_id="x"))) == INVALID_PARAMS
 
 
 def test_from_a_buffer_writes_every_rank_and_into_gets_the_whole(lib, store):
@@ -170,6 +191,10 @@ def test_from_a_buffer_writes_every_rank_and_into_gets_the_whole(lib, store):
     assert store.register_buffer(ptr, len(buf)) == 0
     try:
         assert store.get_into(src, ptr, size) == size
+        # Without a layout the object is stored as it is, header and all.
+        plain = key("plain")
+        assert store.put_tensor_with_parallelism_from(plain, ptr, size) == 0
+        assert store.get(plain) == store.get(src)
         p = layout(axis("tp", 0, 2, split_dim=0))
         assert store.put_tensor_with_parallelism_from(k, ptr, size, p) == 0
         assert same(whole[2:], store.get_tensor(f"{k}_tp_1"))

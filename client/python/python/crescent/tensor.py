@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
+import sys
 from typing import Any, Optional, Sequence
 
 from crescent._native import INVALID_PARAMS
@@ -86,7 +87,8 @@ def _numpy():
 
 
 def _is_torch_tensor(value: Any) -> bool:
-    torch = _torch() if "torch" in type(value).__module__ else None
+    # A value can only be a torch tensor once torch is imported.
+    torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
 
@@ -172,16 +174,20 @@ def encode(value: Any, axes=(), global_shape=None) -> tuple[bytes, Any, int, Any
     buffer valid) for a torch tensor (any device: others are copied to the
     CPU) or a numpy array. TensorError for anything else."""
     if _is_torch_tensor(value):
-        t = value.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
-        name = str(t.dtype).removeprefix("torch.")
-        shape = tuple(t.shape)
+        name = str(value.dtype).removeprefix("torch.")
         if name not in _DTYPES:
-            raise TensorError(f"Crescent cannot store a tensor of {t.dtype}")
-        nbytes = t.numel() * t.element_size()
-        data = _memory_at(t.data_ptr(), nbytes, t)
+            raise TensorError(f"Crescent cannot store a tensor of {value.dtype}")
+        try:
+            t = value.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.contiguous()
+            shape = tuple(t.shape)
+            nbytes = t.numel() * t.element_size()
+            data = _memory_at(t.data_ptr(), nbytes, t)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            # Sparse, nested and meta tensors have no plain memory to send.
+            raise TensorError(f"cannot store this tensor: {e}") from None
         owner = t
     else:
         np = _numpy()
@@ -299,12 +305,19 @@ class TensorCalls:
         return self.pub_tensor(key, tensor)
 
     def pub_tensor(self, key: str, tensor: Any, config: Any = None) -> int:
+        if not self._set_up() or not _config_fits(config, None):
+            return INVALID_PARAMS
         try:
             head, data, _, _owner = encode(tensor)
         except TensorError as e:
             log.warning("put_tensor %r: %s", key, e)
             return INVALID_PARAMS
         return self.put_parts(key, head, data, config=config)
+
+    def _set_up(self) -> bool:
+        """Whether setup succeeded and close has not run: Mooncake answers
+        tensor calls before that with INVALID_PARAMS (or None)."""
+        return self.health_check() != 1
 
     def batch_put_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
         return self.batch_pub_tensor(keys, tensors_list)
@@ -313,7 +326,7 @@ class TensorCalls:
         keys = list(keys)
         if not keys:
             return []
-        if len(keys) != len(tensors_list):
+        if len(keys) != len(tensors_list) or not self._set_up() or not _config_fits(config, len(keys)):
             return [INVALID_PARAMS] * len(keys)
         codes = [0] * len(keys)
         put_keys, parts, owners = [], [], []
@@ -336,6 +349,14 @@ class TensorCalls:
     def get_tensor(self, key: str) -> Any:
         return _decode_or_none(key, self.get_buffer(key))
 
+    def get_tensor_into_cuda(self, key: str, tensor: Any) -> int:
+        """Mooncake reads into GPU memory only through a dummy client's CUDA
+        IPC; Crescent has no GPU path, and answers as Mooncake's real client."""
+        return INVALID_PARAMS
+
+    def batch_get_tensor_into_cuda(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
+        return [INVALID_PARAMS] * len(list(keys))
+
     def batch_get_tensor(self, keys: Sequence[str]) -> list[Any]:
         keys = list(keys)
         return [_decode_or_none(k, b) for k, b in zip(keys, self.batch_get_buffer(keys))]
@@ -343,7 +364,7 @@ class TensorCalls:
     # -- caller memory (registered buffers) -------------------------------
 
     def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
-        if _ok_header(self, buffer_ptr, size) is None:
+        if not self._set_up() or _ok_header(self, buffer_ptr, size) is None:
             return INVALID_PARAMS
         return self.put_from(key, buffer_ptr, size)
 
@@ -351,21 +372,21 @@ class TensorCalls:
         keys = list(keys)
         if not keys:
             return []
-        if not (len(keys) == len(buffer_ptrs) == len(sizes)) or any(
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)) or not self._set_up() or any(
             _ok_header(self, p, s) is None for p, s in zip(buffer_ptrs, sizes)
         ):
             return [INVALID_PARAMS] * len(keys)
         return self.batch_put_from(keys, list(buffer_ptrs), list(sizes))
 
     def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Any:
-        if buffer_ptr == 0:
+        if buffer_ptr == 0 or not self._set_up():
             return None
         n = self.get_into(key, buffer_ptr, size)
         return _view_or_none(key, buffer_ptr, n)
 
     def batch_get_tensor_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]) -> list[Any]:
         keys = list(keys)
-        if not (len(keys) == len(buffer_ptrs) == len(sizes)) or any(p == 0 for p in buffer_ptrs):
+        if not (len(keys) == len(buffer_ptrs) == len(sizes)) or any(p == 0 for p in buffer_ptrs) or not self._set_up():
             return [INVALID_PARAMS] * len(keys)
         counts = self.batch_get_into(keys, list(buffer_ptrs), list(sizes))
         return [_view_or_none(k, p, n) for k, p, n in zip(keys, buffer_ptrs, counts)]
@@ -380,17 +401,7 @@ class TensorCalls:
     ) -> int:
         """Writes every rank's shard of the whole tensor (tp_rank is not used,
         as in Mooncake); tp_size 1 is a plain put under `key`."""
-        if tp_size <= 1:
-            return self.pub_tensor(key, tensor, config)
-        try:
-            shards = _tp_shards(tensor, tp_size, split_dim)
-        except TensorError as e:
-            log.warning("put_tensor_with_tp %r: %s", key, e)
-            return INVALID_PARAMS
-        codes = self.batch_put_parts(
-            [f"{key}_tp_{r}" for r in range(tp_size)], [[h, d] for h, d, _, _ in shards], config=config
-        )
-        return next((c for c in codes if c != 0), 0)
+        return self.batch_pub_tensor_with_tp([key], [tensor], config, tp_rank, tp_size, split_dim)[0]
 
     def batch_put_tensor_with_tp(
         self, base_keys: Sequence[str], tensors_list: Sequence[Any], tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
@@ -409,7 +420,9 @@ class TensorCalls:
         base_keys = list(base_keys)
         if tp_size <= 1:
             return self.batch_pub_tensor(base_keys, tensors_list, config)
-        if not base_keys or len(base_keys) != len(tensors_list):
+        if not base_keys or len(base_keys) != len(tensors_list) or not self._set_up():
+            return [INVALID_PARAMS] * len(base_keys)
+        if not _config_fits(config, None):
             return [INVALID_PARAMS] * len(base_keys)
         codes = [0] * len(base_keys)
         keys, parts, owner_of = [], [], []
@@ -477,6 +490,8 @@ class TensorCalls:
     def save_tensor_to_safetensor(self, key: str, file_name: Optional[str] = None) -> int:
         """Writes the tensor under `key` to a safetensors file (one entry,
         named `key`) at `file_name`, or at `key` when none is given."""
+        if not self._set_up():
+            return INVALID_PARAMS
         tensor = self.get_tensor(key)
         if tensor is None:
             return FILE_NOT_FOUND
@@ -513,12 +528,27 @@ class TensorCalls:
         return tensor if self.put_tensor(store_key, tensor) == 0 else None
 
 
+def _config_fits(config: Any, n_keys: Optional[int]) -> bool:
+    """Mooncake's checks of a tensor put's config: preferred segments, if
+    any, one per replica; for a batch of n_keys, group ids, if any, one per
+    key."""
+    if config is None:
+        return True
+    preferred = list(getattr(config, "preferred_segments", []) or [])
+    if preferred and len(preferred) != getattr(config, "replica_num", 1):
+        return False
+    groups = getattr(config, "group_ids", None)
+    if n_keys is not None and groups is not None and len(list(groups)) != n_keys:
+        return False
+    return True
+
+
 def _decode_or_none(key: str, buf: Any) -> Any:
     if buf is None:
         return None
     try:
         return decode(buf)
-    except TensorError as e:
+    except (TensorError, RuntimeError, ValueError, OverflowError) as e:
         log.warning("get_tensor %r: %s", key, e)
         return None
 
@@ -528,7 +558,7 @@ def _view_or_none(key: str, ptr: int, n: int) -> Any:
         return None
     try:
         return decode(_memory_at(ptr, n), n)
-    except TensorError as e:
+    except (TensorError, RuntimeError, ValueError, OverflowError) as e:
         log.warning("get_tensor_into %r: %s", key, e)
         return None
 

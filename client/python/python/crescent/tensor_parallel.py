@@ -34,6 +34,7 @@ from crescent.tensor import (
     _numpy,
     _view_or_none,
     decode,
+    _ok_header,
     encode,
     tensor_in_buffer,
 )
@@ -105,35 +106,37 @@ class ReadTarget:
 class _Axis:
     """A checked axis: kind number and name, rank, size, split dim, id."""
 
-    __slots__ = ("kind", "name", "rank", "size", "split_dim", "ident", "index")
+    __slots__ = ("kind", "name", "rank", "size", "split_dim", "expert_id", "stage_id", "ident", "index")
 
     def __init__(self, a: Any, index: int):
         name = str(a.kind).lower()
         if name not in _KINDS:
             raise TensorError(f"unknown parallel axis kind {a.kind!r}")
         self.kind, self.name, self.index = _KINDS[name], name, index
-        self.rank, self.size = int(a.rank), int(a.size)
+        self.rank, self.size = _i32(a.rank, "rank"), _i32(a.size, "size")
         if not 0 <= self.rank < self.size:
             raise TensorError(f"{name} rank {self.rank} is not below size {self.size}")
-        self.split_dim = a.split_dim
-        if (name == "tp") != (a.split_dim is not None):
+        self.split_dim = None if a.split_dim is None else _i32(a.split_dim, "split_dim")
+        self.expert_id = None if a.expert_id is None else _i32(a.expert_id, "expert_id")
+        self.stage_id = None if a.stage_id is None else _i32(a.stage_id, "stage_id")
+        if (name == "tp") != (self.split_dim is not None):
             raise TensorError("a TP axis needs split_dim, and only a TP axis has one")
-        if name == "tp" and a.split_dim < 0:
+        if name == "tp" and self.split_dim < 0:
             raise TensorError("split_dim must be 0 or more")
-        if name == "ep" and a.expert_id is None:
+        if name == "ep" and self.expert_id is None:
             raise TensorError("an EP axis needs expert_id")
-        if name == "pp" and a.stage_id is None:
+        if name == "pp" and self.stage_id is None:
             raise TensorError("a PP axis needs stage_id")
-        self.ident = a.expert_id if name == "ep" else a.stage_id if name == "pp" else None
+        self.ident = self.expert_id if name == "ep" else self.stage_id if name == "pp" else None
 
     def suffix(self) -> str:
         s = f"__{self.name}_{self.rank}of{self.size}"
         if self.split_dim is not None:
             s += f"_sd{self.split_dim}"
-        if self.name == "ep":
-            s += f"_eid{self.ident}"
-        if self.name == "pp":
-            s += f"_sid{self.ident}"
+        if self.expert_id is not None:
+            s += f"_eid{self.expert_id}"
+        if self.stage_id is not None:
+            s += f"_sid{self.stage_id}"
         return s
 
     def with_rank(self, rank: int, size: int) -> "_Axis":
@@ -150,6 +153,14 @@ class _Axis:
     def signature(self) -> tuple:
         split = -1 if self.split_dim is None else self.split_dim
         return (self.kind, self.rank, self.size, split, self.ident or 0)
+
+
+def _i32(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TensorError(f"{what} must be an int, got {type(value).__name__}")
+    if not -(2**31) <= value < 2**31:
+        raise TensorError(f"{what} {value} does not fit in 32 bits")
+    return value
 
 
 def _axes(parallelism: Any) -> list:
@@ -216,9 +227,12 @@ def _read_manifest(raw: Optional[Any]) -> Optional[tuple]:
     if raw is None or len(raw) != _MANIFEST.size:
         return None
     f = _MANIFEST.unpack(bytes(raw))
-    if f[0] != _MANIFEST_MAGIC or f[1] != 1 or f[2] != _MANIFEST.size or f[6] < 1:
+    magic, version, size, _dtype, ndim, split_dim, count = f[:7]
+    if magic != _MANIFEST_MAGIC or version != 1 or size != _MANIFEST.size or count < 1:
         return None
-    return f[5], f[6]
+    if not 0 <= split_dim < ndim <= 8:
+        return None
+    return split_dim, count
 
 
 def _dtype_number(head: bytes) -> int:
@@ -325,6 +339,13 @@ class ParallelTensorCalls:
         keys = list(keys)
         if len(buffer_ptrs) != len(keys) or len(sizes) != len(keys):
             return [INVALID_PARAMS] * len(keys)
+        if parallelisms is None and writer_partitions is None:
+            # No layout: the object is stored as it is, header and all.
+            if config is None:
+                return self.batch_put_tensor_from(keys, buffer_ptrs, sizes)
+            if not self._set_up() or any(_ok_header(self, p, s) is None for p, s in zip(buffer_ptrs, sizes)):
+                return [INVALID_PARAMS] * len(keys)
+            return self.batch_put_from(keys, list(buffer_ptrs), list(sizes), config)
         tensors = [tensor_in_buffer(self, k, p, s) for k, p, s in zip(keys, buffer_ptrs, sizes)]
         return self._put_planned(keys, tensors, parallelisms, writer_partitions, config, whole=True)
 
@@ -332,6 +353,8 @@ class ParallelTensorCalls:
         keys = list(keys)
         n = len(keys)
         if len(tensors_list) != n or (parallelisms is not None and writer_partitions is not None):
+            return [INVALID_PARAMS] * n
+        if not self._set_up():
             return [INVALID_PARAMS] * n
         for per_key in (parallelisms, writer_partitions):
             if per_key is not None and (not isinstance(per_key, list) or len(per_key) != n):
@@ -349,7 +372,7 @@ class ParallelTensorCalls:
                 continue
             try:
                 plans[i] = _plan_write(key, tensor, par, part, whole)
-            except (TensorError, AttributeError, TypeError, ValueError) as e:
+            except (TensorError, AttributeError, TypeError, ValueError, IndexError, RuntimeError, struct.error) as e:
                 log.warning("put %r with parallelism: %s", key, e)
                 codes[i] = INVALID_PARAMS
         shard_of = [(i, s) for i, p in enumerate(plans) if p is not None for s in p.shards]
@@ -386,7 +409,7 @@ class ParallelTensorCalls:
         tensor, entries, global_shape = got
         try:
             head, data, nbytes, _owner = encode(tensor, axes=entries, global_shape=global_shape)
-        except TensorError:
+        except (TensorError, struct.error):
             return None
         needed = TENSOR_METADATA_SIZE + nbytes
         if needed > size or not self._registered(buffer_ptr, needed, True):
@@ -416,6 +439,15 @@ class ParallelTensorCalls:
         except (TensorError, AttributeError, TypeError, ValueError) as e:
             log.warning("get %r with parallelism: %s", key, e)
             return None
+        try:
+            return self._read_mode(key, mode, axes)
+        except (TensorError, IndexError, RuntimeError, ValueError, OverflowError) as e:
+            # Stored shards that do not fit together (a stale manifest, a
+            # layout rewritten with other shapes): nothing to return.
+            log.warning("get %r with parallelism: %s", key, e)
+            return None
+
+    def _read_mode(self, key: str, mode: str, axes: Optional[list]) -> Optional[tuple]:
         if mode == "as_stored":
             return None if axes else self._stored(key)
         if mode == "full":
@@ -493,10 +525,7 @@ class ParallelTensorCalls:
             if got is None:
                 return None
             parts.append(got[0])
-        try:
-            return _cat(parts, dim)
-        except (RuntimeError, ValueError):
-            return None
+        return _cat(parts, dim)
 
 
 def _signature(entry: tuple) -> tuple:
