@@ -37,3 +37,17 @@ def store(cluster):
     assert rc == 0, f"setup returned {rc}"
     yield s
     s.close()
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def lib(request, monkeypatch):
+    """The array library a tensor test builds its values with and gets back:
+    numpy (what a process without torch gets), and torch where installed."""
+    if request.param == "torch":
+        return pytest.importorskip("torch")
+    import numpy
+
+    import crescent.tensor
+
+    monkeypatch.setattr(crescent.tensor, "_torch", lambda: None)
+    return numpy

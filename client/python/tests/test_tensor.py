@@ -30,17 +30,6 @@ def key(name):
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(params=["numpy", "torch"])
-def lib(request, monkeypatch):
-    """The array library a test builds its values with and gets back."""
-    if request.param == "torch":
-        if torch is None:
-            pytest.skip("torch is not installed")
-        return torch
-    monkeypatch.setattr(tensor_module, "_torch", lambda: None)
-    return np
-
-
 def array(lib, values, dtype):
     if lib is np:
         return np.array(values, dtype=dtype)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-import crescent.tensor as tensor_module
 from crescent.store import ParallelAxis, ReadTarget, TensorParallelism
 from crescent.tensor import Header
 
@@ -21,16 +20,6 @@ try:
     import torch
 except ImportError:
     torch = None
-
-
-@pytest.fixture(params=["numpy", "torch"])
-def lib(request, monkeypatch):
-    if request.param == "torch":
-        if torch is None:
-            pytest.skip("torch is not installed")
-        return torch
-    monkeypatch.setattr(tensor_module, "_torch", lambda: None)
-    return np
 
 
 def key(name):
