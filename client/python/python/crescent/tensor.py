@@ -217,7 +217,7 @@ def _memory_at(ptr: int, nbytes: int, owner: Any = None) -> Any:
     return memoryview(array).cast("B")
 
 
-def decode(buf: Any, total: Optional[int] = None, into: bool = False) -> Any:
+def decode(buf: Any, total: Optional[int] = None) -> Any:
     """The tensor in a stored object held by `buf` (a buffer object). The
     result shares `buf`'s memory. A torch tensor when torch is installed,
     else a numpy array; TensorError when the bytes are not a tensor, or the
@@ -273,26 +273,28 @@ def tensor_in_buffer(store, key: str, ptr: int, size: int) -> Any:
         return None
 
 
+def split_equally(t: Any, dim: int, size: int) -> list:
+    """A torch tensor or numpy array cut into `size` equal views along `dim`."""
+    shape = tuple(t.shape)
+    if not 0 <= dim < len(shape):
+        raise TensorError(f"split_dim {dim} is not a dimension of a {len(shape)}-d tensor")
+    if shape[dim] % size:
+        raise TensorError(f"dimension {dim} ({shape[dim]}) does not split into {size} equal shards")
+    n = shape[dim] // size
+    return [t[(slice(None),) * dim + (slice(r * n, (r + 1) * n),)] for r in range(size)]
+
+
 def _tp_shards(value: Any, tp_size: int, split_dim: int) -> list[tuple[bytes, Any, int, Any]]:
     """The tensor cut into tp_size equal shards along split_dim, each encoded
     with its tensor-parallel axis."""
-    if _is_torch_tensor(value):
-        shape = tuple(value.shape)
-        cut = lambda r, n: value.narrow(split_dim, r * n, n)  # noqa: E731
-    else:
-        np = _numpy()
-        if np is None or not isinstance(value, np.ndarray):
-            raise TensorError(f"expected a torch.Tensor or a numpy array, got {type(value).__name__}")
-        shape = value.shape
-        cut = lambda r, n: np.take(value, range(r * n, (r + 1) * n), axis=split_dim)  # noqa: E731
-    if not 0 <= split_dim < len(shape):
-        raise TensorError(f"split_dim {split_dim} is not a dimension of a {len(shape)}-d tensor")
-    if shape[split_dim] % tp_size:
-        raise TensorError(f"dimension {split_dim} ({shape[split_dim]}) does not split into {tp_size} equal shards")
-    n = shape[split_dim] // tp_size
+    np = _numpy()
+    if not _is_torch_tensor(value) and (np is None or not isinstance(value, np.ndarray)):
+        raise TensorError(f"expected a torch.Tensor or a numpy array, got {type(value).__name__}")
+    shards = split_equally(value, split_dim, tp_size)
+    n = tuple(shards[0].shape)[split_dim]
     return [
-        encode(cut(rank, n), axes=[(_AXIS_TP, 0, rank, tp_size, split_dim, 0, n)], global_shape=shape)
-        for rank in range(tp_size)
+        encode(shard, axes=[(_AXIS_TP, 0, rank, tp_size, split_dim, 0, n)], global_shape=tuple(value.shape))
+        for rank, shard in enumerate(shards)
     ]
 
 

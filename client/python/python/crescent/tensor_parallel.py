@@ -36,6 +36,7 @@ from crescent.tensor import (
     decode,
     _ok_header,
     encode,
+    split_equally,
     tensor_in_buffer,
 )
 
@@ -195,26 +196,12 @@ def _shape(t: Any) -> tuple:
     return tuple(t.shape)
 
 
-def _narrow(t: Any, dim: int, start: int, length: int) -> Any:
-    return t[(slice(None),) * dim + (slice(start, start + length),)]
-
-
 def _cat(parts: list, dim: int) -> Any:
     if _is_torch_tensor(parts[0]):
         import torch
 
         return torch.cat(parts, dim)
     return _numpy().concatenate(parts, axis=dim)
-
-
-def _split(t: Any, dim: int, size: int) -> list:
-    shape = _shape(t)
-    if not 0 <= dim < len(shape):
-        raise TensorError(f"split_dim {dim} is not a dimension of a {len(shape)}-d tensor")
-    if shape[dim] % size:
-        raise TensorError(f"dimension {dim} ({shape[dim]}) does not split into {size} equal shards")
-    n = shape[dim] // size
-    return [_narrow(t, dim, r * n, n) for r in range(size)]
 
 
 def _manifest(dtype_number: int, global_shape: tuple, split_dim: int, count: int) -> bytes:
@@ -256,7 +243,7 @@ def _plan_write(key: str, tensor: Any, parallelism: Any, writer_partition: Any, 
         rank, size, dim = int(writer_partition.rank), int(writer_partition.size), int(writer_partition.split_dim)
         if not 0 <= rank < size:
             raise TensorError(f"writer rank {rank} is not below size {size}")
-        shard = _split(tensor, dim, size)[rank]
+        shard = split_equally(tensor, dim, size)[rank]
         axis = [(1, 0, rank, size, dim, 0, _shape(shard)[dim])]
         head, data, _, owner = encode(shard, axes=axis, global_shape=_shape(tensor))
         w.shards.append((f"{key}__writer_{rank}of{size}_sd{dim}", head, data, owner))
@@ -279,7 +266,7 @@ def _plan_write(key: str, tensor: Any, parallelism: Any, writer_partition: Any, 
         w.shards.append((f"{key}_tp_{tp.rank}", head, data, owner))
         w.manifest = (f"{key}__parallelism_manifest", _manifest(_dtype_number(head), tuple(shape), tp.split_dim, tp.size))
         return w
-    shards = _split(tensor, tp.split_dim, tp.size)
+    shards = split_equally(tensor, tp.split_dim, tp.size)
     ranks = range(tp.size) if whole else [tp.rank]
     for r in ranks:
         rt = tp.with_rank(r, tp.size)
@@ -482,7 +469,7 @@ class ParallelTensorCalls:
         whole = self._rebuild(key, axes, tp)
         if whole is not None:
             try:
-                shard = _split(whole, tp.split_dim, tp.size)[tp.rank]
+                shard = split_equally(whole, tp.split_dim, tp.size)[tp.rank]
             except TensorError:
                 return None
             entries = [a.header_entry(_shape(shard)[tp.split_dim] if a.name == "tp" else 0) for a in axes]
