@@ -12,7 +12,9 @@ if [ ! -x "$VENV/bin/maturin" ] || [ ! -x "$VENV/bin/pytest" ]; then
   exit 1
 fi
 rm -f target/wheels/crescent-*.whl
-"$VENV/bin/maturin" build --quiet -m client/python/Cargo.toml -i "$VENV/bin/python" -o target/wheels
+# workspace-features: the test wheel shares the compiled crates of make
+# test's workspace build (see client/python/Cargo.toml).
+"$VENV/bin/maturin" build --quiet -m client/python/Cargo.toml --features workspace-features -i "$VENV/bin/python" -o target/wheels
 "$VENV/bin/pip" install --quiet --force-reinstall --no-deps target/wheels/crescent-*.whl
 "$VENV/bin/pip" install --quiet --force-reinstall --no-deps --no-build-isolation ./client/python/mooncake-shim
 CRESCENT_BIN_DIR="$PWD/target/debug" "$VENV/bin/python" -m pytest -q client/python/tests "$@"
