@@ -49,7 +49,7 @@
 //! - `resuming_leadership_after_a_restart_is_caught`: masters started with
 //!   the test-only `--unsafe-resume-leadership` lead again in their old term
 //!   when restarted, with only a commit hint up to 1,024 transactions old;
-//!   over two minutes of rolling restarts (each restarts the leader last),
+//!   over a minute of rolling restarts (each restarts the leader last),
 //!   gets must miss acknowledged puts and the checker must fail the run.
 //!   (The honest run of the same schedule is what the soak's rolling
 //!   restarts and `master/tests/it/one_node.rs` cover.)
@@ -370,15 +370,15 @@ fn acking_before_commit_is_caught() {
 
 #[test]
 fn resuming_leadership_after_a_restart_is_caught() {
-    // Seeds 23 and 29 gave 7 and 29 violations in two minutes (16-17
-    // rolling restarts) in a release build, seed 29 112 in the dev build
-    // `make test` uses; the honest runs of both seeds passed.
+    // In the dev build `make test` uses, seed 29 gave 112 and 165
+    // violations in two minutes (16 rolling restarts), and 46 in one
+    // minute (8) beside another chaos run; its honest run passed.
     let counts = broken_run_with(
         "chaos-resume-leadership",
         "rolling-restarts",
         "29",
         "--unsafe-resume-leadership",
-        &["--duration", "2m"],
+        &["--duration", "1m"],
     );
     assert!(
         counts.contains_key("lost_write") || counts.contains_key("not_linearizable"),
